@@ -1,0 +1,212 @@
+# kiln — top-level build.
+#
+#   make deps     install every Debian package the build and tests need
+#   make          build programs and libraries into build/
+#   make test     unit tests (Check), integration tests (real processes)
+#   make demo     a broker and two workers on loopback compile and run a model
+#
+# Every target that compiles or runs something depends on `deps`, so a
+# fresh Debian 12 machine needs nothing but `make test`.
+
+.DEFAULT_GOAL := all
+SHELL := /bin/bash
+
+BUILD   ?= build
+PYTHON  ?= /usr/bin/python3
+PREFIX  ?= /usr/local
+
+# Debian packages, by name.  Keep in step with README.md.
+DEB_PACKAGES := build-essential pkg-config \
+	libzmq3-dev libczmq-dev libmsgpack-dev libarchive-dev libssl-dev \
+	libjansson-dev check libprotobuf-c-dev protobuf-c-compiler \
+	libopenblas-dev libonnx-dev openssl tar procps \
+	python3-torch python3-torchvision python3-onnx python3-numpy python3-pytest
+
+PKGS := libczmq libzmq msgpack libarchive openssl jansson libprotobuf-c openblas
+
+SANITIZE ?=
+OPT      ?= -O2
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -fPIC -Wall -Wextra -Werror \
+	-Wno-unused-parameter -Wshadow -Wformat=2 -pthread \
+	-I. -I$(BUILD)/gen
+ifneq ($(SANITIZE),)
+CFLAGS_BASE += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+LDFLAGS_SAN := -fsanitize=$(SANITIZE)
+endif
+
+# pkg-config is asked lazily (=, not :=) so that it runs after `deps`.
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS))
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS))
+CHECK_CFLAGS = $(shell pkg-config --cflags check)
+CHECK_LIBS   = $(shell pkg-config --libs check)
+CFLAGS  = $(CFLAGS_BASE) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS  = $(PKG_LIBS) -lm -lpthread
+LDFLAGS = $(LDFLAGS_SAN) -pthread
+
+DEPS_STAMP := $(BUILD)/.deps
+
+# --- sources --------------------------------------------------------
+# Files named main_*.c are a program's main; cmd_*.c are kiln CLI
+# subcommands.  Everything else in a component folder goes in its library.
+PROGRAM_ONLY = %/main_%.c %/cmd_%.c
+lib_src = $(filter-out $(PROGRAM_ONLY),$(wildcard $(1)/*.c))
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+ONNX_PROTO := /usr/include/onnx/onnx.proto
+ONNX_GEN   := $(BUILD)/gen/onnx.pb-c.c
+ONNX_GEN_H := $(BUILD)/gen/onnx.pb-c.h
+
+COMMON_OBJ   := $(call obj,$(call lib_src,common))
+GRAPH_OBJ    := $(call obj,$(call lib_src,graph)) $(BUILD)/obj/gen/onnx.pb-c.o
+COMPILER_OBJ := $(call obj,$(call lib_src,compiler))
+ARTIFACT_OBJ := $(call obj,$(call lib_src,artifact))
+RUNTIME_OBJ  := $(call obj,$(call lib_src,runtime))
+CLIENT_OBJ   := $(call obj,$(call lib_src,client))
+BROKER_OBJ   := $(call obj,$(call lib_src,broker))
+WORKER_OBJ   := $(call obj,$(call lib_src,worker))
+KILN_CMD_OBJ := $(call obj,$(wildcard client/cmd_*.c))
+
+LIB := $(BUILD)/lib
+BIN := $(BUILD)/bin
+
+A_COMMON   := $(LIB)/libkiln_common.a
+A_GRAPH    := $(LIB)/libkiln_graph.a
+A_COMPILER := $(LIB)/libkiln_compiler.a
+A_ARTIFACT := $(LIB)/libkiln_artifact.a
+A_RUNTIME  := $(LIB)/libkiln_runtime.a
+A_CLIENT   := $(LIB)/libkiln_client.a
+A_BROKER   := $(LIB)/libkiln_broker.a
+A_WORKER   := $(LIB)/libkiln_worker.a
+
+SO_RT     := $(LIB)/libkilnrt.so
+SO_CLIENT := $(LIB)/libkilnclient.so
+
+PROGRAMS := $(BIN)/kiln $(BIN)/kiln-broker $(BIN)/kiln-worker $(BIN)/kiln-cc \
+	$(BIN)/kiln-run
+
+UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
+
+.PHONY: all deps test unit-test integration-test demo clean install memcheck \
+	python-test
+
+all: $(PROGRAMS) $(SO_RT) $(SO_CLIENT)
+
+# --- deps -----------------------------------------------------------
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' \
+	    || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$missing"; \
+	  SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@mkdir -p $(BUILD) && touch $(DEPS_STAMP)
+
+$(DEPS_STAMP):
+	@$(MAKE) --no-print-directory deps
+
+# --- compiling ------------------------------------------------------
+$(ONNX_GEN) $(ONNX_GEN_H): $(ONNX_PROTO) | $(DEPS_STAMP)
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen -I$(dir $(ONNX_PROTO)) $(ONNX_PROTO)
+
+$(BUILD)/obj/gen/onnx.pb-c.o: $(ONNX_GEN)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -Werror -Wshadow -Wformat=2,$(CFLAGS)) -Wno-unused -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(ONNX_GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/tests/%.o: tests/%.c | $(DEPS_STAMP) $(ONNX_GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CHECK_CFLAGS) -MMD -MP -c $< -o $@
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# --- libraries ------------------------------------------------------
+define static_lib
+$(1): $(2)
+	@mkdir -p $$(dir $$@)
+	rm -f $$@ && $$(AR) rcs $$@ $$^
+endef
+$(eval $(call static_lib,$(A_COMMON),$(COMMON_OBJ)))
+$(eval $(call static_lib,$(A_GRAPH),$(GRAPH_OBJ)))
+$(eval $(call static_lib,$(A_COMPILER),$(COMPILER_OBJ)))
+$(eval $(call static_lib,$(A_ARTIFACT),$(ARTIFACT_OBJ)))
+$(eval $(call static_lib,$(A_RUNTIME),$(RUNTIME_OBJ)))
+$(eval $(call static_lib,$(A_CLIENT),$(CLIENT_OBJ)))
+$(eval $(call static_lib,$(A_BROKER),$(BROKER_OBJ)))
+$(eval $(call static_lib,$(A_WORKER),$(WORKER_OBJ)))
+
+# The runtime carries only what an inference host needs: no graph IR, no
+# compiler, no ZeroMQ.
+RT_LIBS = $(shell pkg-config --libs libarchive openssl jansson msgpack openblas) -lm -lpthread
+$(SO_RT): $(RUNTIME_OBJ) $(ARTIFACT_OBJ) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libkilnrt.so -o $@ $^ $(RT_LIBS)
+
+$(SO_CLIENT): $(CLIENT_OBJ) $(COMPILER_OBJ) $(GRAPH_OBJ) $(RUNTIME_OBJ) $(ARTIFACT_OBJ) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libkilnclient.so -o $@ $^ $(LDLIBS)
+
+# --- programs -------------------------------------------------------
+LINK_GROUP = -Wl,--start-group $(1) -Wl,--end-group
+
+$(BIN)/kiln: $(BUILD)/obj/client/main_kiln.o $(KILN_CMD_OBJ) $(A_CLIENT) $(A_COMPILER) $(A_GRAPH) $(A_RUNTIME) $(A_ARTIFACT) $(A_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS)
+
+$(BIN)/kiln-broker: $(BUILD)/obj/broker/main_broker.o $(A_BROKER) $(A_GRAPH) $(A_ARTIFACT) $(A_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS)
+
+$(BIN)/kiln-worker: $(BUILD)/obj/worker/main_worker.o $(A_WORKER) $(A_COMPILER) $(A_GRAPH) $(A_ARTIFACT) $(A_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS)
+
+$(BIN)/kiln-cc: $(BUILD)/obj/compiler/main_cc.o $(A_COMPILER) $(A_GRAPH) $(A_ARTIFACT) $(A_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS)
+
+$(BIN)/kiln-run: $(BUILD)/obj/runtime/main_run.o $(SO_RT)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< -L$(LIB) -lkilnrt -Wl,-rpath,'$$ORIGIN/../lib' $(RT_LIBS)
+
+# --- tests ----------------------------------------------------------
+ALL_A := $(A_CLIENT) $(A_BROKER) $(A_WORKER) $(A_COMPILER) $(A_GRAPH) $(A_RUNTIME) $(A_ARTIFACT) $(A_COMMON)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(ALL_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(call LINK_GROUP,$(ALL_A)) $(LDLIBS) $(CHECK_LIBS)
+
+unit-test: $(UNIT_TESTS) all
+	@fail=0; for t in $(UNIT_TESTS); do \
+	  echo "== $$t"; KILN_BIN=$(abspath $(BIN)) KILN_SRC=$(CURDIR) $$t || fail=1; done; \
+	  exit $$fail
+
+integration-test: all
+	KILN_BIN=$(abspath $(BIN)) KILN_LIB=$(abspath $(LIB)) KILN_SRC=$(CURDIR) \
+	  $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+test: deps
+	@$(MAKE) --no-print-directory unit-test
+	@$(MAKE) --no-print-directory integration-test
+
+memcheck: $(UNIT_TESTS)
+	@fail=0; for t in $(UNIT_TESTS); do \
+	  CK_FORK=no KILN_BIN=$(abspath $(BIN)) KILN_SRC=$(CURDIR) valgrind -q --error-exitcode=1 \
+	    --leak-check=full $$t || fail=1; done; exit $$fail
+
+demo: all
+	$(PYTHON) scripts/demo.py --bin $(abspath $(BIN))
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib
+	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(SO_RT) $(SO_CLIENT) $(DESTDIR)$(PREFIX)/lib/
+
+clean:
+	rm -rf $(BUILD)

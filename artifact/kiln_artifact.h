@@ -1,0 +1,158 @@
+/*
+ * kiln_artifact — the signed artifact archive (.kar).
+ *
+ * An artifact is a plain pax tar, written and read with libarchive, whose
+ * members are, in this order:
+ *   manifest.json     the manifest (below), compact JSON with sorted keys
+ *   manifest.sig      64-byte raw Ed25519 signature over manifest.json
+ *   signature.json    {"algorithm":"ed25519","key_id":...,"signs":"manifest.json"}
+ *   provenance.json   who built it, where and when (optional)
+ *   provenance.sig    Ed25519 signature over provenance.json (with it)
+ *   <payload members> listed in the manifest with SHA-256 and size
+ *                     (the builtin compiler writes program.kbin and
+ *                     weights.bin)
+ * Tar headers carry mtime 0, uid/gid 0 and mode 0644 so that the same
+ * content and key give the same bytes.
+ *
+ * The artifact's content hash is the SHA-256 of manifest.json.  The
+ * manifest holds no builder and no time, so it does not depend on who
+ * built the artifact or when; provenance.json does, and is signed apart.
+ *
+ * Invariants of a kiln_artifact_t: the manifest's member list is derived
+ * from the payload members when the manifest is serialised (so it cannot
+ * disagree with them), and an artifact read from disk has had every
+ * payload member's size and digest checked against its manifest.
+ *
+ * Keys are Ed25519 through OpenSSL's EVP API, stored as PEM: PKCS#8 for
+ * the private key (mode 0600) and SubjectPublicKeyInfo for the public key.
+ * A key id is the first 16 hex characters of the SHA-256 of the public
+ * key's DER encoding.  A keyring is a directory of public-key .pem files.
+ */
+#ifndef KILN_ARTIFACT_H
+#define KILN_ARTIFACT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kiln_dtype.h"
+#include "common/kiln_error.h"
+#include "common/kiln_hash.h"
+
+#define KILN_ARTIFACT_FORMAT_VERSION 1
+#define KILN_RUNTIME_ABI_VERSION     1
+#define KILN_KEY_ID_LEN              17     /* 16 hex chars + NUL */
+
+typedef struct kiln_io {
+    char name[KILN_MAX_NAME + 1];   /* graph input/output name */
+    kiln_dtype_t dtype;
+    kiln_shape_t shape;
+} kiln_io_t;
+
+typedef struct kiln_manifest {
+    int format_version;                  /* KILN_ARTIFACT_FORMAT_VERSION */
+    char graph_digest[KILN_HEX_LEN];     /* digest of the source graph */
+    char action_key[KILN_HEX_LEN];       /* key of the compilation */
+    char compiler_id[64];                /* "kiln-builtin" or a toolchain name */
+    char compiler_version[64];
+    char compiler_args[KILN_MAX_ARGS_BYTES];   /* normalised */
+    char target[64];                     /* e.g. "cpu-x86_64" */
+    int runtime_abi;                     /* KILN_RUNTIME_ABI_VERSION */
+    kiln_io_t *inputs;   int n_inputs;   /* owned */
+    kiln_io_t *outputs;  int n_outputs;  /* owned */
+} kiln_manifest_t;
+
+typedef struct kiln_artifact kiln_artifact_t;
+typedef struct kiln_key kiln_key_t;
+
+/* --- artifacts ----------------------------------------------------- */
+
+/* Create an empty, unsigned artifact.  Caller owns it. */
+kiln_artifact_t *kiln_artifact_new (void);
+void kiln_artifact_destroy (kiln_artifact_t **self_p);
+
+/* The manifest, to fill in before writing.  Owned by the artifact.
+ * Use kiln_manifest_set_io to set inputs/outputs. */
+kiln_manifest_t *kiln_artifact_manifest (kiln_artifact_t *self);
+int kiln_manifest_set_io (kiln_manifest_t *m, bool outputs,
+                          const kiln_io_t *ios, int n, kiln_err_t *err);
+
+/* Add a payload member; copies `data`.  Names are [A-Za-z0-9._-]{1,64}
+ * and not one of the reserved names above. */
+int kiln_artifact_add_member (kiln_artifact_t *self, const char *name,
+                              const void *data, size_t len, kiln_err_t *err);
+/* Add a payload member, taking ownership of *data (malloc'd); NULLs it. */
+int kiln_artifact_take_member (kiln_artifact_t *self, const char *name,
+                               uint8_t **data, size_t len, kiln_err_t *err);
+/* A payload member's bytes, or NULL when absent.  Owned by the artifact. */
+const uint8_t *kiln_artifact_member (const kiln_artifact_t *self,
+                                     const char *name, size_t *len);
+/* Number of payload members and the name of the i-th (artifact owns). */
+int kiln_artifact_member_count (const kiln_artifact_t *self);
+const char *kiln_artifact_member_name (const kiln_artifact_t *self, int i);
+
+/* The manifest.json bytes, serialised now from the manifest and members
+ * (deterministic).  Caller owns *out (free()). */
+int kiln_artifact_manifest_json (kiln_artifact_t *self, char **out,
+                                 size_t *len, kiln_err_t *err);
+/* The content hash: SHA-256 of manifest.json, as hex. */
+int kiln_artifact_digest (kiln_artifact_t *self, char out[KILN_HEX_LEN],
+                          kiln_err_t *err);
+
+/* Sign the manifest with `key` and, when `provenance_json` is not NULL,
+ * attach and sign it too.  Replaces any earlier signature. */
+int kiln_artifact_sign (kiln_artifact_t *self, const kiln_key_t *key,
+                        const char *provenance_json, kiln_err_t *err);
+bool kiln_artifact_is_signed (const kiln_artifact_t *self);
+/* Key id of the signer ("" when unsigned); owned by the artifact. */
+const char *kiln_artifact_signer (const kiln_artifact_t *self);
+/* provenance.json text, or NULL; owned by the artifact. */
+const char *kiln_artifact_provenance (const kiln_artifact_t *self);
+
+/* Write the archive to `path` atomically, or to memory (caller owns
+ * *out).  An unsigned artifact is written without signature members. */
+int kiln_artifact_write (kiln_artifact_t *self, const char *path,
+                         kiln_err_t *err);
+int kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out,
+                             size_t *len, kiln_err_t *err);
+
+/* Read an archive (bounded by KILN_MAX_* limits), parse its manifest and
+ * check every payload member's size and SHA-256 against it; an error
+ * names the member at fault.  Does not check the signature.  Caller owns
+ * the result. */
+kiln_artifact_t *kiln_artifact_read (const char *path, kiln_err_t *err);
+kiln_artifact_t *kiln_artifact_read_mem (const uint8_t *data, size_t len,
+                                         kiln_err_t *err);
+
+/* Check the signature (algorithm and key id first, then Ed25519 over
+ * manifest.json; and provenance.sig over provenance.json when present)
+ * against the public keys in directory `keyring_dir`.  Fails with
+ * KILN_EVERIFY naming the reason: unsigned, unknown key id, bad signature. */
+int kiln_artifact_verify (const kiln_artifact_t *self, const char *keyring_dir,
+                          kiln_err_t *err);
+
+/* read + verify: what every loader calls.  Caller owns the result. */
+kiln_artifact_t *kiln_artifact_open_verified (const char *path,
+                                              const char *keyring_dir,
+                                              kiln_err_t *err);
+
+/* --- keys ---------------------------------------------------------- */
+
+/* Generate an Ed25519 key pair.  Caller owns it. */
+kiln_key_t *kiln_key_generate (kiln_err_t *err);
+/* Load a private key PEM (PKCS#8).  Caller owns it. */
+kiln_key_t *kiln_key_load_private (const char *path, kiln_err_t *err);
+/* Load a public key PEM (SubjectPublicKeyInfo).  Caller owns it. */
+kiln_key_t *kiln_key_load_public (const char *path, kiln_err_t *err);
+void kiln_key_destroy (kiln_key_t **self_p);
+/* The key id (16 hex chars); owned by the key. */
+const char *kiln_key_id (const kiln_key_t *self);
+/* Write DIR/kiln.key (private, 0600, O_EXCL|O_NOFOLLOW) and DIR/kiln.pub
+ * (public, 0644), creating DIR.  Fails when the private key exists. */
+int kiln_key_write_pair (const kiln_key_t *self, const char *dir,
+                         kiln_err_t *err);
+/* Write only the public key PEM to `path` (0644, atomic). */
+int kiln_key_write_public (const kiln_key_t *self, const char *path,
+                           kiln_err_t *err);
+
+#endif

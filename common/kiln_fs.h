@@ -1,0 +1,54 @@
+/*
+ * kiln_fs — bounded file reads, atomic durable writes, directories.
+ *
+ * kiln_write_file_atomic writes a temporary file beside the target,
+ * fsyncs it, renames it over the target and fsyncs the directory, so that
+ * after a crash the target holds either the old or the new bytes, never a
+ * mix.  The store and the action cache depend on this.
+ */
+#ifndef KILN_FS_H
+#define KILN_FS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "common/kiln_error.h"
+
+/* Read a whole file of at most `max` bytes.  Caller owns *data (free()).
+ * *data is NUL-terminated one byte past *len for convenience. */
+int kiln_read_file (const char *path, uint64_t max, uint8_t **data,
+                    size_t *len, kiln_err_t *err);
+
+/* Write `len` bytes to `path` atomically and durably with `mode`. */
+int kiln_write_file_atomic (const char *path, const void *data, size_t len,
+                            mode_t mode, kiln_err_t *err);
+
+/* Create a new file with O_EXCL|O_NOFOLLOW and `mode`, write, fsync.
+ * Fails if the file exists: used for private keys. */
+int kiln_write_file_excl (const char *path, const void *data, size_t len,
+                          mode_t mode, kiln_err_t *err);
+
+/* mkdir -p with `mode` for the directories it creates. */
+int kiln_mkdir_p (const char *path, mode_t mode, kiln_err_t *err);
+
+/* Create a fresh private directory under $TMPDIR (or /tmp) named
+ * "<prefix>XXXXXX".  Caller owns the returned string (free()) and removes
+ * the directory with kiln_rm_rf. */
+char *kiln_mkdtemp (const char *prefix, kiln_err_t *err);
+
+/* Remove `path` and everything below it; missing is not an error. */
+int kiln_rm_rf (const char *path);
+
+bool kiln_file_exists (const char *path);
+
+/* The user's kiln config directory: $KILN_CONFIG_DIR, else
+ * $XDG_CONFIG_HOME/kiln, else $HOME/.config/kiln.  Written into buf. */
+int kiln_config_dir (char *buf, size_t size, kiln_err_t *err);
+
+/* Path of the directory holding the running executable (for finding
+ * sibling programs such as kiln-cc next to kiln-worker). */
+int kiln_exe_dir (char *buf, size_t size, kiln_err_t *err);
+
+#endif

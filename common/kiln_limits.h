@@ -1,0 +1,37 @@
+/*
+ * kiln_limits — every bound on a size that comes from outside.
+ *
+ * Anything read from the network, a file or a user is checked against one
+ * of these before memory is allocated for it.  Exceeding a bound is a
+ * KILN_ELIMIT error that names the bound, never a crash or an OOM.
+ */
+#ifndef KILN_LIMITS_H
+#define KILN_LIMITS_H
+
+#define KILN_MAX_RANK            8            /* dimensions of one tensor */
+#define KILN_MAX_DIM             (1LL << 31)  /* one dimension */
+#define KILN_MAX_TENSOR_ELEMS    (1LL << 32)  /* elements of one tensor */
+#define KILN_MAX_NAME            256          /* tensor, node, input names */
+#define KILN_MAX_OP_NAME         64           /* operator type names */
+#define KILN_MAX_NODES           (1 << 20)    /* nodes in one graph */
+#define KILN_MAX_TENSORS         (1 << 21)    /* tensors in one graph */
+#define KILN_MAX_ATTRS           64           /* attributes on one node */
+#define KILN_MAX_ATTR_ELEMS      (1 << 16)    /* ints/floats in one attribute */
+#define KILN_MAX_NODE_IO         1024         /* inputs or outputs of a node */
+#define KILN_MAX_GRAPH_IO        1024         /* graph inputs or outputs */
+#define KILN_MAX_STRUCT_BYTES    (256u << 20) /* encoded graph structure */
+#define KILN_MAX_BLOB_BYTES      (4ULL << 30) /* one weight blob */
+#define KILN_MAX_MODEL_BYTES     (8ULL << 30) /* an ONNX or kgraph file */
+#define KILN_MAX_ARTIFACT_BYTES  (8ULL << 30) /* a whole artifact archive */
+#define KILN_MAX_MEMBER_BYTES    (8ULL << 30) /* one archive member */
+#define KILN_MAX_MANIFEST_BYTES  (1u << 20)   /* manifest.json */
+#define KILN_MAX_MEMBERS         64           /* members in one archive */
+#define KILN_MAX_ARGS_BYTES      4096         /* compiler argument string */
+#define KILN_MAX_KEY_BYTES       (64u << 10)  /* a PEM key file */
+#define KILN_MAX_KEYRING_KEYS    1024         /* keys in one keyring dir */
+#define KILN_MAX_FRAME_BYTES     (64u << 20)  /* one ZeroMQ frame */
+#define KILN_MAX_FRAMES          4096         /* frames in one message */
+#define KILN_CHUNK_BYTES         (1u << 20)   /* blob chunk on the wire */
+#define KILN_MAX_LOG_BYTES       (1u << 20)   /* compile log kept per job */
+
+#endif

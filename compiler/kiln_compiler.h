@@ -1,0 +1,37 @@
+/*
+ * kiln_compiler — the builtin compiler: a validated kiln graph in, an
+ * unsigned artifact (manifest + program.kbin + weights.bin) out.
+ *
+ * Deterministic: the same graph, arguments and compiler version give the
+ * same bytes.  The artifact's manifest is filled in completely (graph
+ * digest, action key, compiler id/version/arguments, target, runtime ABI,
+ * inputs and outputs); signing is the caller's business (kiln-cc, the
+ * client's local path, the broker).
+ */
+#ifndef KILN_COMPILER_H
+#define KILN_COMPILER_H
+
+#include "artifact/kiln_artifact.h"
+#include "graph/kiln_graph.h"
+
+#define KILN_COMPILER_ID      "kiln-builtin"
+#define KILN_COMPILER_VERSION "0.1.0"
+
+typedef struct kiln_cc_options {
+    int optlevel;               /* --optlevel 0..3, default 2 */
+} kiln_cc_options_t;
+
+/* The target this compiler builds for, e.g. "cpu-x86_64". */
+const char *kiln_cc_target (void);
+
+/* Parse a compiler argument string ("--optlevel 1"); unknown flags and
+ * bad values are an error naming them.  `opts` gets the defaults first. */
+int kiln_cc_parse_args (const char *args, kiln_cc_options_t *opts,
+                        kiln_err_t *err);
+
+/* Validate and compile `g` (which must have all its weight data) with
+ * `args`.  Caller owns the returned unsigned artifact. */
+kiln_artifact_t *kiln_cc_compile (kiln_graph_t *g, const char *args,
+                                  kiln_err_t *err);
+
+#endif
