@@ -1,0 +1,48 @@
+/* kiln verify ARTIFACT.kar --keyring DIR */
+#include <getopt.h>
+#include <stdio.h>
+
+#include "artifact/kiln_artifact.h"
+#include "client/kiln_cmds.h"
+
+static const char *s_usage =
+    "usage: kiln verify ARTIFACT.kar --keyring DIR\n"
+    "  Exit 0 only when every member matches the manifest and the manifest\n"
+    "  is signed by a key in DIR; otherwise print the reason and exit 1.\n";
+
+int
+cmd_verify (int argc, char **argv)
+{
+    const char *keyring = NULL;
+    static const struct option opts[] = {
+        { "keyring", required_argument, NULL, 'k' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long (argc, argv, "k:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'k': keyring = optarg; break;
+        case 'h': fputs (s_usage, stdout); return 0;
+        default: return kiln_cmd_usage (s_usage, NULL);
+        }
+    }
+    if (optind != argc - 1)
+        return kiln_cmd_usage (s_usage, "verify takes one artifact");
+    if (!keyring)
+        return kiln_cmd_usage (s_usage, "missing --keyring DIR");
+
+    kiln_err_t err = { 0 };
+    char digest[KILN_HEX_LEN];
+    kiln_artifact_t *art = kiln_artifact_open_verified (argv[optind], keyring, &err);
+    if (!art || kiln_artifact_digest (art, digest, &err) != 0) {
+        kiln_artifact_destroy (&art);
+        fprintf (stderr, "kiln verify: '%s' refused: %s\n", argv[optind], err.msg);
+        return 1;
+    }
+    printf ("%s: ok, artifact %s signed by key %s\n", argv[optind], digest,
+            kiln_artifact_signer (art));
+    kiln_artifact_destroy (&art);
+    return 0;
+}

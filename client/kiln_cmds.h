@@ -1,0 +1,32 @@
+/*
+ * kiln_cmds — the `kiln` CLI's subcommands, one file each (cmd_*.c),
+ * dispatched from the table in main_kiln.c.  Each returns the process
+ * exit status: 0 on success, 1 on failure (message already printed),
+ * 2 on a usage error.
+ */
+#ifndef KILN_CMDS_H
+#define KILN_CMDS_H
+
+#include "common/kiln_error.h"
+#include "graph/kiln_graph.h"
+
+int cmd_import (int argc, char **argv);
+int cmd_compile (int argc, char **argv);
+int cmd_verify (int argc, char **argv);
+int cmd_keygen (int argc, char **argv);
+int cmd_inspect (int argc, char **argv);
+
+/* Print "kiln <cmd>: <message>" to stderr; returns 1. */
+int kiln_cmd_fail (const char *cmd, const kiln_err_t *err);
+/* Print a usage error and the usage string; returns 2. */
+int kiln_cmd_usage (const char *usage, const char *fmt, ...)
+    __attribute__ ((format (printf, 2, 3)));
+
+/* Load a model: .onnx files through the ONNX importer, anything else as a
+ * .kgraph.  Caller owns the graph. */
+kiln_graph_t *kiln_cmd_load_model (const char *path, kiln_err_t *err);
+
+/* Write `s` as a JSON string literal (quoted, escaped) to stdout. */
+void kiln_cmd_json_str (const char *s);
+
+#endif

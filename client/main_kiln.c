@@ -1,0 +1,98 @@
+/*
+ * kiln — the command line of the build farm.  Each subcommand lives in
+ * its own cmd_*.c file and is dispatched from the table below.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "client/kiln_cmds.h"
+#include "common/kiln_log.h"
+#include "graph/kiln_onnx.h"
+
+static const struct {
+    const char *name;
+    int (*fn) (int argc, char **argv);
+    const char *summary;
+} s_commands[] = {
+    { "compile", cmd_compile, "compile a model (.onnx or .kgraph) into a signed artifact" },
+    { "import",  cmd_import,  "import an ONNX model into a kiln graph (.kgraph)" },
+    { "verify",  cmd_verify,  "check an artifact's signature and members against a keyring" },
+    { "inspect", cmd_inspect, "show an artifact's manifest or a graph's interface" },
+    { "keygen",  cmd_keygen,  "write a new Ed25519 key pair" },
+};
+
+static void
+s_usage (FILE *out)
+{
+    fprintf (out, "usage: kiln <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof s_commands / sizeof s_commands[0]; i++)
+        fprintf (out, "  %-9s %s\n", s_commands[i].name, s_commands[i].summary);
+    fprintf (out, "\n'kiln <command> -h' shows a command's options.\n"
+                  "KILN_BROKER=tcp://HOST:PORT makes `kiln compile` use a farm.\n");
+}
+
+int
+kiln_cmd_fail (const char *cmd, const kiln_err_t *err)
+{
+    fprintf (stderr, "kiln %s: %s\n", cmd, err->msg[0] ? err->msg : kiln_strerror (err->code));
+    return 1;
+}
+
+int
+kiln_cmd_usage (const char *usage, const char *fmt, ...)
+{
+    if (fmt) {
+        va_list ap;
+        va_start (ap, fmt);
+        fprintf (stderr, "kiln: ");
+        vfprintf (stderr, fmt, ap);
+        fprintf (stderr, "\n");
+        va_end (ap);
+    }
+    fprintf (stderr, "%s", usage);
+    return 2;
+}
+
+kiln_graph_t *
+kiln_cmd_load_model (const char *path, kiln_err_t *err)
+{
+    size_t n = strlen (path);
+    if (n > 5 && strcmp (path + n - 5, ".onnx") == 0)
+        return kiln_onnx_import (path, err);
+    return kiln_graph_load (path, err);
+}
+
+void
+kiln_cmd_json_str (const char *s)
+{
+    json_t *str = json_string (s ? s : "");
+    char *text = str ? json_dumps (str, JSON_ENCODE_ANY) : NULL;
+    fputs (text ? text : "\"\"", stdout);
+    free (text);
+    json_decref (str);
+}
+
+int
+main (int argc, char **argv)
+{
+    kiln_log_init ("kiln", LOG_NOTICE);
+    if (argc < 2) {
+        s_usage (stderr);
+        return 2;
+    }
+    if (strcmp (argv[1], "-h") == 0 || strcmp (argv[1], "--help") == 0
+        || strcmp (argv[1], "help") == 0) {
+        s_usage (stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof s_commands / sizeof s_commands[0]; i++)
+        if (strcmp (argv[1], s_commands[i].name) == 0)
+            return s_commands[i].fn (argc - 1, argv + 1);
+    fprintf (stderr, "kiln: '%s' is not a kiln command\n", argv[1]);
+    s_usage (stderr);
+    return 2;
+}

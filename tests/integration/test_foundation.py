@@ -1,0 +1,212 @@
+"""The foundation end to end, with real processes on loopback: ONNX from
+torch -> kiln graph -> broker -> worker -> signed artifact -> verified run,
+compared with torch's own output."""
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import models
+from conftest import kiln_bin, run
+
+
+def compile_json(farm, model_path, out, *extra):
+    proc = run(["kiln", "compile", model_path, "-o", out, "--broker", farm.endpoint,
+                "--json", *extra], timeout=180)
+    assert proc.returncode == 0, f"compile failed: {proc.stderr}\n{farm.logs()}"
+    return json.loads(proc.stdout)
+
+
+def run_artifact(kar, keyring, input_args, outdir):
+    os.makedirs(outdir, exist_ok=True)
+    proc = run(["kiln-run", kar, "--keyring", keyring, *input_args,
+                "--output-dir", outdir], timeout=60)
+    return proc
+
+
+@pytest.mark.parametrize("name", ["foo", "seed_conv"])
+def test_seed_example_compiles_on_farm_and_matches_torch(farm, tmp_path, name):
+    module, inputs = {n: (m, i) for n, m, i in models.seed_models()}[name]
+    onnx_path = tmp_path / f"{name}.onnx"
+    names, expected = models.export(module, inputs, onnx_path)
+
+    first = compile_json(farm, onnx_path, tmp_path / "a.kar")
+    assert first["cached"] is False
+    assert first["worker"] in ("worker-1", "worker-2")
+    assert len(first["artifact"]) == 64
+
+    ok = run(["kiln", "verify", tmp_path / "a.kar", "--keyring", farm.keyring])
+    assert ok.returncode == 0, ok.stderr
+
+    proc = run_artifact(tmp_path / "a.kar", farm.keyring,
+                        models.save_inputs(inputs, names, tmp_path), tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(tmp_path / "out" / "output.npy")
+    assert got.shape == expected.shape
+    err = float(np.max(np.abs(got - expected)))
+    assert err <= 1e-5, f"max abs error {err}"
+
+    # The same request again is answered from the action cache.
+    second = compile_json(farm, onnx_path, tmp_path / "b.kar")
+    assert second["cached"] is True
+    assert second["worker"] is None
+    assert second["artifact"] == first["artifact"]
+    assert second["action_key"] == first["action_key"]
+
+
+def test_changed_compiler_args_are_a_different_action(farm, tmp_path):
+    module, inputs = models.SeedConv(), (torch.rand(1, 1, 3, 3),)
+    onnx_path = tmp_path / "m.onnx"
+    models.export(module, inputs, onnx_path)
+    a = compile_json(farm, onnx_path, tmp_path / "a.kar", "--compiler-args", "--optlevel 1")
+    b = compile_json(farm, onnx_path, tmp_path / "b.kar", "--compiler-args", "--optlevel 0")
+    assert a["action_key"] != b["action_key"]
+    assert b["cached"] is False
+
+
+def test_local_compile_without_broker_signs_with_users_key(tmp_path, config_dir):
+    module, inputs = models.SmallCNN(), (torch.rand(1, 3, 16, 16),)
+    onnx_path = tmp_path / "cnn.onnx"
+    names, expected = models.export(module, inputs, onnx_path)
+    env = {"KILN_BROKER": ""}
+    proc = run(["kiln", "compile", onnx_path, "-o", tmp_path / "cnn.kar", "--json"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["cached"] is False and res["worker"] is None
+    pub = config_dir / "keys" / "kiln.pub"
+    assert pub.exists() and (config_dir / "keys" / "kiln.key").stat().st_mode & 0o077 == 0
+    keyring = tmp_path / "keyring"
+    keyring.mkdir()
+    shutil.copy(pub, keyring / "me.pub")
+    out = run_artifact(tmp_path / "cnn.kar", keyring,
+                       models.save_inputs(inputs, names, tmp_path), tmp_path / "out")
+    assert out.returncode == 0, out.stderr
+    got = np.load(tmp_path / "out" / "output.npy")
+    assert float(np.max(np.abs(got - expected))) <= 1e-5
+
+
+def _local_artifact(tmp_path, config_dir):
+    module, inputs = models.SeedConv(), (torch.rand(1, 1, 3, 3),)
+    onnx_path = tmp_path / "m.onnx"
+    names, _ = models.export(module, inputs, onnx_path)
+    kar = tmp_path / "m.kar"
+    run(["kiln", "compile", onnx_path, "-o", kar, "--local"], check=True)
+    keyring = tmp_path / "keyring"
+    keyring.mkdir()
+    shutil.copy(config_dir / "keys" / "kiln.pub", keyring / "me.pub")
+    return kar, keyring, models.save_inputs(inputs, names, tmp_path)
+
+
+def _flip_byte_in_member(kar, member, out):
+    """Copy the tar at `kar` to `out` with one byte of `member`'s data flipped."""
+    with tarfile.open(kar) as tf:
+        info = tf.getmember(member)
+        offset = info.offset_data
+    data = bytearray(open(kar, "rb").read())
+    data[offset + min(3, info.size - 1)] ^= 0x01
+    open(out, "wb").write(bytes(data))
+
+
+def test_flipped_program_byte_is_refused_by_verify_and_run(tmp_path, config_dir):
+    kar, keyring, input_args = _local_artifact(tmp_path, config_dir)
+    bad = tmp_path / "bad.kar"
+    _flip_byte_in_member(kar, "program.kbin", bad)
+    v = run(["kiln", "verify", bad, "--keyring", keyring])
+    assert v.returncode != 0
+    assert "program.kbin" in v.stderr
+    r = run_artifact(bad, keyring, input_args, tmp_path / "out")
+    assert r.returncode != 0
+    assert "program.kbin" in r.stderr
+    assert not (tmp_path / "out" / "output.npy").exists()
+
+
+def test_signature_by_key_not_in_keyring_is_refused(tmp_path, config_dir):
+    kar, keyring, input_args = _local_artifact(tmp_path, config_dir)
+    other = tmp_path / "other"
+    run(["kiln", "keygen", "--out", other], check=True)
+    foreign = tmp_path / "foreign-keyring"
+    foreign.mkdir()
+    shutil.copy(other / "kiln.pub", foreign / "other.pub")
+    v = run(["kiln", "verify", kar, "--keyring", foreign])
+    assert v.returncode != 0
+    assert "keyring" in v.stderr
+    r = run_artifact(kar, foreign, input_args, tmp_path / "out")
+    assert r.returncode != 0
+    # The right keyring accepts the very same file.
+    assert run(["kiln", "verify", kar, "--keyring", keyring]).returncode == 0
+
+
+def test_stock_tar_lists_and_stock_openssl_verifies(tmp_path, config_dir):
+    kar, keyring, _ = _local_artifact(tmp_path, config_dir)
+    listing = subprocess.run(["tar", "tf", str(kar)], capture_output=True, text=True,
+                             timeout=30, check=True).stdout.split()
+    for member in ("manifest.json", "manifest.sig", "signature.json", "program.kbin",
+                   "weights.bin"):
+        assert member in listing
+    x = tmp_path / "x"
+    x.mkdir()
+    subprocess.run(["tar", "xf", str(kar), "-C", str(x)], check=True, timeout=30)
+    cmd = ["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", str(keyring / "me.pub"),
+           "-rawin", "-in", str(x / "manifest.json"), "-sigfile", str(x / "manifest.sig")]
+    assert subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+    # The content hash is the SHA-256 of manifest.json.
+    import hashlib
+    digest = hashlib.sha256((x / "manifest.json").read_bytes()).hexdigest()
+    manifest = json.loads((x / "manifest.json").read_text())
+    assert manifest["graph_digest"] != digest
+    inspect = run(["kiln", "compile", tmp_path / "m.onnx", "-o", tmp_path / "again.kar",
+                   "--local", "--json"], check=True)
+    assert json.loads(inspect.stdout)["artifact"] == digest
+    # And stock openssl refuses a tampered manifest.
+    m = (x / "manifest.json").read_bytes().replace(b"float32", b"float64", 1)
+    (x / "manifest.json").write_bytes(m)
+    assert subprocess.run(cmd, capture_output=True, timeout=30).returncode != 0
+
+
+def _save_onnx(graph, path, opset=13):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.save(model, str(path))
+
+
+def test_unknown_op_is_named_with_its_count(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Sinh", ["a"], ["b"]),
+             helper.make_node("Sinh", ["b"], ["c"]),
+             helper.make_node("Cosh", ["c"], ["y"])]
+    _save_onnx(helper.make_graph(nodes, "g", [x], [y]), tmp_path / "u.onnx")
+    proc = run(["kiln", "import", tmp_path / "u.onnx", "-o", tmp_path / "u.kgraph"])
+    assert proc.returncode != 0
+    assert "Sinh (2)" in proc.stderr and "Cosh (1)" in proc.stderr
+    assert "Relu" not in proc.stderr
+    assert not (tmp_path / "u.kgraph").exists()
+
+
+def test_shape_mismatch_names_the_node(tmp_path):
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [4, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Add", ["a", "b"], ["y"], name="the_add")]
+    _save_onnx(helper.make_graph(nodes, "g", [a, b], [y]), tmp_path / "s.onnx")
+    proc = run(["kiln", "compile", tmp_path / "s.onnx", "-o", tmp_path / "s.kar", "--local"])
+    assert proc.returncode != 0
+    assert "the_add" in proc.stderr and "Add" in proc.stderr
+    assert not (tmp_path / "s.kar").exists()
+
+
+def test_wrong_input_shape_is_refused_naming_the_input(tmp_path, config_dir):
+    kar, keyring, _ = _local_artifact(tmp_path, config_dir)
+    np.save(tmp_path / "wrong.npy", np.zeros((1, 1, 4, 4), dtype=np.float32))
+    r = run_artifact(kar, keyring, ["--input", f"input0={tmp_path / 'wrong.npy'}"],
+                     tmp_path / "out")
+    assert r.returncode != 0
+    assert "input0" in r.stderr and "[1, 1, 3, 3]" in r.stderr
