@@ -48,8 +48,7 @@ DEPS_STAMP := $(BUILD)/.deps
 # --- sources --------------------------------------------------------
 # Files named main_*.c are a program's main; cmd_*.c are kiln CLI
 # subcommands.  Everything else in a component folder goes in its library.
-PROGRAM_ONLY = %/main_%.c %/cmd_%.c
-lib_src = $(filter-out $(PROGRAM_ONLY),$(wildcard $(1)/*.c))
+lib_src = $(filter-out $(wildcard $(1)/main_*.c) $(wildcard $(1)/cmd_*.c),$(wildcard $(1)/*.c))
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 ONNX_PROTO := /usr/include/onnx/onnx.proto
@@ -57,6 +56,8 @@ ONNX_GEN   := $(BUILD)/gen/onnx.pb-c.c
 ONNX_GEN_H := $(BUILD)/gen/onnx.pb-c.h
 
 COMMON_OBJ   := $(call obj,$(call lib_src,common))
+# The wire protocol needs ZeroMQ; the runtime carries the rest of common/.
+COMMON_RT_OBJ := $(filter-out $(BUILD)/obj/common/kiln_proto.o,$(COMMON_OBJ))
 GRAPH_OBJ    := $(call obj,$(call lib_src,graph)) $(BUILD)/obj/gen/onnx.pb-c.o
 COMPILER_OBJ := $(call obj,$(call lib_src,compiler))
 ARTIFACT_OBJ := $(call obj,$(call lib_src,artifact))
@@ -144,7 +145,7 @@ $(eval $(call static_lib,$(A_WORKER),$(WORKER_OBJ)))
 # The runtime carries only what an inference host needs: no graph IR, no
 # compiler, no ZeroMQ.
 RT_LIBS = $(shell pkg-config --libs libarchive openssl jansson msgpack openblas) -lm -lpthread
-$(SO_RT): $(RUNTIME_OBJ) $(ARTIFACT_OBJ) $(COMMON_OBJ)
+$(SO_RT): $(RUNTIME_OBJ) $(ARTIFACT_OBJ) $(COMMON_RT_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(LDFLAGS) -Wl,-soname,libkilnrt.so -o $@ $^ $(RT_LIBS)
 

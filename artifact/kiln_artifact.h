@@ -42,6 +42,8 @@
 #define KILN_ARTIFACT_FORMAT_VERSION 1
 #define KILN_RUNTIME_ABI_VERSION     1
 #define KILN_KEY_ID_LEN              17     /* 16 hex chars + NUL */
+#define KILN_MAX_MEMBER_NAME         64     /* bytes in a payload member name */
+#define KILN_SIG_LEN                 64     /* bytes in an Ed25519 signature */
 
 typedef struct kiln_io {
     char name[KILN_MAX_NAME + 1];   /* graph input/output name */
@@ -81,7 +83,8 @@ int kiln_manifest_set_io (kiln_manifest_t *m, bool outputs,
  * and not one of the reserved names above. */
 int kiln_artifact_add_member (kiln_artifact_t *self, const char *name,
                               const void *data, size_t len, kiln_err_t *err);
-/* Add a payload member, taking ownership of *data (malloc'd); NULLs it. */
+/* Add a payload member, taking ownership of *data (malloc'd); NULLs it.
+ * *data is consumed on error too (freed and NULLed). */
 int kiln_artifact_take_member (kiln_artifact_t *self, const char *name,
                                uint8_t **data, size_t len, kiln_err_t *err);
 /* A payload member's bytes, or NULL when absent.  Owned by the artifact. */
@@ -154,5 +157,48 @@ int kiln_key_write_pair (const kiln_key_t *self, const char *dir,
 /* Write only the public key PEM to `path` (0644, atomic). */
 int kiln_key_write_public (const kiln_key_t *self, const char *path,
                            kiln_err_t *err);
+
+/* --- additions ---------------------------------------------------- */
+
+/* Deep-copy `src` into `dst` (whose old contents are not freed).  Release
+ * `dst` with kiln_manifest_release. */
+int kiln_manifest_copy (kiln_manifest_t *dst, const kiln_manifest_t *src,
+                        kiln_err_t *err);
+/* Free the inputs and outputs a manifest owns and zero it.  For copies
+ * made with kiln_manifest_copy; an artifact's own manifest is released by
+ * kiln_artifact_destroy. */
+void kiln_manifest_release (kiln_manifest_t *m);
+
+/* read_mem + verify, for archives that arrive over the wire.  Caller
+ * owns the result. */
+kiln_artifact_t *kiln_artifact_open_verified_mem (const uint8_t *data,
+                                                  size_t len,
+                                                  const char *keyring_dir,
+                                                  kiln_err_t *err);
+
+/* True when the key holds a private part (can sign). */
+bool kiln_key_has_private (const kiln_key_t *self);
+
+/* A keyring loaded once, for a process that verifies many artifacts (the
+ * broker).  kiln_artifact_verify (self, dir) is kiln_keyring_load (dir) +
+ * kiln_artifact_verify_keyring.  Loading reads every regular file in `dir`
+ * ending in .pub or .pem that parses as an Ed25519 PUBLIC key, skipping
+ * private keys and other files silently, so that a `kiln keygen` output
+ * directory works as a keyring.  A missing or unreadable directory, or
+ * more than KILN_MAX_KEYRING_KEYS keys, is an error.  Caller owns it. */
+typedef struct kiln_keyring kiln_keyring_t;
+kiln_keyring_t *kiln_keyring_load (const char *dir, kiln_err_t *err);
+void kiln_keyring_destroy (kiln_keyring_t **self_p);
+/* Number of keys, and the i-th (owned by the keyring). */
+int kiln_keyring_count (const kiln_keyring_t *self);
+const kiln_key_t *kiln_keyring_key (const kiln_keyring_t *self, int i);
+/* The key with id `key_id`, or NULL; owned by the keyring. */
+const kiln_key_t *kiln_keyring_find (const kiln_keyring_t *self,
+                                     const char *key_id);
+/* The directory the keyring was loaded from; owned by the keyring. */
+const char *kiln_keyring_dir (const kiln_keyring_t *self);
+/* kiln_artifact_verify against an already loaded keyring. */
+int kiln_artifact_verify_keyring (const kiln_artifact_t *self,
+                                  const kiln_keyring_t *ring, kiln_err_t *err);
 
 #endif

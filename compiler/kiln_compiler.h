@@ -11,6 +11,8 @@
 #ifndef KILN_COMPILER_H
 #define KILN_COMPILER_H
 
+#include <stdint.h>
+
 #include "artifact/kiln_artifact.h"
 #include "graph/kiln_graph.h"
 
@@ -33,5 +35,17 @@ int kiln_cc_parse_args (const char *args, kiln_cc_options_t *opts,
  * `args`.  Caller owns the returned unsigned artifact. */
 kiln_artifact_t *kiln_cc_compile (kiln_graph_t *g, const char *args,
                                   kiln_err_t *err);
+
+/* What a compilation produced, for reports (kiln-cc --json, logs). */
+typedef struct kiln_cc_stats {
+    uint64_t arena_bytes;       /* the planned arena */
+    uint64_t naive_bytes;       /* one buffer per arena tensor, no reuse */
+    uint64_t weights_bytes;     /* weights.bin, alignment included */
+    int n_ops;                  /* kernel calls in the program */
+} kiln_cc_stats_t;
+
+/* kiln_cc_compile that also fills `stats` (which may be NULL). */
+kiln_artifact_t *kiln_cc_compile_ex (kiln_graph_t *g, const char *args,
+                                     kiln_cc_stats_t *stats, kiln_err_t *err);
 
 #endif

@@ -103,7 +103,10 @@ int kiln_graph_add_tensor (kiln_graph_t *g, const char *name, kiln_dtype_t dt,
                            const kiln_shape_t *shape, kiln_err_t *err);
 /* Make tensor `t` a constant holding `size` bytes.  Takes ownership of
  * *data (malloc'd) and NULLs it; computes the digest.  The byte count must
- * match the tensor's dtype and shape. */
+ * match the tensor's dtype and shape.  Ownership passes even on failure
+ * (the bytes are freed then), so the caller never frees *data after the
+ * call.  *data may be NULL only when `size` is 0.  A tensor that already
+ * has a weight gets the new bytes in its place. */
 int kiln_graph_set_weight (kiln_graph_t *g, int t, uint8_t **data,
                            uint64_t size, kiln_err_t *err);
 /* Add a node.  Returns its index or a negative error. */
@@ -126,6 +129,11 @@ int kiln_graph_add_input (kiln_graph_t *g, int t, kiln_err_t *err);
 int kiln_graph_add_output (kiln_graph_t *g, int t, kiln_err_t *err);
 /* Index of the tensor named `name`, or -1. */
 int kiln_graph_find_tensor (const kiln_graph_t *g, const char *name);
+/* Write how errors name node `n` -- "node 'conv1' (Conv)", or
+ * "node #3 (Conv)" when it has no name -- into buf[size]; returns buf.
+ * Use it so that every message about a node reads the same. */
+char *kiln_graph_node_label (const kiln_graph_t *g, int n, char *buf,
+                             size_t size);
 
 /* --- attributes ---------------------------------------------------- */
 
@@ -179,10 +187,35 @@ int kiln_graph_digest (const kiln_graph_t *g, char out[KILN_HEX_LEN],
  * shape of every tensor produced by a node.  Fails with an error that
  * names the node (name and op) and says what is wrong: an unknown op, a
  * missing input, a shape or dtype mismatch, a cycle, an output no node
- * produces.  Ops known here are listed by kiln_graph_op_supported. */
+ * produces.  Ops known here are listed by kiln_graph_op_supported.
+ *
+ * All or nothing: on failure the graph is left exactly as it was.  A
+ * node output that already has a dtype or shape (declared by the importer,
+ * or inferred by an earlier run) must agree with what is inferred; a pass
+ * that changes what a node computes resets its outputs to
+ * KILN_DT_UNDEFINED / rank -1 first.  Reshape reads its target shape from
+ * the data of its int64 weight input, so that data must be attached. */
 int kiln_graph_validate (kiln_graph_t *g, kiln_err_t *err);
 
 /* True when validation and shape inference know `op`. */
 bool kiln_graph_op_supported (const char *op);
+
+/* The sliding window of a Conv or MaxPool node, resolved: the kernel from
+ * the weight (Conv) or kernel_shape (MaxPool), strides and dilations with
+ * their defaults, and explicit pads with auto_pad worked out (SAME_UPPER
+ * puts the odd padding at the end, SAME_LOWER at the start, VALID none),
+ * exactly as kiln_graph_validate computed the output shape. */
+typedef struct kiln_window {
+    int n;                                /* spatial axes (input rank - 2) */
+    int64_t kernel[KILN_MAX_RANK];        /* kernel size per spatial axis */
+    int64_t strides[KILN_MAX_RANK];
+    int64_t dilations[KILN_MAX_RANK];
+    int64_t pads[2 * KILN_MAX_RANK];      /* ONNX order: all begins, then all ends */
+    bool ceil_mode;                       /* MaxPool: last window may overhang */
+} kiln_window_t;
+
+/* Fill `w` for node `n` of a validated graph (input shapes known). */
+int kiln_graph_window (const kiln_graph_t *g, int n, kiln_window_t *w,
+                       kiln_err_t *err);
 
 #endif

@@ -1,0 +1,974 @@
+/*
+ * kiln_artifact — the signed artifact archive: members, signing, the pax
+ * tar writer and the bounded reader, verification against a keyring.
+ *
+ * What is signed is the manifest.json bytes; the payload is bound to them
+ * by the SHA-256 and size of each member listed in the manifest.  The
+ * reader checks every member against the manifest before it returns, and
+ * verification re-encodes the manifest from what the artifact holds now,
+ * so that an artifact changed after it was read or signed cannot pass.
+ */
+#include "artifact/kiln_artifact_priv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <jansson.h>
+
+#include "common/kiln_fs.h"
+
+#define S_WRITE_CHUNK (1u << 20)        /* bytes handed to libarchive at once */
+#define S_READ_BLOCK  (64u << 10)       /* libarchive read block size */
+#define S_ALG_MAX     32                /* signature.json "algorithm" */
+#define S_SIGNS_MAX   64                /* signature.json "signs" */
+
+struct kiln_artifact {
+    kiln_manifest_t manifest;                  /* filled by the caller or read */
+    kiln_member_t members[KILN_MAX_MEMBERS];   /* payload, sorted by name */
+    int n_members;
+    bool is_signed;                            /* manifest.sig + signature.json */
+    char *signed_manifest;                     /* the manifest.json bytes signed */
+    size_t signed_manifest_len;
+    uint8_t manifest_sig[KILN_SIG_LEN];        /* manifest.sig */
+    char *signature_json;                      /* signature.json bytes */
+    size_t signature_json_len;
+    char sig_algorithm[S_ALG_MAX];             /* from signature.json */
+    char signer[KILN_KEY_ID_LEN];              /* key id, "" when unsigned */
+    char sig_signs[S_SIGNS_MAX];               /* which member it signs */
+    char *provenance;                          /* provenance.json, or NULL */
+    size_t provenance_len;
+    uint8_t provenance_sig[KILN_SIG_LEN];      /* provenance.sig */
+};
+
+/* --- lifecycle and members ------------------------------------------- */
+
+kiln_artifact_t *
+kiln_artifact_new (void)
+{
+    kiln_artifact_t *self = calloc (1, sizeof *self);
+    if (!self)
+        return NULL;
+    self->manifest.format_version = KILN_ARTIFACT_FORMAT_VERSION;
+    self->manifest.runtime_abi = KILN_RUNTIME_ABI_VERSION;
+    return self;
+}
+
+static void
+s_clear_signature (kiln_artifact_t *self)
+{
+    free (self->signed_manifest);
+    free (self->signature_json);
+    free (self->provenance);
+    self->signed_manifest = self->signature_json = self->provenance = NULL;
+    self->signed_manifest_len = self->signature_json_len = self->provenance_len = 0;
+    self->is_signed = false;
+    self->sig_algorithm[0] = self->signer[0] = self->sig_signs[0] = '\0';
+    memset (self->manifest_sig, 0, sizeof self->manifest_sig);
+    memset (self->provenance_sig, 0, sizeof self->provenance_sig);
+}
+
+void
+kiln_artifact_destroy (kiln_artifact_t **self_p)
+{
+    if (self_p && *self_p) {
+        kiln_artifact_t *self = *self_p;
+        kiln_manifest_release (&self->manifest);
+        for (int i = 0; i < self->n_members; i++)
+            free (self->members[i].data);
+        s_clear_signature (self);
+        free (self);
+        *self_p = NULL;
+    }
+}
+
+kiln_manifest_t *
+kiln_artifact_manifest (kiln_artifact_t *self)
+{
+    return &self->manifest;
+}
+
+static int
+s_find (const kiln_artifact_t *self, const char *name)
+{
+    for (int i = 0; i < self->n_members; i++)
+        if (strcmp (self->members[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Check that `name` may be added; the error names it. */
+static int
+s_check_new_member (const kiln_artifact_t *self, const char *name, size_t len,
+                    kiln_err_t *err)
+{
+    if (!name)
+        return kiln_error (err, KILN_EINVAL, "member name is NULL");
+    if (kiln_member_name_reserved (name))
+        return kiln_error (err, KILN_EINVAL, "member name '%s' is reserved", name);
+    if (!kiln_member_name_ok (name))
+        return kiln_error (err, KILN_EINVAL,
+                           "member name '%.80s' is not valid (want [A-Za-z0-9._-]{1,%d})",
+                           name, KILN_MAX_MEMBER_NAME);
+    if (s_find (self, name) >= 0)
+        return kiln_error (err, KILN_EINVAL, "member '%s' already exists", name);
+    if (self->n_members == KILN_MAX_MEMBERS)
+        return kiln_error (err, KILN_ELIMIT, "member '%s': the artifact already has %d members",
+                           name, KILN_MAX_MEMBERS);
+    if (len > KILN_MAX_MEMBER_BYTES)
+        return kiln_error (err, KILN_ELIMIT, "member '%s' is %zu bytes, more than the limit of %llu",
+                           name, len, (unsigned long long) KILN_MAX_MEMBER_BYTES);
+    return 0;
+}
+
+/* Insert a checked member in name order, taking `data`. */
+static void
+s_insert (kiln_artifact_t *self, const char *name, uint8_t *data, size_t len)
+{
+    int at = 0;
+    while (at < self->n_members && strcmp (self->members[at].name, name) < 0)
+        at++;
+    memmove (&self->members[at + 1], &self->members[at],
+             (size_t) (self->n_members - at) * sizeof self->members[0]);
+    kiln_member_t *m = &self->members[at];
+    memset (m, 0, sizeof *m);
+    snprintf (m->name, sizeof m->name, "%s", name);
+    m->data = data;
+    m->len = len;
+    uint8_t digest[KILN_DIGEST_LEN];
+    kiln_sha256 (data, len, digest);
+    kiln_hex (digest, KILN_DIGEST_LEN, m->sha256);
+    self->n_members++;
+}
+
+int
+kiln_artifact_add_member (kiln_artifact_t *self, const char *name,
+                          const void *data, size_t len, kiln_err_t *err)
+{
+    int rc = s_check_new_member (self, name, len, err);
+    if (rc)
+        return rc;
+    if (len > 0 && !data)
+        return kiln_error (err, KILN_EINVAL, "member '%s': %zu bytes but no data", name, len);
+    uint8_t *copy = malloc (len ? len : 1);
+    if (!copy)
+        return kiln_error (err, KILN_ENOMEM, "out of memory copying member '%s'", name);
+    if (len)
+        memcpy (copy, data, len);
+    s_insert (self, name, copy, len);
+    return 0;
+}
+
+int
+kiln_artifact_take_member (kiln_artifact_t *self, const char *name,
+                           uint8_t **data, size_t len, kiln_err_t *err)
+{
+    uint8_t *buf = *data;
+    *data = NULL;
+    int rc = s_check_new_member (self, name, len, err);
+    if (rc == 0 && len > 0 && !buf)
+        rc = kiln_error (err, KILN_EINVAL, "member '%s': %zu bytes but no data", name, len);
+    if (rc == 0 && !buf && !(buf = malloc (1)))
+        rc = kiln_error (err, KILN_ENOMEM, "out of memory");
+    if (rc) {
+        free (buf);
+        return rc;
+    }
+    s_insert (self, name, buf, len);
+    return 0;
+}
+
+const uint8_t *
+kiln_artifact_member (const kiln_artifact_t *self, const char *name, size_t *len)
+{
+    int i = s_find (self, name);
+    if (i < 0) {
+        if (len)
+            *len = 0;
+        return NULL;
+    }
+    if (len)
+        *len = self->members[i].len;
+    return self->members[i].data;
+}
+
+int
+kiln_artifact_member_count (const kiln_artifact_t *self)
+{
+    return self->n_members;
+}
+
+const char *
+kiln_artifact_member_name (const kiln_artifact_t *self, int i)
+{
+    return i >= 0 && i < self->n_members ? self->members[i].name : NULL;
+}
+
+/* --- manifest and content hash --------------------------------------- */
+
+int
+kiln_artifact_manifest_json (kiln_artifact_t *self, char **out, size_t *len,
+                             kiln_err_t *err)
+{
+    return kiln_manifest_encode (&self->manifest, self->members, self->n_members,
+                                 out, len, err);
+}
+
+int
+kiln_artifact_digest (kiln_artifact_t *self, char out[KILN_HEX_LEN],
+                      kiln_err_t *err)
+{
+    char *json;
+    size_t len;
+    int rc = kiln_artifact_manifest_json (self, &json, &len, err);
+    if (rc)
+        return rc;
+    uint8_t digest[KILN_DIGEST_LEN];
+    kiln_sha256 (json, len, digest);
+    kiln_hex (digest, KILN_DIGEST_LEN, out);
+    free (json);
+    return 0;
+}
+
+/* --- signing --------------------------------------------------------- */
+
+/* `text` re-encoded into *out as compact JSON with sorted keys; it must
+ * be an object.  Caller owns *out (free()). */
+static int
+s_canonical_object (const char *what, const char *text, size_t len, size_t max,
+                    int code, char **out, kiln_err_t *err)
+{
+    *out = NULL;
+    if (len > max)
+        return kiln_error (err, KILN_ELIMIT, "%s is %zu bytes, more than the limit of %zu",
+                           what, len, max);
+    json_error_t jerr;
+    json_t *root = json_loadb (text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return kiln_error (err, code, "%s is not valid JSON: %s", what, jerr.text);
+    if (!json_is_object (root)) {
+        json_decref (root);
+        return kiln_error (err, code, "%s is not a JSON object", what);
+    }
+    *out = json_dumps (root, JSON_SORT_KEYS | JSON_COMPACT);
+    json_decref (root);
+    if (!*out)
+        return kiln_error (err, KILN_ENOMEM, "out of memory encoding %s", what);
+    return 0;
+}
+
+static char *
+s_signature_json (const char *key_id, kiln_err_t *err)
+{
+    json_t *root = json_pack ("{s:s, s:s, s:s}", "algorithm", KILN_SIG_ALGORITHM,
+                              "key_id", key_id, "signs", KILN_MEMBER_MANIFEST);
+    char *out = root ? json_dumps (root, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
+    json_decref (root);
+    if (!out)
+        kiln_error (err, KILN_ENOMEM, "out of memory encoding signature.json");
+    return out;
+}
+
+int
+kiln_artifact_sign (kiln_artifact_t *self, const kiln_key_t *key,
+                    const char *provenance_json, kiln_err_t *err)
+{
+    if (!key)
+        return kiln_error (err, KILN_EINVAL, "no key to sign with");
+    if (!kiln_key_has_private (key))
+        return kiln_error (err, KILN_EINVAL, "key %s has no private part; cannot sign",
+                           kiln_key_id (key));
+    char *manifest = NULL, *signature = NULL, *provenance = NULL;
+    size_t manifest_len;
+    uint8_t msig[KILN_SIG_LEN], psig[KILN_SIG_LEN];
+    int rc = kiln_artifact_manifest_json (self, &manifest, &manifest_len, err);
+    if (rc)
+        goto err;
+    if (provenance_json) {
+        if ((rc = s_canonical_object ("provenance", provenance_json,
+                                      strlen (provenance_json), KILN_MAX_PROVENANCE_BYTES,
+                                      KILN_EINVAL, &provenance, err))
+            || (rc = kiln_key_sign (key, provenance, strlen (provenance), psig, err)))
+            goto err;
+    }
+    if ((rc = kiln_key_sign (key, manifest, manifest_len, msig, err)))
+        goto err;
+    if (!(signature = s_signature_json (kiln_key_id (key), err))) {
+        rc = -KILN_ENOMEM;
+        goto err;
+    }
+
+    s_clear_signature (self);
+    self->is_signed = true;
+    self->signed_manifest = manifest;
+    self->signed_manifest_len = manifest_len;
+    memcpy (self->manifest_sig, msig, KILN_SIG_LEN);
+    self->signature_json = signature;
+    self->signature_json_len = strlen (signature);
+    snprintf (self->sig_algorithm, sizeof self->sig_algorithm, "%s", KILN_SIG_ALGORITHM);
+    snprintf (self->signer, sizeof self->signer, "%s", kiln_key_id (key));
+    snprintf (self->sig_signs, sizeof self->sig_signs, "%s", KILN_MEMBER_MANIFEST);
+    if (provenance) {
+        self->provenance = provenance;
+        self->provenance_len = strlen (provenance);
+        memcpy (self->provenance_sig, psig, KILN_SIG_LEN);
+    }
+    return 0;
+err:
+    free (manifest);
+    free (signature);
+    free (provenance);
+    return rc;
+}
+
+bool
+kiln_artifact_is_signed (const kiln_artifact_t *self)
+{
+    return self->is_signed;
+}
+
+const char *
+kiln_artifact_signer (const kiln_artifact_t *self)
+{
+    return self->signer;
+}
+
+const char *
+kiln_artifact_provenance (const kiln_artifact_t *self)
+{
+    return self->provenance;
+}
+
+/* --- writing --------------------------------------------------------- */
+
+typedef struct {
+    uint8_t *data;
+    size_t len, cap;
+    bool over_limit;
+} s_membuf_t;
+
+static la_ssize_t
+s_membuf_write (struct archive *a, void *ctx, const void *buf, size_t n)
+{
+    s_membuf_t *mb = ctx;
+    if (n > KILN_MAX_ARTIFACT_BYTES - mb->len) {
+        mb->over_limit = true;
+        archive_set_error (a, EFBIG, "artifact larger than %llu bytes",
+                           (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
+        return -1;
+    }
+    if (mb->len + n > mb->cap) {
+        size_t cap = mb->cap ? mb->cap : 64 << 10;
+        while (cap < mb->len + n)
+            cap *= 2;
+        uint8_t *data = realloc (mb->data, cap);
+        if (!data) {
+            archive_set_error (a, ENOMEM, "out of memory");
+            return -1;
+        }
+        mb->data = data;
+        mb->cap = cap;
+    }
+    memcpy (mb->data + mb->len, buf, n);
+    mb->len += n;
+    return (la_ssize_t) n;
+}
+
+/* One member with the fixed header fields that make the bytes depend on
+ * the content only. */
+static int
+s_write_entry (struct archive *a, const char *name, const void *data,
+               size_t len, kiln_err_t *err)
+{
+    struct archive_entry *e = archive_entry_new ();
+    if (!e)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    archive_entry_set_pathname (e, name);
+    archive_entry_set_size (e, (la_int64_t) len);
+    archive_entry_set_filetype (e, AE_IFREG);
+    archive_entry_set_perm (e, 0644);
+    archive_entry_set_mtime (e, 0, 0);
+    archive_entry_set_uid (e, 0);
+    archive_entry_set_gid (e, 0);
+    archive_entry_set_uname (e, "kiln");
+    archive_entry_set_gname (e, "kiln");
+    int rc = 0;
+    if (archive_write_header (a, e) != ARCHIVE_OK)
+        rc = kiln_error (err, KILN_EIO, "could not write member '%s': %s", name,
+                         archive_error_string (a));
+    const uint8_t *p = data;
+    size_t done = 0;
+    while (rc == 0 && done < len) {
+        size_t n = len - done < S_WRITE_CHUNK ? len - done : S_WRITE_CHUNK;
+        la_ssize_t w = archive_write_data (a, p + done, n);
+        if (w <= 0)
+            rc = kiln_error (err, KILN_EIO, "could not write member '%s': %s", name,
+                             archive_error_string (a) ? archive_error_string (a) : "short write");
+        else
+            done += (size_t) w;
+    }
+    archive_entry_free (e);
+    return rc;
+}
+
+int
+kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out, size_t *len,
+                         kiln_err_t *err)
+{
+    *out = NULL;
+    *len = 0;
+    char *manifest = NULL;
+    size_t manifest_len;
+    int rc = kiln_artifact_manifest_json (self, &manifest, &manifest_len, err);
+    if (rc)
+        return rc;
+    if (self->is_signed
+        && (manifest_len != self->signed_manifest_len
+            || memcmp (manifest, self->signed_manifest, manifest_len) != 0)) {
+        free (manifest);
+        return kiln_error (err, KILN_EINVAL,
+                           "the artifact changed after it was signed; sign it again");
+    }
+    uint64_t payload = 0;
+    for (int i = 0; i < self->n_members; i++)
+        payload += self->members[i].len;
+    if (payload > KILN_MAX_ARTIFACT_BYTES) {
+        free (manifest);
+        return kiln_error (err, KILN_ELIMIT, "members hold %llu bytes, more than the limit of %llu",
+                           (unsigned long long) payload,
+                           (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
+    }
+
+    s_membuf_t mb = { 0 };
+    struct archive *a = archive_write_new ();
+    if (!a) {
+        free (manifest);
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    }
+    if (archive_write_set_format_pax_restricted (a) != ARCHIVE_OK
+        || archive_write_open2 (a, &mb, NULL, s_membuf_write, NULL, NULL) != ARCHIVE_OK) {
+        rc = kiln_error (err, KILN_EIO, "could not start the archive: %s",
+                         archive_error_string (a));
+        goto done;
+    }
+    if ((rc = s_write_entry (a, KILN_MEMBER_MANIFEST, manifest, manifest_len, err)))
+        goto done;
+    if (self->is_signed) {
+        if ((rc = s_write_entry (a, KILN_MEMBER_MANIFEST_SIG, self->manifest_sig,
+                                 KILN_SIG_LEN, err))
+            || (rc = s_write_entry (a, KILN_MEMBER_SIGNATURE, self->signature_json,
+                                    self->signature_json_len, err)))
+            goto done;
+        if (self->provenance
+            && ((rc = s_write_entry (a, KILN_MEMBER_PROVENANCE, self->provenance,
+                                     self->provenance_len, err))
+                || (rc = s_write_entry (a, KILN_MEMBER_PROVENANCE_SIG,
+                                        self->provenance_sig, KILN_SIG_LEN, err))))
+            goto done;
+    }
+    for (int i = 0; i < self->n_members; i++)
+        if ((rc = s_write_entry (a, self->members[i].name, self->members[i].data,
+                                 self->members[i].len, err)))
+            goto done;
+    if (archive_write_close (a) != ARCHIVE_OK)
+        rc = kiln_error (err, KILN_EIO, "could not finish the archive: %s",
+                         archive_error_string (a));
+done:
+    if (rc && mb.over_limit)
+        rc = kiln_error (err, KILN_ELIMIT, "the archive would be larger than %llu bytes",
+                         (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
+    archive_write_free (a);
+    free (manifest);
+    if (rc) {
+        free (mb.data);
+        return rc;
+    }
+    *out = mb.data;
+    *len = mb.len;
+    return 0;
+}
+
+int
+kiln_artifact_write (kiln_artifact_t *self, const char *path, kiln_err_t *err)
+{
+    uint8_t *data;
+    size_t len;
+    int rc = kiln_artifact_write_mem (self, &data, &len, err);
+    if (rc)
+        return rc;
+    rc = kiln_write_file_atomic (path, data, len, 0644, err);
+    free (data);
+    return rc;
+}
+
+/* --- reading --------------------------------------------------------- */
+
+/* The reserved members' slots while reading. */
+enum { S_MANIFEST, S_MANIFEST_SIG, S_SIGNATURE, S_PROVENANCE, S_PROVENANCE_SIG };
+
+static const char *const s_reserved_names[KILN_N_RESERVED_MEMBERS] = {
+    KILN_MEMBER_MANIFEST, KILN_MEMBER_MANIFEST_SIG, KILN_MEMBER_SIGNATURE,
+    KILN_MEMBER_PROVENANCE, KILN_MEMBER_PROVENANCE_SIG,
+};
+
+/* Upper bound on each reserved member's size; signatures must be exact. */
+static const uint64_t s_reserved_max[KILN_N_RESERVED_MEMBERS] = {
+    KILN_MAX_MANIFEST_BYTES, KILN_SIG_LEN, KILN_MAX_SIGNATURE_JSON,
+    KILN_MAX_PROVENANCE_BYTES, KILN_SIG_LEN,
+};
+
+typedef struct {
+    uint8_t *data[KILN_N_RESERVED_MEMBERS];     /* reserved members read */
+    size_t len[KILN_N_RESERVED_MEMBERS];
+    kiln_member_t expected[KILN_MAX_MEMBERS];   /* from the manifest */
+    int n_expected;
+    kiln_member_t got[KILN_MAX_MEMBERS];        /* payload read, manifest order */
+    bool seen[KILN_MAX_MEMBERS];
+} s_reader_t;
+
+static void
+s_reader_release (s_reader_t *r)
+{
+    for (int i = 0; i < KILN_N_RESERVED_MEMBERS; i++)
+        free (r->data[i]);
+    for (int i = 0; i < r->n_expected; i++)
+        free (r->got[i].data);
+}
+
+static int
+s_reserved_slot (const char *name)
+{
+    for (int i = 0; i < KILN_N_RESERVED_MEMBERS; i++)
+        if (strcmp (name, s_reserved_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* A plain member name: the payload character set, so no '/', no "..",
+ * nothing a shell or a terminal would interpret. */
+static bool
+s_plain_name (const char *name)
+{
+    return s_reserved_slot (name) >= 0 || kiln_member_name_ok (name);
+}
+
+/* Read exactly `size` bytes of the current entry into a new buffer
+ * (NUL-terminated one past the end). */
+static int
+s_read_data (struct archive *a, const char *name, uint64_t size, uint8_t **out,
+             kiln_err_t *err)
+{
+    *out = NULL;
+    uint8_t *buf = malloc ((size_t) size + 1);
+    if (!buf)
+        return kiln_error (err, KILN_ENOMEM, "out of memory reading member '%s' (%llu bytes)",
+                           name, (unsigned long long) size);
+    uint64_t got = 0;
+    while (got < size) {
+        uint64_t want = size - got < S_WRITE_CHUNK ? size - got : S_WRITE_CHUNK;
+        la_ssize_t n = archive_read_data (a, buf + got, (size_t) want);
+        if (n <= 0) {
+            free (buf);
+            if (n == 0)
+                return kiln_error (err, KILN_EFORMAT, "member '%s' is truncated", name);
+            return kiln_error (err, KILN_EFORMAT, "member '%s': %s", name,
+                               archive_error_string (a) ? archive_error_string (a)
+                                                        : "read error");
+        }
+        got += (uint64_t) n;
+    }
+    buf[size] = '\0';
+    *out = buf;
+    return 0;
+}
+
+/* Parse signature.json strictly into the artifact's fields. */
+static int
+s_parse_signature (kiln_artifact_t *self, const uint8_t *data, size_t len,
+                   kiln_err_t *err)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb ((const char *) data, len, JSON_REJECT_DUPLICATES, &jerr);
+    int rc = 0;
+    if (!root || !json_is_object (root) || json_object_size (root) != 3) {
+        rc = kiln_error (err, KILN_EFORMAT,
+                         "signature.json is not an object with algorithm, key_id and signs");
+        goto done;
+    }
+    const json_t *alg = json_object_get (root, "algorithm");
+    const json_t *kid = json_object_get (root, "key_id");
+    const json_t *signs = json_object_get (root, "signs");
+    if (!json_is_string (alg) || !json_is_string (kid) || !json_is_string (signs)
+        || json_string_length (alg) >= sizeof self->sig_algorithm
+        || json_string_length (signs) >= sizeof self->sig_signs) {
+        rc = kiln_error (err, KILN_EFORMAT,
+                         "signature.json: algorithm, key_id and signs must be short strings");
+        goto done;
+    }
+    const char *id = json_string_value (kid);
+    bool id_ok = json_string_length (kid) == KILN_KEY_ID_LEN - 1;
+    for (size_t i = 0; id_ok && i < KILN_KEY_ID_LEN - 1; i++)
+        id_ok = (id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f');
+    if (!id_ok) {
+        rc = kiln_error (err, KILN_EFORMAT,
+                         "signature.json: key_id is not %d lower-case hex characters",
+                         KILN_KEY_ID_LEN - 1);
+        goto done;
+    }
+    snprintf (self->sig_algorithm, sizeof self->sig_algorithm, "%s", json_string_value (alg));
+    snprintf (self->signer, sizeof self->signer, "%s", id);
+    snprintf (self->sig_signs, sizeof self->sig_signs, "%s", json_string_value (signs));
+done:
+    json_decref (root);
+    return rc;
+}
+
+/* Walk the entries: bounds and names from each header before anything is
+ * allocated, the manifest (which must come first) parsed as soon as it is
+ * read so that every payload entry is checked against it. */
+static int
+s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
+                s_reader_t *r, kiln_err_t *err)
+{
+    uint64_t declared = 0;
+    int entries = 0;
+    struct archive_entry *e;
+    for (;;) {
+        int ar = archive_read_next_header (a, &e);
+        if (ar == ARCHIVE_EOF)
+            break;
+        if (ar != ARCHIVE_OK)
+            return kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
+                               archive_error_string (a) ? archive_error_string (a)
+                                                        : "read error");
+        if (++entries > KILN_MAX_MEMBERS + KILN_N_RESERVED_MEMBERS)
+            return kiln_error (err, KILN_ELIMIT, "more than %d members",
+                               KILN_MAX_MEMBERS + KILN_N_RESERVED_MEMBERS);
+        const char *name = archive_entry_pathname (e);
+        if (!name || !s_plain_name (name))
+            return kiln_error (err, KILN_EFORMAT,
+                               "member %d has a name that is not plain (want [A-Za-z0-9._-]{1,%d}, not '.' or '..')",
+                               entries, KILN_MAX_MEMBER_NAME);
+        if (archive_entry_filetype (e) != AE_IFREG || archive_entry_hardlink (e)
+            || archive_entry_symlink (e) || archive_entry_sparse_count (e) > 0)
+            return kiln_error (err, KILN_EFORMAT, "member '%s' is not a regular file", name);
+        if (!archive_entry_size_is_set (e) || archive_entry_size (e) < 0)
+            return kiln_error (err, KILN_EFORMAT, "member '%s' has no size", name);
+        uint64_t size = (uint64_t) archive_entry_size (e);
+        int slot = s_reserved_slot (name);
+        uint64_t max = slot >= 0 ? s_reserved_max[slot] : KILN_MAX_MEMBER_BYTES;
+        if (size > max)
+            return kiln_error (err, KILN_ELIMIT, "member '%s' is %llu bytes, more than the limit of %llu",
+                               name, (unsigned long long) size, (unsigned long long) max);
+        if (slot == S_MANIFEST_SIG || slot == S_PROVENANCE_SIG) {
+            if (size != KILN_SIG_LEN)
+                return kiln_error (err, KILN_EFORMAT, "member '%s' is %llu bytes, not %d",
+                                   name, (unsigned long long) size, KILN_SIG_LEN);
+        }
+        //  A header may claim any size; never believe more than the input.
+        declared += size;
+        if (declared > input_size)
+            return kiln_error (err, KILN_EFORMAT,
+                               "member '%s' claims %llu bytes, more than the archive holds",
+                               name, (unsigned long long) size);
+        if (entries == 1 && slot != S_MANIFEST)
+            return kiln_error (err, KILN_EFORMAT,
+                               "first member is '%s', not manifest.json: not a kiln artifact",
+                               name);
+
+        int rc;
+        if (slot >= 0) {
+            if (r->data[slot])
+                return kiln_error (err, KILN_EFORMAT, "member '%s' appears twice", name);
+            if ((rc = s_read_data (a, name, size, &r->data[slot], err)))
+                return rc;
+            r->len[slot] = (size_t) size;
+            if (slot == S_MANIFEST
+                && (rc = kiln_manifest_decode ((const char *) r->data[slot], r->len[slot],
+                                               &self->manifest, r->expected,
+                                               &r->n_expected, err)))
+                return rc;
+            continue;
+        }
+        int at = -1;
+        for (int i = 0; i < r->n_expected; i++)
+            if (strcmp (r->expected[i].name, name) == 0)
+                at = i;
+        if (at < 0)
+            return kiln_error (err, KILN_EFORMAT, "member '%s' is not listed in the manifest",
+                               name);
+        if (r->seen[at])
+            return kiln_error (err, KILN_EFORMAT, "member '%s' appears twice", name);
+        r->seen[at] = true;
+        if (size != r->expected[at].len)
+            return kiln_error (err, KILN_EVERIFY,
+                               "member '%s': size %llu does not match the manifest (%zu)",
+                               name, (unsigned long long) size, r->expected[at].len);
+        kiln_member_t *m = &r->got[at];
+        snprintf (m->name, sizeof m->name, "%s", name);
+        if ((rc = s_read_data (a, name, size, &m->data, err)))
+            return rc;
+        m->len = (size_t) size;
+        uint8_t digest[KILN_DIGEST_LEN];
+        kiln_sha256 (m->data, m->len, digest);
+        kiln_hex (digest, KILN_DIGEST_LEN, m->sha256);
+        if (strcmp (m->sha256, r->expected[at].sha256) != 0)
+            return kiln_error (err, KILN_EVERIFY, "member '%s': sha256 mismatch", name);
+    }
+    if (entries == 0)
+        return kiln_error (err, KILN_EFORMAT, "empty archive: not a kiln artifact");
+    for (int i = 0; i < r->n_expected; i++)
+        if (!r->seen[i])
+            return kiln_error (err, KILN_EFORMAT,
+                               "member '%s' is listed in the manifest but missing",
+                               r->expected[i].name);
+    return 0;
+}
+
+/* Move what the reader collected into the artifact, checking that the
+ * signature members come in their pairs. */
+static int
+s_adopt (kiln_artifact_t *self, s_reader_t *r, kiln_err_t *err)
+{
+    bool msig = r->data[S_MANIFEST_SIG], sig = r->data[S_SIGNATURE];
+    bool prov = r->data[S_PROVENANCE], psig = r->data[S_PROVENANCE_SIG];
+    if (msig != sig)
+        return kiln_error (err, KILN_EFORMAT, "member '%s' is present without '%s'",
+                           msig ? KILN_MEMBER_MANIFEST_SIG : KILN_MEMBER_SIGNATURE,
+                           msig ? KILN_MEMBER_SIGNATURE : KILN_MEMBER_MANIFEST_SIG);
+    if (prov != psig)
+        return kiln_error (err, KILN_EFORMAT, "member '%s' is present without '%s'",
+                           prov ? KILN_MEMBER_PROVENANCE : KILN_MEMBER_PROVENANCE_SIG,
+                           prov ? KILN_MEMBER_PROVENANCE_SIG : KILN_MEMBER_PROVENANCE);
+    if (prov && !sig)
+        return kiln_error (err, KILN_EFORMAT, "provenance is present but the manifest is not signed");
+    int rc;
+    if (sig && (rc = s_parse_signature (self, r->data[S_SIGNATURE], r->len[S_SIGNATURE], err)))
+        return rc;
+    if (prov) {
+        char *check;
+        rc = s_canonical_object ("provenance.json", (const char *) r->data[S_PROVENANCE],
+                                 r->len[S_PROVENANCE], KILN_MAX_PROVENANCE_BYTES,
+                                 KILN_EFORMAT, &check, err);
+        free (check);
+        if (rc)
+            return rc;
+    }
+
+    for (int i = 0; i < r->n_expected; i++) {
+        self->members[i] = r->got[i];
+        r->got[i].data = NULL;
+    }
+    self->n_members = r->n_expected;
+    self->signed_manifest = (char *) r->data[S_MANIFEST];
+    self->signed_manifest_len = r->len[S_MANIFEST];
+    r->data[S_MANIFEST] = NULL;
+    if (sig) {
+        self->is_signed = true;
+        memcpy (self->manifest_sig, r->data[S_MANIFEST_SIG], KILN_SIG_LEN);
+        self->signature_json = (char *) r->data[S_SIGNATURE];
+        self->signature_json_len = r->len[S_SIGNATURE];
+        r->data[S_SIGNATURE] = NULL;
+    }
+    else {
+        //  An unsigned artifact has nothing that signed these bytes.
+        free (self->signed_manifest);
+        self->signed_manifest = NULL;
+        self->signed_manifest_len = 0;
+    }
+    if (prov) {
+        self->provenance = (char *) r->data[S_PROVENANCE];
+        self->provenance_len = r->len[S_PROVENANCE];
+        r->data[S_PROVENANCE] = NULL;
+        memcpy (self->provenance_sig, r->data[S_PROVENANCE_SIG], KILN_SIG_LEN);
+    }
+    return 0;
+}
+
+/* Read an opened archive of `input_size` bytes into a new artifact. */
+static kiln_artifact_t *
+s_read_archive (struct archive *a, uint64_t input_size, kiln_err_t *err)
+{
+    kiln_artifact_t *self = kiln_artifact_new ();
+    s_reader_t *r = calloc (1, sizeof *r);
+    if (!self || !r) {
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        goto err;
+    }
+    if (s_read_entries (a, input_size, self, r, err) || s_adopt (self, r, err))
+        goto err;
+    s_reader_release (r);
+    free (r);
+    return self;
+err:
+    if (r)
+        s_reader_release (r);
+    free (r);
+    kiln_artifact_destroy (&self);
+    return NULL;
+}
+
+static struct archive *
+s_reader_new (kiln_err_t *err)
+{
+    struct archive *a = archive_read_new ();
+    //  tar only, and no decompression filters: no bombs, no surprises.
+    if (!a || archive_read_support_format_tar (a) != ARCHIVE_OK) {
+        archive_read_free (a);
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        return NULL;
+    }
+    return a;
+}
+
+kiln_artifact_t *
+kiln_artifact_read_mem (const uint8_t *data, size_t len, kiln_err_t *err)
+{
+    if (len > KILN_MAX_ARTIFACT_BYTES) {
+        kiln_error (err, KILN_ELIMIT, "artifact is %zu bytes, more than the limit of %llu",
+                    len, (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
+        return NULL;
+    }
+    struct archive *a = s_reader_new (err);
+    if (!a)
+        return NULL;
+    kiln_artifact_t *self = NULL;
+    if (archive_read_open_memory (a, data, len) != ARCHIVE_OK)
+        kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
+                    archive_error_string (a) ? archive_error_string (a) : "read error");
+    else
+        self = s_read_archive (a, len, err);
+    archive_read_free (a);
+    return self;
+}
+
+kiln_artifact_t *
+kiln_artifact_read (const char *path, kiln_err_t *err)
+{
+    int fd = open (path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        kiln_error (err, errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO,
+                    "could not open artifact '%s': %s", path, strerror (errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode)) {
+        close (fd);
+        kiln_error (err, KILN_EIO, "artifact '%s' is not a regular file", path);
+        return NULL;
+    }
+    if ((uint64_t) st.st_size > KILN_MAX_ARTIFACT_BYTES) {
+        close (fd);
+        kiln_error (err, KILN_ELIMIT, "artifact '%s' is %lld bytes, more than the limit of %llu",
+                    path, (long long) st.st_size, (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
+        return NULL;
+    }
+    kiln_artifact_t *self = NULL;
+    struct archive *a = s_reader_new (err);
+    if (a) {
+        if (archive_read_open_fd (a, fd, S_READ_BLOCK) != ARCHIVE_OK)
+            kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
+                        archive_error_string (a) ? archive_error_string (a) : "read error");
+        else
+            self = s_read_archive (a, (uint64_t) st.st_size, err);
+        archive_read_free (a);
+    }
+    close (fd);
+    if (!self)
+        kiln_error_prefix (err, "artifact '%s'", path);
+    return self;
+}
+
+/* --- verification ---------------------------------------------------- */
+
+/* The checks that need neither the keyring nor any crypto. */
+static int
+s_verify_precheck (const kiln_artifact_t *self, kiln_err_t *err)
+{
+    if (!self->is_signed)
+        return kiln_error (err, KILN_EVERIFY, "artifact is not signed");
+    if (strcmp (self->sig_algorithm, KILN_SIG_ALGORITHM) != 0)
+        return kiln_error (err, KILN_EVERIFY,
+                           "signature algorithm '%s' is not supported (want %s)",
+                           self->sig_algorithm, KILN_SIG_ALGORITHM);
+    if (strcmp (self->sig_signs, KILN_MEMBER_MANIFEST) != 0)
+        return kiln_error (err, KILN_EVERIFY, "signature.json signs '%s', not %s",
+                           self->sig_signs, KILN_MEMBER_MANIFEST);
+    return 0;
+}
+
+int
+kiln_artifact_verify_keyring (const kiln_artifact_t *self,
+                              const kiln_keyring_t *ring, kiln_err_t *err)
+{
+    int rc = s_verify_precheck (self, err);
+    if (rc)
+        return rc;
+    const kiln_key_t *key = kiln_keyring_find (ring, self->signer);
+    if (!key)
+        return kiln_error (err, KILN_EVERIFY, "signed by key %s which is not in keyring '%s'",
+                           self->signer, kiln_keyring_dir (ring));
+    //  What is checked is the manifest of what the artifact holds now, so
+    //  that a member added or a field changed since it was read fails here.
+    char *manifest;
+    size_t manifest_len;
+    if ((rc = kiln_manifest_encode (&self->manifest, self->members, self->n_members,
+                                    &manifest, &manifest_len, err)))
+        return rc;
+    bool ok = kiln_key_verify (key, manifest, manifest_len, self->manifest_sig);
+    free (manifest);
+    if (!ok)
+        return kiln_error (err, KILN_EVERIFY, "bad signature on manifest.json (key %s)",
+                           self->signer);
+    if (self->provenance
+        && !kiln_key_verify (key, self->provenance, self->provenance_len,
+                             self->provenance_sig))
+        return kiln_error (err, KILN_EVERIFY, "bad signature on provenance.json (key %s)",
+                           self->signer);
+    return 0;
+}
+
+int
+kiln_artifact_verify (const kiln_artifact_t *self, const char *keyring_dir,
+                      kiln_err_t *err)
+{
+    int rc = s_verify_precheck (self, err);
+    if (rc)
+        return rc;
+    kiln_err_t local;
+    kiln_keyring_t *ring = kiln_keyring_load (keyring_dir, err ? err : &local);
+    if (!ring)
+        return -(err ? err : &local)->code;
+    rc = kiln_artifact_verify_keyring (self, ring, err);
+    kiln_keyring_destroy (&ring);
+    return rc;
+}
+
+kiln_artifact_t *
+kiln_artifact_open_verified (const char *path, const char *keyring_dir,
+                             kiln_err_t *err)
+{
+    kiln_artifact_t *self = kiln_artifact_read (path, err);
+    if (self && kiln_artifact_verify (self, keyring_dir, err)) {
+        kiln_error_prefix (err, "artifact '%s'", path);
+        kiln_artifact_destroy (&self);
+    }
+    return self;
+}
+
+kiln_artifact_t *
+kiln_artifact_open_verified_mem (const uint8_t *data, size_t len,
+                                 const char *keyring_dir, kiln_err_t *err)
+{
+    kiln_artifact_t *self = kiln_artifact_read_mem (data, len, err);
+    if (self && kiln_artifact_verify (self, keyring_dir, err))
+        kiln_artifact_destroy (&self);
+    return self;
+}

@@ -1,0 +1,225 @@
+/*
+ * kiln_program — the program format: the contract between the builtin
+ * compiler (which emits it) and the runtime (which runs it).
+ *
+ * A program is a list of tensors and a list of kernel calls ("ops") run in
+ * order.  Every tensor lives either in the arena (one 64-byte aligned
+ * buffer the runtime allocates per loaded model) or in weights.bin (the
+ * artifact member holding the constant data), at a fixed byte offset the
+ * compiler chose.  Inputs are copied into the arena before the first op
+ * and outputs copied out after the last.  It is encoded as msgpack in the
+ * artifact member program.kbin; docs/program-format.md has the layout.
+ *
+ * The runtime never links the graph IR or the compiler, so the format is
+ * defined here, in common/, once: the kernel list (KILN_KERNELS), the
+ * tensor kinds, the encoder and a decoder that refuses every program that
+ * could make a kernel read or write outside its buffers.  Invariants of a
+ * program that kiln_program_check accepts:
+ *   - every tensor's size is the byte size of its dtype and shape, and
+ *     offset + size lies within the arena (or weights.bin for weights);
+ *     every offset is a multiple of KILN_PROG_ALIGN;
+ *   - arena_size is a multiple of KILN_PROG_ALIGN, at most
+ *     KILN_PROG_MAX_ARENA_BYTES, and no larger than the end of the last
+ *     arena tensor rounded up to KILN_PROG_ALIGN;
+ *   - every tensor index in ops, inputs and outputs is valid; no op writes
+ *     a weight or an input; an op's scratch tensor is a float32 temp;
+ *   - inputs[i] is a tensor of kind input whose io is i, and every input
+ *     tensor is listed there; an output tensor t has outputs[t.io] == t;
+ *   - each op's input and output counts are within its kernel's bounds,
+ *     its parameters have unique names of at most KILN_PROG_MAX_PARAM_NAME
+ *     bytes and at most KILN_PROG_MAX_PARAM_INTS integers each.
+ * What a kernel's parameters mean, and whether they agree with its
+ * operands' shapes, is checked by the kernel itself (the runtime's
+ * prepare step): that is kernel semantics, not format.
+ */
+#ifndef KILN_PROGRAM_H
+#define KILN_PROGRAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kiln_dtype.h"
+#include "common/kiln_error.h"
+#include "common/kiln_limits.h"
+
+#define KILN_PROGRAM_FORMAT       "kiln-program"
+#define KILN_PROGRAM_VERSION      1
+#define KILN_PROGRAM_MEMBER       "program.kbin"
+#define KILN_WEIGHTS_MEMBER       "weights.bin"
+
+#define KILN_PROG_ALIGN           64              /* every tensor offset */
+#define KILN_PROG_MAX_TENSORS     (1 << 22)       /* tensors in a program */
+#define KILN_PROG_MAX_OPS         (1 << 22)       /* ops in a program */
+#define KILN_PROG_MAX_OP_IO       8               /* inputs or outputs of an op */
+#define KILN_PROG_MAX_PARAMS      16              /* parameters of an op */
+#define KILN_PROG_MAX_PARAM_NAME  31              /* bytes in a parameter name */
+#define KILN_PROG_MAX_PARAM_INTS  (2 * KILN_MAX_RANK) /* ints in one parameter */
+#define KILN_PROG_MAX_ARENA_BYTES (32ULL << 30)   /* one model's arena */
+
+/* The kernels, written once for both sides.  The name is what the program
+ * carries (so the enum may be renumbered); the bounds are checked when a
+ * program is decoded.  Adding a kernel here without implementing it in
+ * the runtime is a compile error there.
+ *
+ *  id               name              min_in max_in outputs */
+#define KILN_KERNELS(X)                                    \
+    X (COPY,           "copy",            1, 1, 1)         \
+    X (ADD,            "add",             2, 2, 1)         \
+    X (SUB,            "sub",             2, 2, 1)         \
+    X (MUL,            "mul",             2, 2, 1)         \
+    X (DIV,            "div",             2, 2, 1)         \
+    X (RELU,           "relu",            1, 1, 1)         \
+    X (MATMUL,         "matmul",          2, 2, 1)         \
+    X (GEMM,           "gemm",            2, 3, 1)         \
+    X (CONV2D,         "conv2d",          2, 3, 1)         \
+    X (MAXPOOL2D,      "maxpool2d",       1, 1, 1)         \
+    X (GLOBAL_AVGPOOL, "global_avgpool",  1, 1, 1)
+
+typedef enum {
+#define KILN_K_ENUM(id, name, min_in, max_in, n_out) KILN_K_##id,
+    KILN_KERNELS (KILN_K_ENUM)
+#undef KILN_K_ENUM
+    KILN_K_COUNT
+} kiln_kernel_t;
+
+/* Where a tensor lives and what the runtime does with it. */
+#define KILN_TENSOR_KINDS(X)                                              \
+    X (INPUT,  1, "input")    /* arena; copied in before the first op */  \
+    X (OUTPUT, 2, "output")   /* arena; copied out after the last op */   \
+    X (WEIGHT, 3, "weight")   /* weights.bin; read-only */                \
+    X (TEMP,   4, "temp")     /* arena; intermediate or scratch */
+
+typedef enum {
+#define KILN_TK_ENUM(id, num, name) KILN_TK_##id = num,
+    KILN_TENSOR_KINDS (KILN_TK_ENUM)
+#undef KILN_TK_ENUM
+} kiln_tensor_kind_t;
+
+typedef enum {
+    KILN_PP_INT = 1,        /* i */
+    KILN_PP_FLOAT = 2,      /* f */
+    KILN_PP_INTS = 3,       /* ints[n] */
+} kiln_pparam_kind_t;
+
+typedef struct kiln_prog_param {
+    char name[KILN_PROG_MAX_PARAM_NAME + 1];
+    kiln_pparam_kind_t kind;
+    int64_t i;                                  /* KILN_PP_INT */
+    double f;                                   /* KILN_PP_FLOAT */
+    int64_t ints[KILN_PROG_MAX_PARAM_INTS];     /* KILN_PP_INTS */
+    int n;                                      /* elements of ints */
+} kiln_prog_param_t;
+
+typedef struct kiln_prog_tensor {
+    kiln_dtype_t dtype;
+    kiln_shape_t shape;
+    kiln_tensor_kind_t kind;
+    uint64_t offset;        /* bytes into the arena, or weights.bin for weights */
+    uint64_t size;          /* bytes; equal to the dtype and shape's size */
+    int io;                 /* position in inputs/outputs for INPUT/OUTPUT, else -1 */
+} kiln_prog_tensor_t;
+
+typedef struct kiln_prog_op {
+    kiln_kernel_t kernel;
+    int inputs[KILN_PROG_MAX_OP_IO];     /* tensor indices */
+    int n_inputs;
+    int outputs[KILN_PROG_MAX_OP_IO];    /* tensor indices */
+    int n_outputs;
+    int scratch;                         /* float32 temp workspace or -1 */
+    kiln_prog_param_t *params;           /* owned, sorted by name on encode */
+    int n_params;
+    uint32_t params_used;                /* bit i: params[i] was read */
+} kiln_prog_op_t;
+
+/* Transparent, like the graph IR: the compiler builds it and the runtime
+ * walks it; the functions below keep the invariants above. */
+typedef struct kiln_program {
+    kiln_prog_tensor_t *tensors;  int n_tensors;  int cap_tensors;
+    kiln_prog_op_t *ops;          int n_ops;      int cap_ops;
+    int *inputs;                  int n_inputs;   int cap_inputs;
+    int *outputs;                 int n_outputs;  int cap_outputs;
+    uint64_t arena_size;          /* bytes */
+} kiln_program_t;
+
+/* --- kernels and kinds ---------------------------------------------- */
+
+/* "conv2d"; "unknown" for a value outside the enum. */
+const char *kiln_kernel_name (kiln_kernel_t k);
+/* Kernel id of `name` (length `len`), or -1 when unknown. */
+int kiln_kernel_from_name (const char *name, size_t len);
+/* Input count bounds and output count of a kernel. */
+void kiln_kernel_arity (kiln_kernel_t k, int *min_in, int *max_in, int *n_out);
+/* "weight"; "unknown" for a value outside the enum. */
+const char *kiln_tensor_kind_name (kiln_tensor_kind_t kind);
+
+/* --- building ------------------------------------------------------- */
+
+/* An empty program.  Caller owns it; kiln_program_destroy frees it. */
+kiln_program_t *kiln_program_new (void);
+void kiln_program_destroy (kiln_program_t **self_p);
+
+/* Add a tensor (offset 0, io -1; the size is computed from dtype and
+ * shape, checked against the bounds).  Returns its index or an error. */
+int kiln_program_add_tensor (kiln_program_t *p, kiln_dtype_t dtype,
+                             const kiln_shape_t *shape, kiln_tensor_kind_t kind,
+                             kiln_err_t *err);
+/* Add an op with no parameters and no scratch.  Returns its index. */
+int kiln_program_add_op (kiln_program_t *p, kiln_kernel_t kernel,
+                         const int *inputs, int n_inputs, const int *outputs,
+                         int n_outputs, kiln_err_t *err);
+/* Append to the program's input or output list. */
+int kiln_program_add_io (kiln_program_t *p, bool output, int tensor,
+                         kiln_err_t *err);
+/* Set a parameter on op `op` (replacing one of the same name). */
+int kiln_prog_op_set_int (kiln_prog_op_t *op, const char *name, int64_t v,
+                          kiln_err_t *err);
+int kiln_prog_op_set_float (kiln_prog_op_t *op, const char *name, double v,
+                            kiln_err_t *err);
+int kiln_prog_op_set_ints (kiln_prog_op_t *op, const char *name,
+                           const int64_t *v, int n, kiln_err_t *err);
+
+/* --- reading parameters (the runtime's kernels) --------------------- */
+
+/* Required parameters; an error names the kernel and the parameter.
+ * Each marks the parameter used (params_used). */
+int kiln_prog_op_int (kiln_prog_op_t *op, const char *name, int64_t *out,
+                      kiln_err_t *err);
+int kiln_prog_op_float (kiln_prog_op_t *op, const char *name, double *out,
+                        kiln_err_t *err);
+/* Exactly `n` integers into out[n]. */
+int kiln_prog_op_ints (kiln_prog_op_t *op, const char *name, int n,
+                       int64_t *out, kiln_err_t *err);
+/* Any number (0..KILN_PROG_MAX_PARAM_INTS) of integers; *n gets it. */
+int kiln_prog_op_ints_any (kiln_prog_op_t *op, const char *name,
+                           int64_t out[KILN_PROG_MAX_PARAM_INTS], int *n,
+                           kiln_err_t *err);
+/* True when the parameter is present (and marks it used). */
+bool kiln_prog_op_has (kiln_prog_op_t *op, const char *name);
+/* Fails naming the first parameter no getter read: a parameter this
+ * runtime does not know would otherwise be silently ignored. */
+int kiln_prog_op_all_used (const kiln_prog_op_t *op, kiln_err_t *err);
+
+/* --- encoding ------------------------------------------------------- */
+
+/* Check the invariants above against a weights.bin of `weights_len`
+ * bytes.  Errors name the tensor or op at fault. */
+int kiln_program_check (const kiln_program_t *p, uint64_t weights_len,
+                        kiln_err_t *err);
+/* Encode as msgpack (deterministic: fixed key order, parameters sorted by
+ * name).  Caller owns *out (free()). */
+int kiln_program_encode (kiln_program_t *p, uint8_t **out, size_t *len,
+                         kiln_err_t *err);
+/* Decode `len` bytes and check them (kiln_program_check) against a
+ * weights.bin of `weights_len` bytes.  Every count, string and size is
+ * bounded; a malformed program is an error, never a crash.  Caller owns
+ * the result. */
+kiln_program_t *kiln_program_decode (const uint8_t *data, size_t len,
+                                     uint64_t weights_len, kiln_err_t *err);
+
+/* Round `n` up to KILN_PROG_ALIGN; false when that overflows. */
+bool kiln_prog_align_up (uint64_t n, uint64_t *out);
+/* a * b into *out; false on overflow of uint64_t. */
+bool kiln_mul_u64 (uint64_t a, uint64_t b, uint64_t *out);
+
+#endif

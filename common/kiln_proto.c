@@ -1,0 +1,1033 @@
+/*
+ * kiln_proto — encoder, decoder and documentation of the wire protocol,
+ * all driven by the two tables in kiln_proto.h.
+ */
+#include "common/kiln_proto.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "common/kiln_mpk.h"
+
+/* --- the tables as data ------------------------------------------------ */
+
+typedef enum { FK_U64, FK_I64, FK_BOOL, FK_STR, FK_HEX, FK_BLOBS } s_kind_t;
+
+typedef struct {
+    const char *name;       /* key in the header map */
+    s_kind_t kind;          /* how it is encoded and checked */
+    uint64_t max;           /* bound: value, bytes or entries by kind */
+    const char *doc;        /* one line for docs/protocol.md */
+    size_t offset;          /* of the member in kiln_msg_t */
+    size_t count_offset;    /* BLOBS: of the n_<name> member */
+} s_field_t;
+
+#define S_COUNT_OFFSET_U64(name)   0
+#define S_COUNT_OFFSET_I64(name)   0
+#define S_COUNT_OFFSET_BOOL(name)  0
+#define S_COUNT_OFFSET_STR(name)   0
+#define S_COUNT_OFFSET_HEX(name)   0
+#define S_COUNT_OFFSET_BLOBS(name) offsetof (kiln_msg_t, n_##name)
+
+static const s_field_t s_fields[KILN_F_COUNT] = {
+#define S_FIELD(name, kind, max, doc) \
+    { #name, FK_##kind, (uint64_t) (max), doc, offsetof (kiln_msg_t, name), \
+      S_COUNT_OFFSET_##kind (name) },
+    KILN_PROTO_FIELDS (S_FIELD)
+#undef S_FIELD
+};
+
+typedef struct {
+    kiln_field_t field;     /* index into s_fields */
+    bool required;          /* REQ (true) or OPT (false) */
+} s_spec_t;
+
+typedef struct {
+    const char *name;       /* "COMPILE" */
+    int from;               /* KILN_PEER_* bits of senders */
+    int to;                 /* KILN_PEER_* bits of receivers */
+    kiln_payload_t payload; /* what follows the header */
+    const char *doc;        /* one line for docs/protocol.md */
+    const s_spec_t *spec;   /* its fields, in documentation order */
+    size_t n_spec;
+} s_cmd_t;
+
+#define S_REQ(f) { KILN_F_##f, true },
+#define S_OPT(f) { KILN_F_##f, false },
+#define S_SPEC(name, from, to, payload, doc, fields) \
+    static const s_spec_t s_spec_##name[] = { fields { KILN_F_COUNT, false } };
+KILN_PROTO_COMMANDS (S_SPEC, S_REQ, S_OPT)
+#undef S_SPEC
+
+static const s_cmd_t s_cmds[KILN_CMD_COUNT] = {
+#define S_CMD(name, from, to, payload, doc, fields)                        \
+    { #name, (from), (to), KILN_PAYLOAD_##payload, doc, s_spec_##name,      \
+      sizeof s_spec_##name / sizeof s_spec_##name[0] - 1 },
+    KILN_PROTO_COMMANDS (S_CMD, S_REQ, S_OPT)
+#undef S_CMD
+};
+#undef S_REQ
+#undef S_OPT
+
+static const char *s_payload_doc[] = {
+#define S_PAYLOAD_DOC(name, doc) doc,
+    KILN_PAYLOADS (S_PAYLOAD_DOC)
+#undef S_PAYLOAD_DOC
+};
+
+const char *
+kiln_cmd_name (kiln_cmd_t cmd)
+{
+    return (unsigned) cmd < KILN_CMD_COUNT ? s_cmds[cmd].name : "?";
+}
+
+int
+kiln_cmd_lookup (const char *name, size_t len)
+{
+    for (int i = 0; i < KILN_CMD_COUNT; i++)
+        if (strlen (s_cmds[i].name) == len && memcmp (s_cmds[i].name, name, len) == 0)
+            return i;
+    return -1;
+}
+
+int
+kiln_cmd_senders (kiln_cmd_t cmd)
+{
+    return (unsigned) cmd < KILN_CMD_COUNT ? s_cmds[cmd].from : 0;
+}
+
+int
+kiln_cmd_receivers (kiln_cmd_t cmd)
+{
+    return (unsigned) cmd < KILN_CMD_COUNT ? s_cmds[cmd].to : 0;
+}
+
+kiln_payload_t
+kiln_cmd_payload (kiln_cmd_t cmd)
+{
+    return (unsigned) cmd < KILN_CMD_COUNT ? s_cmds[cmd].payload : KILN_PAYLOAD_NONE;
+}
+
+/* --- documentation ------------------------------------------------------ */
+
+static const char *
+s_kind_name (s_kind_t kind)
+{
+    static const char *names[] = { "uint", "int", "bool", "string", "hex",
+                                   "blob list" };
+    return names[kind];
+}
+
+static void
+s_peers (FILE *out, int peers)
+{
+    static const struct { int bit; const char *name; } names[] = {
+        { KILN_PEER_CLIENT, "client" }, { KILN_PEER_BROKER, "broker" },
+        { KILN_PEER_WORKER, "worker" },
+    };
+    if (peers == KILN_PEER_ANY) {
+        fputs ("any", out);
+        return;
+    }
+    const char *sep = "";
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (peers & names[i].bit) {
+            fprintf (out, "%s%s", sep, names[i].name);
+            sep = ", ";
+        }
+}
+
+void
+kiln_proto_write_doc (FILE *out)
+{
+    fprintf (out, "Protocol version: %d.\n\n", KILN_PROTO_VERSION);
+    fprintf (out, "| command | from | to | payload | fields | meaning |\n");
+    fprintf (out, "|---|---|---|---|---|---|\n");
+    for (int c = 0; c < KILN_CMD_COUNT; c++) {
+        const s_cmd_t *cmd = &s_cmds[c];
+        fprintf (out, "| `%s` | ", cmd->name);
+        s_peers (out, cmd->from);
+        fputs (" | ", out);
+        s_peers (out, cmd->to);
+        fprintf (out, " | %s | ", s_payload_doc[cmd->payload]);
+        if (cmd->n_spec == 0)
+            fputs ("—", out);
+        for (size_t i = 0; i < cmd->n_spec; i++)
+            fprintf (out, "%s%s`%s`%s", i ? ", " : "", cmd->spec[i].required ? "" : "[",
+                     s_fields[cmd->spec[i].field].name,
+                     cmd->spec[i].required ? "" : "]");
+        fprintf (out, " | %s |\n", cmd->doc);
+    }
+    fprintf (out, "\nFields in [brackets] are optional.  Every header also carries "
+                  "`v` (uint, the protocol version), `cmd` (string) and `frames` "
+                  "(uint, payload frames that follow, at most %d).\n\n",
+             KILN_MAX_FRAMES);
+    fprintf (out, "| field | kind | bound | meaning |\n");
+    fprintf (out, "|---|---|---|---|\n");
+    for (int f = 0; f < KILN_F_COUNT; f++) {
+        const s_field_t *fd = &s_fields[f];
+        fprintf (out, "| `%s` | %s | ", fd->name, s_kind_name (fd->kind));
+        switch (fd->kind) {
+        case FK_U64:
+            if (fd->max == UINT64_MAX)
+                fputs ("—", out);
+            else
+                fprintf (out, "≤ %llu", (unsigned long long) fd->max);
+            break;
+        case FK_I64:   fprintf (out, "0..%llu", (unsigned long long) fd->max); break;
+        case FK_BOOL:  fputs ("—", out); break;
+        case FK_STR:   fprintf (out, "≤ %llu bytes", (unsigned long long) fd->max); break;
+        case FK_HEX:   fputs ("64 hex chars", out); break;
+        case FK_BLOBS: fprintf (out, "≤ %llu entries", (unsigned long long) fd->max); break;
+        }
+        fprintf (out, " | %s |\n", fd->doc);
+    }
+}
+
+/* --- messages ------------------------------------------------------------ */
+
+kiln_msg_t *
+kiln_msg_new (kiln_cmd_t cmd)
+{
+    kiln_msg_t *self = calloc (1, sizeof *self);
+    if (self)
+        self->cmd = cmd;
+    return self;
+}
+
+void
+kiln_msg_destroy (kiln_msg_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kiln_msg_t *self = *self_p;
+    for (int f = 0; f < KILN_F_COUNT; f++) {
+        const s_field_t *fd = &s_fields[f];
+        if (fd->kind == FK_STR || fd->kind == FK_BLOBS)
+            free (*(void **) ((char *) self + fd->offset));
+    }
+    for (size_t i = 0; i < self->n_frames; i++)
+        zframe_destroy (&self->frames[i]);
+    free (self->frames);
+    free (self);
+    *self_p = NULL;
+}
+
+int
+kiln_msg_set_str (char **field, const char *value)
+{
+    char *copy = NULL;
+    if (value && !(copy = strdup (value)))
+        return -KILN_ENOMEM;
+    free (*field);
+    *field = copy;
+    return 0;
+}
+
+int
+kiln_msg_set_error (kiln_msg_t *self, int code, const char *message,
+                    const char *log)
+{
+    self->code = code < 0 ? -code : code;
+    if (kiln_msg_set_str (&self->message, message ? message : kiln_strerror (code)))
+        return -KILN_ENOMEM;
+    return kiln_msg_set_str (&self->log, log);
+}
+
+/* Append `len` bytes as frames of at most KILN_CHUNK_BYTES (none when
+ * `len` is 0). */
+static int
+s_add_frames (kiln_msg_t *self, const void *data, uint64_t len, kiln_err_t *err)
+{
+    uint64_t need = (len + KILN_CHUNK_BYTES - 1) / KILN_CHUNK_BYTES;
+    if (need > KILN_MAX_FRAMES || self->n_frames + need > KILN_MAX_FRAMES)
+        return kiln_error (err, KILN_ELIMIT,
+                           "%s message would need more than %d payload frames of %u bytes",
+                           kiln_cmd_name (self->cmd), KILN_MAX_FRAMES, KILN_CHUNK_BYTES);
+    if (self->n_frames + need > self->cap_frames) {
+        size_t cap = self->n_frames + (size_t) need + 16;
+        zframe_t **frames = realloc (self->frames, cap * sizeof *frames);
+        if (!frames)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        self->frames = frames;
+        self->cap_frames = cap;
+    }
+    const uint8_t *p = data;
+    for (uint64_t off = 0; off < len; off += KILN_CHUNK_BYTES) {
+        size_t n = (size_t) (len - off < KILN_CHUNK_BYTES ? len - off : KILN_CHUNK_BYTES);
+        zframe_t *frame = zframe_new (p + off, n);
+        if (!frame)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        self->frames[self->n_frames++] = frame;
+    }
+    return 0;
+}
+
+int
+kiln_msg_put_structure (kiln_msg_t *self, const void *data, size_t len,
+                        kiln_err_t *err)
+{
+    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_GRAPH || self->n_frames
+        || self->n_blobs)
+        return kiln_error (err, KILN_EINVAL, "%s: the structure goes first in a graph payload",
+                           kiln_cmd_name (self->cmd));
+    if (len > KILN_MAX_STRUCT_BYTES)
+        return kiln_error (err, KILN_ELIMIT, "graph structure is %zu bytes, more than %u",
+                           len, KILN_MAX_STRUCT_BYTES);
+    self->struct_size = len;
+    return s_add_frames (self, data, len, err);
+}
+
+int
+kiln_msg_put_blob (kiln_msg_t *self, const uint8_t digest[KILN_DIGEST_LEN],
+                   const void *data, uint64_t size, kiln_err_t *err)
+{
+    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_GRAPH)
+        return kiln_error (err, KILN_EINVAL, "%s carries no blobs", kiln_cmd_name (self->cmd));
+    if (self->n_blobs >= KILN_PROTO_MAX_BLOBS)
+        return kiln_error (err, KILN_ELIMIT, "more than %d blobs in one message",
+                           KILN_PROTO_MAX_BLOBS);
+    if (size > KILN_MAX_BLOB_BYTES)
+        return kiln_error (err, KILN_ELIMIT, "blob is %llu bytes, more than %llu",
+                           (unsigned long long) size, KILN_MAX_BLOB_BYTES);
+    kiln_blob_ref_t *blobs = realloc (self->blobs, (self->n_blobs + 1) * sizeof *blobs);
+    if (!blobs)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    self->blobs = blobs;
+    int rc = s_add_frames (self, data, size, err);
+    if (rc)
+        return rc;
+    memcpy (blobs[self->n_blobs].digest, digest, KILN_DIGEST_LEN);
+    blobs[self->n_blobs].size = size;
+    self->n_blobs++;
+    return 0;
+}
+
+int
+kiln_msg_put_artifact (kiln_msg_t *self, const void *data, size_t len,
+                       kiln_err_t *err)
+{
+    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_ARTIFACT || self->n_frames)
+        return kiln_error (err, KILN_EINVAL, "%s: artifact payload set twice or not allowed",
+                           kiln_cmd_name (self->cmd));
+    if (len > KILN_MAX_ARTIFACT_BYTES)
+        return kiln_error (err, KILN_ELIMIT, "artifact is %zu bytes, more than %llu",
+                           len, KILN_MAX_ARTIFACT_BYTES);
+    self->artifact_size = len;
+    return s_add_frames (self, data, len, err);
+}
+
+/* Sizes of the payload parts of `self`: count in *n, the i-th by s_part_size. */
+static size_t
+s_part_count (const kiln_msg_t *self)
+{
+    switch (kiln_cmd_payload (self->cmd)) {
+    case KILN_PAYLOAD_GRAPH:    return 1 + (size_t) self->n_blobs;
+    case KILN_PAYLOAD_ARTIFACT: return 1;
+    default:                    return 0;
+    }
+}
+
+static uint64_t
+s_part_size (const kiln_msg_t *self, size_t part)
+{
+    if (kiln_cmd_payload (self->cmd) == KILN_PAYLOAD_ARTIFACT)
+        return self->artifact_size;
+    return part == 0 ? self->struct_size : self->blobs[part - 1].size;
+}
+
+/* Check that the payload frames are exactly the parts cut into chunks:
+ * every frame but the last of a part is KILN_CHUNK_BYTES, the last holds
+ * the rest, and nothing is left over. */
+static int
+s_check_layout (const kiln_msg_t *self, kiln_err_t *err)
+{
+    size_t frame = 0;
+    size_t parts = s_part_count (self);
+    for (size_t p = 0; p < parts; p++) {
+        uint64_t left = s_part_size (self, p);
+        while (left > 0) {
+            if (frame >= self->n_frames)
+                return kiln_error (err, KILN_EPROTO,
+                                   "%s: payload part %zu needs more frames than the %zu sent",
+                                   kiln_cmd_name (self->cmd), p, self->n_frames);
+            uint64_t want = left < KILN_CHUNK_BYTES ? left : KILN_CHUNK_BYTES;
+            size_t got = zframe_size (self->frames[frame]);
+            if (got != want)
+                return kiln_error (err, KILN_EPROTO,
+                                   "%s: payload frame %zu is %zu bytes, expected %llu",
+                                   kiln_cmd_name (self->cmd), frame, got,
+                                   (unsigned long long) want);
+            left -= want;
+            frame++;
+        }
+    }
+    if (frame != self->n_frames)
+        return kiln_error (err, KILN_EPROTO, "%s: %zu payload frames sent, the header accounts for %zu",
+                           kiln_cmd_name (self->cmd), self->n_frames, frame);
+    return 0;
+}
+
+int
+kiln_msg_part (const kiln_msg_t *self, size_t part, uint8_t **data, size_t *len,
+               kiln_err_t *err)
+{
+    *data = NULL;
+    *len = 0;
+    size_t parts = s_part_count (self);
+    if (part >= parts)
+        return kiln_error (err, KILN_EINVAL, "%s has no payload part %zu",
+                           kiln_cmd_name (self->cmd), part);
+    size_t frame = 0;
+    for (size_t p = 0; p < part; p++)
+        frame += (size_t) ((s_part_size (self, p) + KILN_CHUNK_BYTES - 1) / KILN_CHUNK_BYTES);
+    uint64_t size = s_part_size (self, part);
+    uint64_t nframes = (size + KILN_CHUNK_BYTES - 1) / KILN_CHUNK_BYTES;
+    if (frame + nframes > self->n_frames)
+        return kiln_error (err, KILN_EPROTO, "%s: payload part %zu is missing frames",
+                           kiln_cmd_name (self->cmd), part);
+    uint8_t *buf = malloc (size ? (size_t) size : 1);
+    if (!buf)
+        return kiln_error (err, KILN_ENOMEM, "out of memory for a %llu-byte payload part",
+                           (unsigned long long) size);
+    uint64_t off = 0;
+    for (uint64_t i = 0; i < nframes; i++) {
+        zframe_t *f = self->frames[frame + i];
+        size_t n = zframe_size (f);
+        if (n > size - off) {
+            free (buf);
+            return kiln_error (err, KILN_EPROTO, "%s: payload part %zu overflows its size",
+                               kiln_cmd_name (self->cmd), part);
+        }
+        memcpy (buf + off, zframe_data (f), n);
+        off += n;
+    }
+    if (off != size) {
+        free (buf);
+        return kiln_error (err, KILN_EPROTO, "%s: payload part %zu is short",
+                           kiln_cmd_name (self->cmd), part);
+    }
+    *data = buf;
+    *len = (size_t) size;
+    return 0;
+}
+
+/* --- encoding -------------------------------------------------------------- */
+
+static void *
+s_member (const kiln_msg_t *self, const s_field_t *fd)
+{
+    return (char *) self + fd->offset;
+}
+
+/* Is an optional field worth sending?  Zero, false, NULL and "" are the
+ * values a decoder gives an absent field, so they are left out. */
+static bool
+s_field_present (const kiln_msg_t *self, const s_field_t *fd)
+{
+    const void *m = s_member (self, fd);
+    switch (fd->kind) {
+    case FK_U64:   return *(const uint64_t *) m != 0;
+    case FK_I64:   return *(const int64_t *) m != 0;
+    case FK_BOOL:  return *(const bool *) m;
+    case FK_STR:   return *(char *const *) m != NULL;
+    case FK_HEX:   return ((const char *) m)[0] != '\0';
+    case FK_BLOBS: return *(const uint32_t *) ((const char *) self + fd->count_offset) != 0;
+    }
+    return false;
+}
+
+/* Check a field's C value against the table, as the decoder will. */
+static int
+s_check_value (const kiln_msg_t *self, const s_field_t *fd, kiln_err_t *err)
+{
+    const void *m = s_member (self, fd);
+    switch (fd->kind) {
+    case FK_U64:
+        if (*(const uint64_t *) m > fd->max)
+            return kiln_error (err, KILN_ELIMIT, "field '%s' is %llu, more than %llu", fd->name,
+                               (unsigned long long) *(const uint64_t *) m,
+                               (unsigned long long) fd->max);
+        return 0;
+    case FK_I64: {
+        int64_t v = *(const int64_t *) m;
+        if (v < 0 || (uint64_t) v > fd->max)
+            return kiln_error (err, KILN_EPROTO, "field '%s' is %lld, outside 0..%llu",
+                               fd->name, (long long) v, (unsigned long long) fd->max);
+        return 0;
+    }
+    case FK_BOOL:
+        return 0;
+    case FK_STR: {
+        const char *s = *(char *const *) m;
+        if (!s)
+            return kiln_error (err, KILN_EPROTO, "missing field '%s'", fd->name);
+        if (strlen (s) > fd->max)
+            return kiln_error (err, KILN_ELIMIT, "field '%s' is %zu bytes, more than %llu",
+                               fd->name, strlen (s), (unsigned long long) fd->max);
+        return 0;
+    }
+    case FK_HEX:
+        if (!kiln_is_digest_hex ((const char *) m))
+            return kiln_error (err, KILN_EPROTO, "field '%s' is not a SHA-256 in hex",
+                               fd->name);
+        return 0;
+    case FK_BLOBS: {
+        uint32_t n = *(const uint32_t *) ((const char *) self + fd->count_offset);
+        if (n > fd->max)
+            return kiln_error (err, KILN_ELIMIT, "field '%s' has %u entries, more than %llu",
+                               fd->name, n, (unsigned long long) fd->max);
+        return 0;
+    }
+    }
+    return 0;
+}
+
+static void
+s_pack_value (msgpack_packer *pk, const kiln_msg_t *self, const s_field_t *fd)
+{
+    const void *m = s_member (self, fd);
+    kiln_mpk_pack_cstr (pk, fd->name);
+    switch (fd->kind) {
+    case FK_U64:  msgpack_pack_uint64 (pk, *(const uint64_t *) m); break;
+    case FK_I64:  msgpack_pack_int64 (pk, *(const int64_t *) m); break;
+    case FK_BOOL:
+        if (*(const bool *) m)
+            msgpack_pack_true (pk);
+        else
+            msgpack_pack_false (pk);
+        break;
+    case FK_STR:  kiln_mpk_pack_cstr (pk, *(char *const *) m); break;
+    case FK_HEX:  kiln_mpk_pack_cstr (pk, (const char *) m); break;
+    case FK_BLOBS: {
+        const kiln_blob_ref_t *blobs = *(kiln_blob_ref_t *const *) m;
+        uint32_t n = *(const uint32_t *) ((const char *) self + fd->count_offset);
+        msgpack_pack_array (pk, n);
+        for (uint32_t i = 0; i < n; i++) {
+            char hex[KILN_HEX_LEN];
+            kiln_hex (blobs[i].digest, KILN_DIGEST_LEN, hex);
+            msgpack_pack_map (pk, 2);
+            kiln_mpk_pack_kv_str (pk, "digest", hex);
+            kiln_mpk_pack_cstr (pk, "size");
+            msgpack_pack_uint64 (pk, blobs[i].size);
+        }
+        break;
+    }
+    }
+}
+
+zmsg_t *
+kiln_msg_encode (kiln_msg_t **self_p, kiln_err_t *err)
+{
+    kiln_msg_t *self = *self_p;
+    *self_p = NULL;
+    zmsg_t *out = NULL;
+    msgpack_sbuffer sbuf;
+    msgpack_sbuffer_init (&sbuf);
+    if (!self || (unsigned) self->cmd >= KILN_CMD_COUNT) {
+        kiln_error (err, KILN_EINVAL, "no message or unknown command");
+        goto done;
+    }
+    const s_cmd_t *cmd = &s_cmds[self->cmd];
+    uint32_t entries = 3;
+    for (size_t i = 0; i < cmd->n_spec; i++) {
+        const s_field_t *fd = &s_fields[cmd->spec[i].field];
+        if (!cmd->spec[i].required && !s_field_present (self, fd))
+            continue;
+        if (s_check_value (self, fd, err) != 0) {
+            kiln_error_prefix (err, "%s", cmd->name);
+            goto done;
+        }
+        entries++;
+    }
+    if (s_check_layout (self, err) != 0)
+        goto done;
+
+    msgpack_packer pk;
+    msgpack_packer_init (&pk, &sbuf, msgpack_sbuffer_write);
+    msgpack_pack_map (&pk, entries);
+    kiln_mpk_pack_kv_i64 (&pk, "v", KILN_PROTO_VERSION);
+    kiln_mpk_pack_kv_str (&pk, "cmd", cmd->name);
+    kiln_mpk_pack_kv_i64 (&pk, "frames", (int64_t) self->n_frames);
+    for (size_t i = 0; i < cmd->n_spec; i++) {
+        const s_field_t *fd = &s_fields[cmd->spec[i].field];
+        if (cmd->spec[i].required || s_field_present (self, fd))
+            s_pack_value (&pk, self, fd);
+    }
+    if (sbuf.size > KILN_PROTO_MAX_HEADER_BYTES) {
+        kiln_error (err, KILN_ELIMIT, "%s header is %zu bytes, more than %u", cmd->name,
+                    sbuf.size, KILN_PROTO_MAX_HEADER_BYTES);
+        goto done;
+    }
+    out = zmsg_new ();
+    if (!out || zmsg_addmem (out, sbuf.data, sbuf.size) != 0) {
+        zmsg_destroy (&out);
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < self->n_frames; i++) {
+        zmsg_append (out, &self->frames[i]);
+    }
+    self->n_frames = 0;
+done:
+    msgpack_sbuffer_destroy (&sbuf);
+    kiln_msg_destroy (&self);
+    return out;
+}
+
+/* --- decoding -------------------------------------------------------------- */
+
+static uint64_t
+s_be (const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Walk one msgpack object at buf[*pos] without allocating, so that a
+ * header cannot make the unpacker reserve memory for containers it does
+ * not hold: every container's count must fit in the bytes that remain
+ * (each element takes at least one), nesting is at most
+ * KILN_PROTO_MAX_DEPTH and the number of objects at most
+ * KILN_PROTO_MAX_OBJECTS.  Extension types are refused: kiln uses none. */
+static int
+s_walk (const uint8_t *buf, size_t len, size_t *pos, int depth, size_t *objects)
+{
+    if (depth > KILN_PROTO_MAX_DEPTH || *pos >= len
+        || ++*objects > KILN_PROTO_MAX_OBJECTS)
+        return -1;
+    uint8_t b = buf[(*pos)++];
+    uint64_t skip = 0, items = 0;
+    int lenbytes = 0;      /* big-endian length that follows the type byte */
+    int itembytes = 0;     /* big-endian count that follows the type byte */
+    bool map = false;
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+        return 0;
+    else if ((b & 0xf0) == 0x80) { items = b & 0x0f; map = true; }
+    else if ((b & 0xf0) == 0x90)   items = b & 0x0f;
+    else if ((b & 0xe0) == 0xa0)   skip = b & 0x1f;
+    else switch (b) {
+        case 0xc4: case 0xd9: lenbytes = 1; break;
+        case 0xc5: case 0xda: lenbytes = 2; break;
+        case 0xc6: case 0xdb: lenbytes = 4; break;
+        case 0xca: case 0xce: case 0xd2: skip = 4; break;
+        case 0xcb: case 0xcf: case 0xd3: skip = 8; break;
+        case 0xcc: case 0xd0: skip = 1; break;
+        case 0xcd: case 0xd1: skip = 2; break;
+        case 0xdc: itembytes = 2; break;
+        case 0xdd: itembytes = 4; break;
+        case 0xde: itembytes = 2; map = true; break;
+        case 0xdf: itembytes = 4; map = true; break;
+        default: return -1;     /* 0xc1 (never used) and extension types */
+    }
+    int nb = lenbytes ? lenbytes : itembytes;
+    if (nb) {
+        if ((size_t) nb > len - *pos)
+            return -1;
+        uint64_t v = s_be (buf + *pos, nb);
+        *pos += (size_t) nb;
+        if (lenbytes)
+            skip = v;
+        else
+            items = v;
+    }
+    if (skip > len - *pos)
+        return -1;
+    *pos += (size_t) skip;
+    if (map)
+        items *= 2;
+    if (items > len - *pos)
+        return -1;
+    for (uint64_t i = 0; i < items; i++)
+        if (s_walk (buf, len, pos, depth + 1, objects) != 0)
+            return -1;
+    return 0;
+}
+
+/* Copy at most `size`-1 printable bytes of s[0..n) into buf, for quoting
+ * a peer's string in an error message. */
+static const char *
+s_printable (const char *s, size_t n, char *buf, size_t size)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < n && j + 1 < size; i++)
+        buf[j++] = isprint ((unsigned char) s[i]) ? s[i] : '?';
+    buf[j] = '\0';
+    return buf;
+}
+
+static int
+s_decode_u64 (const msgpack_object *v, const char *name, uint64_t max, uint64_t *out,
+              kiln_err_t *err)
+{
+    if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return kiln_error (err, KILN_EPROTO, "field '%s' is not a non-negative integer", name);
+    if (v->via.u64 > max)
+        return kiln_error (err, KILN_ELIMIT, "field '%s' is %llu, more than %llu", name,
+                           (unsigned long long) v->via.u64, (unsigned long long) max);
+    *out = v->via.u64;
+    return 0;
+}
+
+static int
+s_decode_hex (const msgpack_object *v, const char *name, char out[KILN_HEX_LEN],
+              kiln_err_t *err)
+{
+    if (v->type != MSGPACK_OBJECT_STR || v->via.str.size != KILN_HEX_LEN - 1)
+        return kiln_error (err, KILN_EPROTO, "field '%s' is not a SHA-256 in hex", name);
+    memcpy (out, v->via.str.ptr, KILN_HEX_LEN - 1);
+    out[KILN_HEX_LEN - 1] = '\0';
+    if (!kiln_is_digest_hex (out)) {
+        out[0] = '\0';
+        return kiln_error (err, KILN_EPROTO, "field '%s' is not a SHA-256 in hex", name);
+    }
+    return 0;
+}
+
+static int
+s_decode_blobs (kiln_msg_t *self, const s_field_t *fd, const msgpack_object *v,
+                kiln_err_t *err)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY)
+        return kiln_error (err, KILN_EPROTO, "field '%s' is not an array", fd->name);
+    uint32_t n = v->via.array.size;
+    if (n > fd->max)
+        return kiln_error (err, KILN_ELIMIT, "field '%s' has %u entries, more than %llu",
+                           fd->name, n, (unsigned long long) fd->max);
+    kiln_blob_ref_t *blobs = calloc (n ? n : 1, sizeof *blobs);
+    if (!blobs)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    *(kiln_blob_ref_t **) s_member (self, fd) = blobs;
+    *(uint32_t *) ((char *) self + fd->count_offset) = n;
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *e = &v->via.array.ptr[i];
+        const msgpack_object *d = kiln_mpk_get (e, "digest");
+        const msgpack_object *s = kiln_mpk_get (e, "size");
+        char hex[KILN_HEX_LEN];
+        if (!d || !s)
+            return kiln_error (err, KILN_EPROTO, "%s[%u] needs 'digest' and 'size'",
+                               fd->name, i);
+        if (s_decode_hex (d, "digest", hex, err) != 0
+            || s_decode_u64 (s, "size", KILN_MAX_BLOB_BYTES, &blobs[i].size, err) != 0)
+            return kiln_error_prefix (err, "%s[%u]", fd->name, i);
+        kiln_unhex (hex, blobs[i].digest, KILN_DIGEST_LEN);
+    }
+    return 0;
+}
+
+static int
+s_decode_field (kiln_msg_t *self, const msgpack_object *hdr, const s_spec_t *spec,
+                kiln_err_t *err)
+{
+    const s_field_t *fd = &s_fields[spec->field];
+    const msgpack_object *v = kiln_mpk_get (hdr, fd->name);
+    if (!v || v->type == MSGPACK_OBJECT_NIL) {
+        if (spec->required)
+            return kiln_error (err, KILN_EPROTO, "missing field '%s'", fd->name);
+        return 0;
+    }
+    void *m = s_member (self, fd);
+    switch (fd->kind) {
+    case FK_U64:
+        return s_decode_u64 (v, fd->name, fd->max, m, err);
+    case FK_I64: {
+        int64_t i;
+        if (kiln_mpk_as_i64 (v, &i) != 0 || i < 0 || (uint64_t) i > fd->max)
+            return kiln_error (err, KILN_EPROTO, "field '%s' is not an integer in 0..%llu",
+                               fd->name, (unsigned long long) fd->max);
+        *(int64_t *) m = i;
+        return 0;
+    }
+    case FK_BOOL:
+        if (v->type != MSGPACK_OBJECT_BOOLEAN)
+            return kiln_error (err, KILN_EPROTO, "field '%s' is not a boolean", fd->name);
+        *(bool *) m = v->via.boolean;
+        return 0;
+    case FK_STR: {
+        if (v->type != MSGPACK_OBJECT_STR)
+            return kiln_error (err, KILN_EPROTO, "field '%s' is not a string", fd->name);
+        size_t n = v->via.str.size;
+        if (n > fd->max)
+            return kiln_error (err, KILN_ELIMIT, "field '%s' is %zu bytes, more than %llu",
+                               fd->name, n, (unsigned long long) fd->max);
+        if (memchr (v->via.str.ptr, '\0', n))
+            return kiln_error (err, KILN_EPROTO, "field '%s' contains a NUL byte", fd->name);
+        char *s = malloc (n + 1);
+        if (!s)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        memcpy (s, v->via.str.ptr, n);
+        s[n] = '\0';
+        *(char **) m = s;
+        return 0;
+    }
+    case FK_HEX:
+        return s_decode_hex (v, fd->name, m, err);
+    case FK_BLOBS:
+        return s_decode_blobs (self, fd, v, err);
+    }
+    return 0;
+}
+
+kiln_msg_t *
+kiln_msg_decode (zmsg_t **raw_p, uint64_t *req_id, kiln_err_t *err)
+{
+    zmsg_t *raw = raw_p ? *raw_p : NULL;
+    if (raw_p)
+        *raw_p = NULL;
+    if (req_id)
+        *req_id = 0;
+    kiln_msg_t *msg = NULL;
+    zframe_t *hdr = raw ? zmsg_pop (raw) : NULL;
+    msgpack_unpacked up;
+    msgpack_unpacked_init (&up);
+    char quoted[80];
+
+    if (!hdr) {
+        kiln_error (err, KILN_EPROTO, "empty message");
+        goto fail;
+    }
+    const uint8_t *data = zframe_data (hdr);
+    size_t len = zframe_size (hdr);
+    if (len > KILN_PROTO_MAX_HEADER_BYTES) {
+        kiln_error (err, KILN_ELIMIT, "header frame is %zu bytes, more than %u", len,
+                    KILN_PROTO_MAX_HEADER_BYTES);
+        goto fail;
+    }
+    size_t pos = 0, objects = 0;
+    if (len == 0 || s_walk (data, len, &pos, 0, &objects) != 0 || pos != len) {
+        kiln_error (err, KILN_EFORMAT,
+                    "header is not one well-formed msgpack object (%zu bytes)", len);
+        goto fail;
+    }
+    size_t off = 0;
+    if (msgpack_unpack_next (&up, (const char *) data, len, &off) != MSGPACK_UNPACK_SUCCESS
+        || off != len) {
+        kiln_error (err, KILN_EFORMAT, "header is not one well-formed msgpack object");
+        goto fail;
+    }
+    const msgpack_object *h = &up.data;
+    if (h->type != MSGPACK_OBJECT_MAP) {
+        kiln_error (err, KILN_EFORMAT, "header is not a msgpack map");
+        goto fail;
+    }
+    const msgpack_object *o = kiln_mpk_get (h, "req_id");
+    if (req_id && o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        *req_id = o->via.u64;
+
+    int64_t version;
+    o = kiln_mpk_get (h, "v");
+    if (!o || kiln_mpk_as_i64 (o, &version) != 0) {
+        kiln_error (err, KILN_EPROTO, "missing protocol version 'v'");
+        goto fail;
+    }
+    if (version != KILN_PROTO_VERSION) {
+        kiln_error (err, KILN_EPROTO, "protocol version %lld is not supported (this peer speaks %d)",
+                    (long long) version, KILN_PROTO_VERSION);
+        goto fail;
+    }
+    o = kiln_mpk_get (h, "cmd");
+    if (!o || o->type != MSGPACK_OBJECT_STR) {
+        kiln_error (err, KILN_EPROTO, "missing command 'cmd'");
+        goto fail;
+    }
+    int cmd = kiln_cmd_lookup (o->via.str.ptr, o->via.str.size);
+    if (cmd < 0) {
+        kiln_error (err, KILN_EPROTO, "unknown command '%s'",
+                    s_printable (o->via.str.ptr, o->via.str.size, quoted, 65));
+        goto fail;
+    }
+    const s_cmd_t *spec = &s_cmds[cmd];
+    uint64_t frames = 0;
+    o = kiln_mpk_get (h, "frames");
+    if (!o) {
+        kiln_error (err, KILN_EPROTO, "%s: missing field 'frames'", spec->name);
+        goto fail;
+    }
+    if (s_decode_u64 (o, "frames", KILN_MAX_FRAMES, &frames, err) != 0) {
+        kiln_error_prefix (err, "%s", spec->name);
+        goto fail;
+    }
+    if (frames != zmsg_size (raw)) {
+        kiln_error (err, KILN_EPROTO, "%s: header announces %llu payload frames, %zu arrived",
+                    spec->name, (unsigned long long) frames, zmsg_size (raw));
+        goto fail;
+    }
+    msg = kiln_msg_new ((kiln_cmd_t) cmd);
+    if (!msg) {
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < spec->n_spec; i++)
+        if (s_decode_field (msg, h, &spec->spec[i], err) != 0) {
+            kiln_error_prefix (err, "%s", spec->name);
+            goto fail;
+        }
+    if (frames) {
+        msg->frames = calloc ((size_t) frames, sizeof *msg->frames);
+        if (!msg->frames) {
+            kiln_error (err, KILN_ENOMEM, "out of memory");
+            goto fail;
+        }
+        msg->cap_frames = (size_t) frames;
+    }
+    for (size_t i = 0; i < frames; i++) {
+        zframe_t *f = zmsg_pop (raw);
+        if (zframe_size (f) > KILN_CHUNK_BYTES) {
+            kiln_error (err, KILN_ELIMIT, "%s: payload frame %zu is %zu bytes, more than the "
+                        "chunk size %u", spec->name, i, zframe_size (f), KILN_CHUNK_BYTES);
+            zframe_destroy (&f);
+            goto fail;
+        }
+        msg->frames[msg->n_frames++] = f;
+    }
+    if (s_check_layout (msg, err) != 0)
+        goto fail;
+    msgpack_unpacked_destroy (&up);
+    zframe_destroy (&hdr);
+    zmsg_destroy (&raw);
+    return msg;
+fail:
+    msgpack_unpacked_destroy (&up);
+    zframe_destroy (&hdr);
+    zmsg_destroy (&raw);
+    kiln_msg_destroy (&msg);
+    return NULL;
+}
+
+/* --- sockets ----------------------------------------------------------------- */
+
+kiln_msg_t *
+kiln_msg_recv (zsock_t *sock, zframe_t **routing_id, uint64_t *req_id, kiln_err_t *err)
+{
+    if (req_id)
+        *req_id = 0;
+    if (routing_id)
+        *routing_id = NULL;
+    zmsg_t *raw = zmsg_new ();
+    if (!raw) {
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        return NULL;
+    }
+    /* A multipart message arrives whole, so this loop ends after the
+     * frames the peer sent; past the bound they are only counted. */
+    size_t count = 0;
+    bool first = true;
+    while (true) {
+        zframe_t *f = zframe_recv (sock);
+        if (!f) {
+            if (first)
+                kiln_error (err, zsys_interrupted ? KILN_ECANCELED : KILN_EIO,
+                            "receive failed: %s", zmq_strerror (zmq_errno ()));
+            else
+                kiln_error (err, KILN_EIO, "message cut short: %s",
+                            zmq_strerror (zmq_errno ()));
+            zmsg_destroy (&raw);
+            return NULL;
+        }
+        bool more = zframe_more (f);
+        if (routing_id && first) {
+            first = false;
+            *routing_id = f;
+            if (!more)
+                break;
+            continue;
+        }
+        first = false;
+        if (count <= KILN_MAX_FRAMES)
+            zmsg_append (raw, &f);
+        else
+            zframe_destroy (&f);
+        count++;
+        if (!more)
+            break;
+    }
+    if (count > KILN_MAX_FRAMES + 1) {
+        zmsg_destroy (&raw);
+        kiln_error (err, KILN_ELIMIT, "message has %zu frames, more than %d", count,
+                    KILN_MAX_FRAMES + 1);
+        return NULL;
+    }
+    return kiln_msg_decode (&raw, req_id, err);
+}
+
+int
+kiln_msg_send (kiln_msg_t **self_p, zsock_t *sock, zframe_t *routing_id, kiln_err_t *err)
+{
+    const char *name = *self_p ? kiln_cmd_name ((*self_p)->cmd) : "?";
+    zmsg_t *m = kiln_msg_encode (self_p, err);
+    if (!m)
+        return -err->code;
+    void *handle = zsock_resolve (sock);
+    int rc = 0;
+    if (routing_id
+        && zmq_send (handle, zframe_data (routing_id), zframe_size (routing_id),
+                     ZMQ_SNDMORE) < 0)
+        rc = -1;
+    size_t left = zmsg_size (m);
+    for (zframe_t *f = zmsg_first (m); rc == 0 && f; f = zmsg_next (m)) {
+        left--;
+        if (zmq_send (handle, zframe_data (f), zframe_size (f), left ? ZMQ_SNDMORE : 0) < 0)
+            rc = -1;
+    }
+    int e = zmq_errno ();
+    zmsg_destroy (&m);
+    if (rc != 0)
+        return kiln_error (err, e == EHOSTUNREACH ? KILN_ENOTFOUND : KILN_EIO,
+                           "could not send %s: %s", name,
+                           e == EHOSTUNREACH ? "peer is gone" : zmq_strerror (e));
+    return 0;
+}
+
+void
+kiln_proto_socket_defaults (zsock_t *sock)
+{
+    zsock_set_linger (sock, 0);
+    zsock_set_maxmsgsize (sock, (int) KILN_MAX_FRAME_BYTES);
+}
+
+bool
+kiln_proto_endpoint_is_local (const char *endpoint)
+{
+    if (!endpoint)
+        return false;
+    if (strncmp (endpoint, "ipc://", 6) == 0 || strncmp (endpoint, "inproc://", 9) == 0)
+        return true;
+    if (strncmp (endpoint, "tcp://", 6) != 0)
+        return false;
+    const char *host = endpoint + 6;
+    const char *colon = strrchr (host, ':');
+    if (!colon || colon == host || strchr (host, ';'))
+        return false;
+    char buf[64];
+    size_t n = (size_t) (colon - host);
+    if (n >= sizeof buf)
+        return false;
+    memcpy (buf, host, n);
+    buf[n] = '\0';
+    if (strcmp (buf, "localhost") == 0 || strcmp (buf, "[::1]") == 0)
+        return true;
+    struct in_addr a;
+    if (inet_pton (AF_INET, buf, &a) == 1)
+        return (ntohl (a.s_addr) >> 24) == 127;
+    return false;
+}
+
+bool
+kiln_proto_name_ok (const char *name)
+{
+    size_t n = name ? strlen (name) : 0;
+    if (n == 0 || n > KILN_PROTO_MAX_NAME)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char) name[i];
+        if (!isalnum (c) && !strchr ("._:@-", c))
+            return false;
+    }
+    return true;
+}

@@ -1,0 +1,274 @@
+/*
+ * kiln_proto — the farm's wire protocol, written once as data.
+ *
+ * A message is a ZeroMQ multipart message:
+ *   frame 0      the header: a msgpack map {"v": 1, "cmd": "COMPILE",
+ *                "frames": N, <the command's fields>...}
+ *   frames 1..N  the payload: binary parts, each cut into chunks of at
+ *                most KILN_CHUNK_BYTES.  Which parts a command carries is
+ *                its payload kind (below); their sizes are header fields,
+ *                so the receiver checks the frame layout before it
+ *                allocates anything for a part.
+ * A ROUTER peer sees the sender's routing id in front of frame 0.
+ *
+ * The two tables below are the whole protocol: KILN_PROTO_FIELDS lists
+ * every field with its kind and bound, KILN_PROTO_COMMANDS every command
+ * with its sender, receiver, payload and fields (REQ = required, OPT =
+ * optional).  The encoder, the decoder, the struct kiln_msg_t and the
+ * tables in docs/protocol.md are all generated from them, so they cannot
+ * drift apart.  Adding a field or a command is one line here.
+ *
+ * Invariants: a kiln_msg_t that came out of kiln_msg_decode has every
+ * required field of its command, every string within its bound and free
+ * of NUL bytes, every hex field a 64-char lower-case SHA-256, and a
+ * payload whose frames match the part sizes in its header exactly.
+ * Unknown header keys are ignored (so a minor addition does not break an
+ * older peer); a different "v" is refused.
+ */
+#ifndef KILN_PROTO_H
+#define KILN_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <czmq.h>
+
+#include "common/kiln_error.h"
+#include "common/kiln_hash.h"
+#include "common/kiln_limits.h"
+
+#define KILN_PROTO_VERSION          1
+#define KILN_PROTO_MAX_HEADER_BYTES (2u << 20)   /* frame 0 */
+#define KILN_PROTO_MAX_DEPTH        4            /* msgpack nesting in a header */
+#define KILN_PROTO_MAX_OBJECTS      (1u << 16)   /* msgpack objects in a header */
+#define KILN_PROTO_MAX_NAME         127          /* worker and broker names */
+#define KILN_PROTO_MAX_ID           63           /* compiler id/version, target */
+#define KILN_PROTO_MAX_SLOTS        256          /* jobs one worker runs at once */
+#define KILN_PROTO_MAX_BLOBS        KILN_MAX_FRAMES   /* blob refs in one message */
+
+/* Peers, as bits so that a command can name several. */
+#define KILN_PEER_CLIENT 1
+#define KILN_PEER_BROKER 2
+#define KILN_PEER_WORKER 4
+#define KILN_PEER_ANY    7
+
+/* What follows the header.
+ *   NONE      no payload frames
+ *   GRAPH     the graph structure (struct_size bytes), then each blob of
+ *             the blob list in order (its size bytes)
+ *   ARTIFACT  the artifact archive (artifact_size bytes; 0 = no frames) */
+#define KILN_PAYLOADS(X)                                                   \
+    X (NONE,     "none")                                                   \
+    X (GRAPH,    "graph structure, then each listed blob")                 \
+    X (ARTIFACT, "artifact archive (artifact_size bytes)")
+
+typedef enum {
+#define KILN_PAYLOAD_ENUM(name, doc) KILN_PAYLOAD_##name,
+    KILN_PAYLOADS (KILN_PAYLOAD_ENUM)
+#undef KILN_PAYLOAD_ENUM
+} kiln_payload_t;
+
+/* Field kinds and their msgpack form:
+ *   U64    positive integer, at most `max`
+ *   I64    integer, 0..max
+ *   BOOL   boolean
+ *   STR    string of at most `max` bytes, no NUL
+ *   HEX    string of 64 lower-case hex chars (a SHA-256)
+ *   BLOBS  array of at most `max` maps {"digest": HEX, "size": U64} */
+
+/*  name              kind   max                         meaning */
+#define KILN_PROTO_FIELDS(X)                                                        \
+    X (req_id,           U64,   UINT64_MAX,                 "client's request id, echoed in the reply")        \
+    X (job_id,           U64,   UINT64_MAX,                 "broker's job id")                                  \
+    X (name,             STR,   KILN_PROTO_MAX_NAME,        "worker name ([A-Za-z0-9._:@-])")                   \
+    X (slots,            U64,   KILN_PROTO_MAX_SLOTS,       "jobs the worker runs at once (1..256)")            \
+    X (compiler_id,      STR,   KILN_PROTO_MAX_ID,          "compiler id, e.g. kiln-builtin")                   \
+    X (compiler_version, STR,   KILN_PROTO_MAX_ID,          "compiler version")                                 \
+    X (target,           STR,   KILN_PROTO_MAX_ID,          "compile target, e.g. cpu-x86_64")                  \
+    X (compiler_args,    STR,   KILN_MAX_ARGS_BYTES - 1,    "compiler argument string (normalised by the broker)") \
+    X (graph_digest,     HEX,   64,                         "SHA-256 of the graph's canonical encoding")        \
+    X (action_key,       HEX,   64,                         "key of the compilation (kiln_action_key)")         \
+    X (artifact,         HEX,   64,                         "artifact content hash (SHA-256 of manifest.json)") \
+    X (struct_size,      U64,   KILN_MAX_STRUCT_BYTES,      "bytes of the graph structure part")                \
+    X (blobs,            BLOBS, KILN_PROTO_MAX_BLOBS,       "weight blobs that follow the structure")           \
+    X (artifact_size,    U64,   KILN_MAX_ARTIFACT_BYTES,    "bytes of the artifact part")                       \
+    X (cached,           BOOL,  1,                          "served from the action cache")                     \
+    X (worker,           STR,   KILN_PROTO_MAX_NAME,        "name of the worker that built it")                 \
+    X (ok,               BOOL,  1,                          "the compile succeeded")                            \
+    X (code,             I64,   KILN_ERR_MAX - 1,           "a KILN_E* error code (common/kiln_error.h)")       \
+    X (message,          STR,   KILN_ERR_MSG_MAX - 1,       "human-readable error message")                     \
+    X (log,              STR,   KILN_MAX_LOG_BYTES,         "compiler output (stdout and stderr)")              \
+    X (broker,           STR,   KILN_PROTO_MAX_NAME,        "broker name")                                      \
+    X (workers,          U64,   UINT64_MAX,                 "workers registered")                               \
+    X (idle_slots,       U64,   UINT64_MAX,                 "free job slots over all workers")                  \
+    X (queued,           U64,   UINT64_MAX,                 "jobs waiting for a worker")                        \
+    X (running,          U64,   UINT64_MAX,                 "jobs on a worker")
+
+/*  name        from               to                  payload    meaning \
+ *              fields */
+#define KILN_PROTO_COMMANDS(C, REQ, OPT)                                              \
+    C (COMPILE, KILN_PEER_CLIENT, KILN_PEER_BROKER, GRAPH,                            \
+       "compile a graph; answered by RESULT or ERROR",                                \
+       REQ (req_id) REQ (graph_digest) REQ (action_key) OPT (compiler_args)           \
+       REQ (compiler_id) REQ (compiler_version) REQ (target) REQ (struct_size)        \
+       REQ (blobs))                                                                   \
+    C (RESULT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, ARTIFACT,                         \
+       "the signed artifact for a COMPILE",                                           \
+       REQ (req_id) REQ (artifact) REQ (action_key) REQ (graph_digest) REQ (cached)   \
+       OPT (worker) REQ (artifact_size))                                              \
+    C (ERROR,   KILN_PEER_ANY,    KILN_PEER_ANY,    NONE,                             \
+       "a request failed or a message was refused",                                   \
+       OPT (req_id) OPT (job_id) REQ (code) REQ (message) OPT (log))                  \
+    C (PING,    KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
+       "ask the broker how it is; answered by PONG",                                  \
+       REQ (req_id))                                                                  \
+    C (PONG,    KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
+       "the broker's state",                                                          \
+       REQ (req_id) REQ (broker) REQ (workers) REQ (idle_slots) REQ (queued)          \
+       REQ (running))                                                                 \
+    C (READY,   KILN_PEER_WORKER, KILN_PEER_BROKER, NONE,                             \
+       "a worker registers (again) with all its slots free",                          \
+       REQ (name) REQ (slots) REQ (compiler_id) REQ (compiler_version) REQ (target))  \
+    C (HEARTBEAT, KILN_PEER_BROKER | KILN_PEER_WORKER,                                \
+       KILN_PEER_BROKER | KILN_PEER_WORKER, NONE,                                     \
+       "liveness, every second both ways", )                                          \
+    C (JOB,     KILN_PEER_BROKER, KILN_PEER_WORKER, GRAPH,                            \
+       "compile this graph; answered by DONE",                                        \
+       REQ (job_id) REQ (action_key) REQ (graph_digest) OPT (compiler_args)           \
+       REQ (struct_size) REQ (blobs))                                                 \
+    C (DONE,    KILN_PEER_WORKER, KILN_PEER_BROKER, ARTIFACT,                         \
+       "a job finished: the unsigned artifact, or a failure with its log",            \
+       REQ (job_id) REQ (ok) OPT (code) OPT (message) OPT (log) OPT (artifact_size))  \
+    C (DISCONNECT, KILN_PEER_WORKER, KILN_PEER_BROKER, NONE,                          \
+       "a worker leaves; its jobs are requeued at once", )
+
+typedef enum {
+#define KILN_CMD_ENUM(name, from, to, payload, doc, fields) KILN_CMD_##name,
+    KILN_PROTO_COMMANDS (KILN_CMD_ENUM, , )
+#undef KILN_CMD_ENUM
+    KILN_CMD_COUNT
+} kiln_cmd_t;
+
+typedef enum {
+#define KILN_FIELD_ENUM(name, kind, max, doc) KILN_F_##name,
+    KILN_PROTO_FIELDS (KILN_FIELD_ENUM)
+#undef KILN_FIELD_ENUM
+    KILN_F_COUNT
+} kiln_field_t;
+
+typedef struct kiln_blob_ref {
+    uint8_t digest[KILN_DIGEST_LEN];   /* SHA-256 the blob's bytes must have */
+    uint64_t size;                     /* bytes */
+} kiln_blob_ref_t;
+
+/* One struct member per field, typed by its kind. */
+#define KILN_FIELD_DECL_U64(name)   uint64_t name;
+#define KILN_FIELD_DECL_I64(name)   int64_t name;
+#define KILN_FIELD_DECL_BOOL(name)  bool name;
+#define KILN_FIELD_DECL_STR(name)   char *name;
+#define KILN_FIELD_DECL_HEX(name)   char name[KILN_HEX_LEN];
+#define KILN_FIELD_DECL_BLOBS(name) kiln_blob_ref_t *name; uint32_t n_##name;
+
+/* A decoded (or to be encoded) message.  Transparent: read and set the
+ * numeric and hex fields directly; set strings with kiln_msg_set_str
+ * (the message owns them, NULL = absent) and payload with kiln_msg_put_*.
+ * Only the fields of `cmd` go on the wire. */
+typedef struct kiln_msg {
+    kiln_cmd_t cmd;
+#define KILN_FIELD_DECL(name, kind, max, doc) KILN_FIELD_DECL_##kind (name)
+    KILN_PROTO_FIELDS (KILN_FIELD_DECL)
+#undef KILN_FIELD_DECL
+    zframe_t **frames;       /* payload frames, owned */
+    size_t n_frames;
+    size_t cap_frames;
+} kiln_msg_t;
+
+/* --- the table ------------------------------------------------------ */
+
+/* "COMPILE"; "?" for a value out of range. */
+const char *kiln_cmd_name (kiln_cmd_t cmd);
+/* The command named `name` (length `len`), or -1. */
+int kiln_cmd_lookup (const char *name, size_t len);
+/* KILN_PEER_* bits of who may send / receive `cmd`. */
+int kiln_cmd_senders (kiln_cmd_t cmd);
+int kiln_cmd_receivers (kiln_cmd_t cmd);
+kiln_payload_t kiln_cmd_payload (kiln_cmd_t cmd);
+
+/* Write the field and command tables of docs/protocol.md as markdown. */
+void kiln_proto_write_doc (FILE *out);
+
+/* --- messages ------------------------------------------------------- */
+
+/* Create an empty message of `cmd`.  Caller owns it.  NULL only when out
+ * of memory. */
+kiln_msg_t *kiln_msg_new (kiln_cmd_t cmd);
+/* Free the message, its strings and frames; *self_p becomes NULL. */
+void kiln_msg_destroy (kiln_msg_t **self_p);
+
+/* Replace the string in *field (a STR member of a message) by a copy of
+ * `value` (NULL clears it).  -KILN_ENOMEM on failure. */
+int kiln_msg_set_str (char **field, const char *value);
+/* Set an ERROR message's code, message and (optional) log in one call. */
+int kiln_msg_set_error (kiln_msg_t *self, int code, const char *message,
+                        const char *log);
+
+/* Payload.  GRAPH: put the structure first, then each blob (this also
+ * appends to the blob list).  ARTIFACT: put the artifact once.  The bytes
+ * are copied into frames of at most KILN_CHUNK_BYTES. */
+int kiln_msg_put_structure (kiln_msg_t *self, const void *data, size_t len,
+                            kiln_err_t *err);
+int kiln_msg_put_blob (kiln_msg_t *self, const uint8_t digest[KILN_DIGEST_LEN],
+                       const void *data, uint64_t size, kiln_err_t *err);
+int kiln_msg_put_artifact (kiln_msg_t *self, const void *data, size_t len,
+                           kiln_err_t *err);
+
+/* Join payload part `part` (GRAPH: 0 = structure, 1 + i = blob i;
+ * ARTIFACT: 0) into one buffer.  Caller owns *data (free()); for an
+ * empty part *data is a 1-byte allocation and *len 0. */
+int kiln_msg_part (const kiln_msg_t *self, size_t part, uint8_t **data,
+                   size_t *len, kiln_err_t *err);
+
+/* Encode into a multipart message (header + payload frames), checking
+ * every field against the table as the decoder will.  Consumes *self_p
+ * (also on failure).  Caller owns the returned zmsg. */
+zmsg_t *kiln_msg_encode (kiln_msg_t **self_p, kiln_err_t *err);
+
+/* Decode a multipart message (header + payload, no routing id), checking
+ * the version, the command, every field and the payload layout.  Consumes
+ * *raw_p.  On failure returns NULL with `err` set; *req_id (may be NULL)
+ * gets the header's req_id whenever it could be read, else 0, so that the
+ * error reply can name the request.  Caller owns the result. */
+kiln_msg_t *kiln_msg_decode (zmsg_t **raw_p, uint64_t *req_id, kiln_err_t *err);
+
+/* --- sockets -------------------------------------------------------- */
+
+/* Receive one multipart message from `sock`, without waiting longer than
+ * the socket's own receive timeout.  On a ROUTER pass `routing_id`: it
+ * gets the sender's id (caller destroys it), also when decoding fails, so
+ * that the caller can reply.  Frames past KILN_MAX_FRAMES are drained and
+ * the message refused.  Caller owns the result. */
+kiln_msg_t *kiln_msg_recv (zsock_t *sock, zframe_t **routing_id,
+                           uint64_t *req_id, kiln_err_t *err);
+
+/* Encode and send, to `routing_id` on a ROUTER (NULL on a DEALER).
+ * Consumes *self_p.  Does not block on a ROUTER with router_mandatory and
+ * sndtimeo 0: a gone peer is an error. */
+int kiln_msg_send (kiln_msg_t **self_p, zsock_t *sock, zframe_t *routing_id,
+                   kiln_err_t *err);
+
+/* Set the socket options every kiln socket uses: linger 0, a receive
+ * limit of KILN_MAX_FRAME_BYTES per frame (the transport drops a peer
+ * that sends more). */
+void kiln_proto_socket_defaults (zsock_t *sock);
+
+/* True when `endpoint` is on this host only (tcp on 127.0.0.0/8, ::1 or
+ * localhost; ipc; inproc).  Without CurveZMQ the farm listens on nothing
+ * else. */
+bool kiln_proto_endpoint_is_local (const char *endpoint);
+
+/* True when `name` is 1..KILN_PROTO_MAX_NAME chars of [A-Za-z0-9._:@-]. */
+bool kiln_proto_name_ok (const char *name);
+
+#endif

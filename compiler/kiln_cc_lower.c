@@ -1,0 +1,960 @@
+#include "compiler/kiln_cc_lower.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- errors --------------------------------------------------------- */
+
+/* Fail naming the node being lowered and its op. */
+__attribute__ ((format (printf, 4, 5))) static int
+s_fail (kiln_cc_ctx_t *cx, int code, kiln_err_t *err, const char *fmt, ...)
+{
+    char msg[KILN_ERR_MSG_MAX / 2];
+    va_list ap;
+    va_start (ap, fmt);
+    vsnprintf (msg, sizeof msg, fmt, ap);
+    va_end (ap);
+    if (cx->node < 0 || cx->node >= cx->g->n_nodes)
+        return kiln_error (err, code, "graph outputs: %s", msg);
+    const kiln_node_t *node = &cx->g->nodes[cx->node];
+    if (node->name && node->name[0])
+        return kiln_error (err, code, "node '%s' (%s): %s", node->name,
+                           node->op, msg);
+    return kiln_error (err, code, "node #%d (%s): %s", cx->node, node->op, msg);
+}
+
+static const char *
+s_tname (const kiln_cc_ctx_t *cx, int gt)
+{
+    const char *n = cx->g->tensors[gt].name;
+    return n && n[0] ? n : "(unnamed)";
+}
+
+/* --- context -------------------------------------------------------- */
+
+int
+kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
+                  const kiln_cc_options_t *opts, kiln_err_t *err)
+{
+    memset (cx, 0, sizeof *cx);
+    cx->g = g;
+    cx->opts = *opts;
+    cx->prog = kiln_program_new ();
+    cx->tmap = malloc ((size_t) (g->n_tensors + 1) * sizeof *cx->tmap);
+    if (!cx->prog || !cx->tmap) {
+        kiln_cc_ctx_release (cx);
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < g->n_tensors; i++)
+        cx->tmap[i] = -1;
+    return 0;
+}
+
+void
+kiln_cc_ctx_release (kiln_cc_ctx_t *cx)
+{
+    kiln_program_destroy (&cx->prog);
+    free (cx->tmap);
+    free (cx->storage_of);
+    free (cx->st);
+    memset (cx, 0, sizeof *cx);
+}
+
+static int
+s_storage_new (kiln_cc_ctx_t *cx, bool weight, int graph_weight, uint64_t size,
+               int def, kiln_err_t *err)
+{
+    if (cx->n_st == cx->cap_st) {
+        int ncap = cx->cap_st ? cx->cap_st * 2 : 64;
+        kiln_cc_storage_t *n = realloc (cx->st, (size_t) ncap * sizeof *n);
+        if (!n)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        cx->st = n;
+        cx->cap_st = ncap;
+    }
+    kiln_cc_storage_t *s = &cx->st[cx->n_st];
+    memset (s, 0, sizeof *s);
+    s->weight = weight;
+    s->graph_weight = graph_weight;
+    s->size = size;
+    s->def = def;
+    s->last = def;
+    return cx->n_st++;
+}
+
+/* Add a program tensor backed by `storage`. */
+static int
+s_ptensor (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
+           kiln_tensor_kind_t kind, int storage, kiln_err_t *err)
+{
+    int t = kiln_program_add_tensor (cx->prog, dt, shape, kind, err);
+    if (t < 0)
+        return t;
+    if (t >= cx->cap_storage_of) {
+        int ncap = cx->cap_storage_of ? cx->cap_storage_of * 2 : 64;
+        int *n = realloc (cx->storage_of, (size_t) ncap * sizeof *n);
+        if (!n)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        cx->storage_of = n;
+        cx->cap_storage_of = ncap;
+    }
+    cx->storage_of[t] = storage;
+    return t;
+}
+
+/* The weights.bin storage of graph weight `w`, shared with any earlier
+ * weight holding the same bytes. */
+static int
+s_weight_storage (kiln_cc_ctx_t *cx, int w, kiln_err_t *err)
+{
+    const kiln_weight_t *gw = &cx->g->weights[w];
+    for (int i = 0; i < cx->n_st; i++) {
+        const kiln_cc_storage_t *s = &cx->st[i];
+        if (!s->weight)
+            continue;
+        const kiln_weight_t *o = &cx->g->weights[s->graph_weight];
+        if (s->graph_weight == w
+            || (o->size == gw->size
+                && memcmp (o->digest, gw->digest, KILN_DIGEST_LEN) == 0))
+            return i;
+    }
+    return s_storage_new (cx, true, w, gw->size, -1, err);
+}
+
+/* The program tensor for graph tensor `gt` read by the node being lowered:
+ * a graph input, a weight, or a tensor an earlier node produced. */
+static int
+s_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+{
+    if (gt < 0 || gt >= cx->g->n_tensors)
+        return s_fail (cx, KILN_ECOMPILE, err, "input tensor index %d is "
+                       "invalid", gt);
+    if (cx->tmap[gt] >= 0)
+        return cx->tmap[gt];
+    const kiln_tensor_t *t = &cx->g->tensors[gt];
+    if (t->weight < 0 || t->weight >= cx->g->n_weights)
+        return s_fail (cx, KILN_ECOMPILE, err, "tensor '%s' is read before any "
+                       "node produces it", s_tname (cx, gt));
+    const kiln_weight_t *w = &cx->g->weights[t->weight];
+    if (!w->data)
+        return s_fail (cx, KILN_ECOMPILE, err, "weight '%s' has no data",
+                       s_tname (cx, gt));
+    uint64_t bytes;
+    int rc = kiln_shape_bytes (&t->shape, t->dtype, s_tname (cx, gt), &bytes, err);
+    if (rc)
+        return rc;
+    if (bytes > w->size)
+        return s_fail (cx, KILN_ECOMPILE, err, "weight '%s' holds %llu bytes, "
+                       "its shape needs %llu", s_tname (cx, gt),
+                       (unsigned long long) w->size, (unsigned long long) bytes);
+    int s = s_weight_storage (cx, t->weight, err);
+    if (s < 0)
+        return s;
+    int pt = s_ptensor (cx, t->dtype, &t->shape, KILN_TK_WEIGHT, s, err);
+    if (pt < 0)
+        return pt;
+    cx->tmap[gt] = pt;
+    return pt;
+}
+
+/* A new arena tensor for graph tensor `gt`, written by the next op. */
+static int
+s_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+{
+    if (gt < 0 || gt >= cx->g->n_tensors)
+        return s_fail (cx, KILN_ECOMPILE, err, "output tensor index %d is "
+                       "invalid", gt);
+    if (cx->tmap[gt] >= 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "tensor '%s' is produced twice",
+                       s_tname (cx, gt));
+    const kiln_tensor_t *t = &cx->g->tensors[gt];
+    uint64_t bytes;
+    int rc = kiln_shape_bytes (&t->shape, t->dtype, s_tname (cx, gt), &bytes, err);
+    if (rc)
+        return rc;
+    int s = s_storage_new (cx, false, -1, bytes, cx->prog->n_ops, err);
+    if (s < 0)
+        return s;
+    int pt = s_ptensor (cx, t->dtype, &t->shape, KILN_TK_TEMP, s, err);
+    if (pt < 0)
+        return pt;
+    cx->tmap[gt] = pt;
+    return pt;
+}
+
+/* Emit an op; records the reads for the planner.  Returns its index. */
+static int
+s_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins, int n_in,
+        const int *outs, int n_out, kiln_err_t *err)
+{
+    int op = kiln_program_add_op (cx->prog, k, ins, n_in, outs, n_out, err);
+    if (op < 0)
+        return op;
+    for (int i = 0; i < n_in; i++) {
+        kiln_cc_storage_t *s = &cx->st[cx->storage_of[ins[i]]];
+        if (!s->weight && s->last < op)
+            s->last = op;
+    }
+    return op;
+}
+
+/* Give op `op` a float32 workspace of `elems` elements. */
+static int
+s_scratch (kiln_cc_ctx_t *cx, int op, uint64_t elems, kiln_err_t *err)
+{
+    if (elems > (uint64_t) KILN_MAX_TENSOR_ELEMS)
+        return s_fail (cx, KILN_ELIMIT, err, "workspace of %llu elements is "
+                       "more than %lld", (unsigned long long) elems,
+                       (long long) KILN_MAX_TENSOR_ELEMS);
+    kiln_shape_t shape = { .rank = 1, .dims = { (int64_t) elems } };
+    int s = s_storage_new (cx, false, -1, elems * 4, op, err);
+    if (s < 0)
+        return s;
+    int pt = s_ptensor (cx, KILN_DT_FLOAT32, &shape, KILN_TK_TEMP, s, err);
+    if (pt < 0)
+        return pt;
+    cx->prog->ops[op].scratch = pt;
+    return 0;
+}
+
+/* --- helpers for the lowerings ------------------------------------- */
+
+static const kiln_tensor_t *
+s_gt (const kiln_cc_ctx_t *cx, int gt)
+{
+    return &cx->g->tensors[gt];
+}
+
+/* Input `i` of the node, or -1 when absent (optional). */
+static int
+s_in (const kiln_node_t *node, int i)
+{
+    return i < node->n_inputs ? node->inputs[i] : -1;
+}
+
+/* Every listed tensor must be float32: the kernels compute in float32. */
+static int
+s_need_f32 (kiln_cc_ctx_t *cx, const int *gts, int n, kiln_err_t *err)
+{
+    for (int i = 0; i < n; i++) {
+        if (gts[i] < 0)
+            continue;
+        const kiln_tensor_t *t = s_gt (cx, gts[i]);
+        if (t->dtype != KILN_DT_FLOAT32)
+            return s_fail (cx, KILN_EUNSUPPORTED, err, "tensor '%s' is %s; the "
+                           "builtin compiler computes in float32 only",
+                           s_tname (cx, gts[i]), kiln_dtype_name (t->dtype));
+        if (t->shape.rank < 0)
+            return s_fail (cx, KILN_ECOMPILE, err, "tensor '%s' has no inferred "
+                           "shape", s_tname (cx, gts[i]));
+    }
+    return 0;
+}
+
+/* The inferred output shape must be what the lowering computed. */
+static int
+s_expect_shape (kiln_cc_ctx_t *cx, int gt, const kiln_shape_t *want,
+                kiln_err_t *err)
+{
+    const kiln_shape_t *got = &s_gt (cx, gt)->shape;
+    if (kiln_shape_equal (got, want))
+        return 0;
+    char a[128], b[128];
+    return s_fail (cx, KILN_ECOMPILE, err, "output '%s' has inferred shape %s, "
+                   "but the operator computes %s", s_tname (cx, gt),
+                   kiln_shape_str (got, a, sizeof a),
+                   kiln_shape_str (want, b, sizeof b));
+}
+
+/* An INTS attribute of exactly `n` values, or `dflt` (n values) when it is
+ * absent. */
+static int
+s_attr_ints (kiln_cc_ctx_t *cx, const kiln_node_t *node, const char *name,
+             int n, int64_t dflt, int64_t *out, kiln_err_t *err)
+{
+    const kiln_attr_t *a = kiln_node_attr (node, name);
+    if (!a) {
+        for (int i = 0; i < n; i++)
+            out[i] = dflt;
+        return 0;
+    }
+    if (a->kind != KILN_ATTR_INTS || a->n != (size_t) n)
+        return s_fail (cx, KILN_ECOMPILE, err, "attribute '%s' must hold %d "
+                       "integers", name, n);
+    memcpy (out, a->ints, (size_t) n * sizeof *out);
+    return 0;
+}
+
+static int
+s_set_ints (kiln_cc_ctx_t *cx, int op, const char *name, const int64_t *v,
+            int n, kiln_err_t *err)
+{
+    return kiln_prog_op_set_ints (&cx->prog->ops[op], name, v, n, err);
+}
+
+static int
+s_set_int (kiln_cc_ctx_t *cx, int op, const char *name, int64_t v,
+           kiln_err_t *err)
+{
+    return kiln_prog_op_set_int (&cx->prog->ops[op], name, v, err);
+}
+
+static int64_t
+s_numel (const kiln_shape_t *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->rank; i++)
+        n *= s->dims[i];        /* bounded: shapes passed kiln_shape_numel */
+    return n;
+}
+
+/* --- views: Identity, Reshape, Flatten ------------------------------- */
+
+/* A view changes the shape, never the bytes.  From -O1 on, the output
+ * shares the input's storage (an alias: no kernel runs); at -O0 it is a
+ * copy, which keeps every tensor in its own buffer for debugging. */
+static int
+s_lower_view (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+              kiln_err_t *err)
+{
+    int x = s_in (node, 0), y = node->n_outputs > 0 ? node->outputs[0] : -1;
+    if (x < 0 || y < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "needs one input and one output");
+    const kiln_tensor_t *tx = s_gt (cx, x), *ty = s_gt (cx, y);
+    if (tx->shape.rank < 0 || ty->shape.rank < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "shapes are not inferred");
+    if (tx->dtype != ty->dtype || s_numel (&tx->shape) != s_numel (&ty->shape))
+        return s_fail (cx, KILN_ECOMPILE, err, "output '%s' does not hold the "
+                       "same %s elements as input '%s'", s_tname (cx, y),
+                       kiln_dtype_name (tx->dtype), s_tname (cx, x));
+    int px = s_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    if (cx->opts.optlevel >= 1) {
+        if (cx->tmap[y] >= 0)
+            return s_fail (cx, KILN_ECOMPILE, err, "tensor '%s' is produced "
+                           "twice", s_tname (cx, y));
+        kiln_tensor_kind_t kind = cx->prog->tensors[px].kind == KILN_TK_WEIGHT
+                                  ? KILN_TK_WEIGHT : KILN_TK_TEMP;
+        int py = s_ptensor (cx, ty->dtype, &ty->shape, kind,
+                            cx->storage_of[px], err);
+        if (py < 0)
+            return py;
+        cx->tmap[y] = py;
+        return 0;
+    }
+    int py = s_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, KILN_K_COPY, &px, 1, &py, 1, err);
+    return op < 0 ? op : 0;
+}
+
+/* --- elementwise ---------------------------------------------------- */
+
+/* numpy broadcasting of a and b into out; false when incompatible. */
+static bool
+s_broadcast (const kiln_shape_t *a, const kiln_shape_t *b, kiln_shape_t *out)
+{
+    int r = a->rank > b->rank ? a->rank : b->rank;
+    out->rank = r;
+    for (int i = 0; i < r; i++) {
+        int ia = i - (r - a->rank), ib = i - (r - b->rank);
+        int64_t da = ia >= 0 ? a->dims[ia] : 1;
+        int64_t db = ib >= 0 ? b->dims[ib] : 1;
+        if (da != db && da != 1 && db != 1)
+            return false;
+        out->dims[i] = da == 1 ? db : da;
+    }
+    return true;
+}
+
+/* `s` right-aligned to rank `r` with leading 1s. */
+static void
+s_pad_dims (const kiln_shape_t *s, int r, int64_t *out)
+{
+    for (int i = 0; i < r; i++) {
+        int j = i - (r - s->rank);
+        out[i] = j >= 0 ? s->dims[j] : 1;
+    }
+}
+
+static int
+s_lower_binary (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                kiln_err_t *err)
+{
+    int a = s_in (node, 0), b = s_in (node, 1);
+    int y = node->n_outputs > 0 ? node->outputs[0] : -1;
+    int all[3] = { a, b, y };
+    if (a < 0 || b < 0 || y < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "needs two inputs and an output");
+    int rc = s_need_f32 (cx, all, 3, err);
+    if (rc)
+        return rc;
+    kiln_shape_t bs;
+    char sa[128], sb[128];
+    if (!s_broadcast (&s_gt (cx, a)->shape, &s_gt (cx, b)->shape, &bs))
+        return s_fail (cx, KILN_ESHAPE, err, "shapes %s and %s do not broadcast",
+                       kiln_shape_str (&s_gt (cx, a)->shape, sa, sizeof sa),
+                       kiln_shape_str (&s_gt (cx, b)->shape, sb, sizeof sb));
+    if ((rc = s_expect_shape (cx, y, &bs, err)))
+        return rc;
+    int ins[2];
+    if ((ins[0] = s_operand (cx, a, err)) < 0)
+        return ins[0];
+    if ((ins[1] = s_operand (cx, b, err)) < 0)
+        return ins[1];
+    int py = s_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, k, ins, 2, &py, 1, err);
+    if (op < 0)
+        return op;
+    int64_t da[KILN_MAX_RANK], db[KILN_MAX_RANK];
+    s_pad_dims (&s_gt (cx, a)->shape, bs.rank, da);
+    s_pad_dims (&s_gt (cx, b)->shape, bs.rank, db);
+    if ((rc = s_set_ints (cx, op, "shape_a", da, bs.rank, err))
+        || (rc = s_set_ints (cx, op, "shape_b", db, bs.rank, err)))
+        return rc;
+    return 0;
+}
+
+static int
+s_lower_unary (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+               kiln_err_t *err)
+{
+    int x = s_in (node, 0), y = node->n_outputs > 0 ? node->outputs[0] : -1;
+    int all[2] = { x, y };
+    if (x < 0 || y < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "needs an input and an output");
+    int rc = s_need_f32 (cx, all, 2, err);
+    if (rc)
+        return rc;
+    if ((rc = s_expect_shape (cx, y, &s_gt (cx, x)->shape, err)))
+        return rc;
+    int px = s_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, k, &px, 1, &py, 1, err);
+    return op < 0 ? op : 0;
+}
+
+/* --- MatMul and Gemm ------------------------------------------------ */
+
+/* numpy matmul: a 1-D operand is a row (A) or a column (B) vector whose
+ * unit dimension is dropped from the result; leading dimensions broadcast. */
+static int
+s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                kiln_err_t *err)
+{
+    int a = s_in (node, 0), b = s_in (node, 1);
+    int y = node->n_outputs > 0 ? node->outputs[0] : -1;
+    int all[3] = { a, b, y };
+    if (a < 0 || b < 0 || y < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "needs two inputs and an output");
+    int rc = s_need_f32 (cx, all, 3, err);
+    if (rc)
+        return rc;
+    const kiln_shape_t *sa = &s_gt (cx, a)->shape, *sb = &s_gt (cx, b)->shape;
+    if (sa->rank < 1 || sb->rank < 1)
+        return s_fail (cx, KILN_ESHAPE, err, "operands must have rank >= 1");
+    /* Promote 1-D operands to matrices. */
+    kiln_shape_t ma = *sa, mb = *sb;
+    if (sa->rank == 1) {
+        ma.rank = 2;
+        ma.dims[0] = 1;
+        ma.dims[1] = sa->dims[0];
+    }
+    if (sb->rank == 1) {
+        mb.rank = 2;
+        mb.dims[0] = sb->dims[0];
+        mb.dims[1] = 1;
+    }
+    int64_t m = ma.dims[ma.rank - 2], kk = ma.dims[ma.rank - 1];
+    int64_t n = mb.dims[mb.rank - 1];
+    char s1[128], s2[128];
+    if (mb.dims[mb.rank - 2] != kk)
+        return s_fail (cx, KILN_ESHAPE, err, "inner dimensions of %s and %s "
+                       "differ", kiln_shape_str (sa, s1, sizeof s1),
+                       kiln_shape_str (sb, s2, sizeof s2));
+    kiln_shape_t ba = ma, bb = mb, batch;
+    ba.rank -= 2;
+    bb.rank -= 2;
+    if (!s_broadcast (&ba, &bb, &batch))
+        return s_fail (cx, KILN_ESHAPE, err, "batch dimensions of %s and %s do "
+                       "not broadcast", kiln_shape_str (sa, s1, sizeof s1),
+                       kiln_shape_str (sb, s2, sizeof s2));
+    kiln_shape_t out = batch;
+    if (sa->rank > 1)
+        out.dims[out.rank++] = m;
+    if (sb->rank > 1)
+        out.dims[out.rank++] = n;
+    if ((rc = s_expect_shape (cx, y, &out, err)))
+        return rc;
+
+    int ins[2];
+    if ((ins[0] = s_operand (cx, a, err)) < 0)
+        return ins[0];
+    if ((ins[1] = s_operand (cx, b, err)) < 0)
+        return ins[1];
+    int py = s_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, k, ins, 2, &py, 1, err);
+    if (op < 0)
+        return op;
+    int64_t pa[KILN_MAX_RANK], pb[KILN_MAX_RANK];
+    s_pad_dims (&ba, batch.rank, pa);
+    s_pad_dims (&bb, batch.rank, pb);
+    if ((rc = s_set_int (cx, op, "m", m, err))
+        || (rc = s_set_int (cx, op, "k", kk, err))
+        || (rc = s_set_int (cx, op, "n", n, err))
+        || (rc = s_set_ints (cx, op, "batch", batch.dims, batch.rank, err))
+        || (rc = s_set_ints (cx, op, "batch_a", pa, batch.rank, err))
+        || (rc = s_set_ints (cx, op, "batch_b", pb, batch.rank, err)))
+        return rc;
+    return 0;
+}
+
+static int
+s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+              kiln_err_t *err)
+{
+    int a = s_in (node, 0), b = s_in (node, 1), c = s_in (node, 2);
+    int y = node->n_outputs > 0 ? node->outputs[0] : -1;
+    int all[4] = { a, b, c, y };
+    if (a < 0 || b < 0 || y < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "needs two inputs and an output");
+    int rc = s_need_f32 (cx, all, 4, err);
+    if (rc)
+        return rc;
+    const kiln_shape_t *sa = &s_gt (cx, a)->shape, *sb = &s_gt (cx, b)->shape;
+    if (sa->rank != 2 || sb->rank != 2)
+        return s_fail (cx, KILN_ESHAPE, err, "A and B must be matrices");
+    int64_t ta = kiln_node_attr_int (node, "transA", 0);
+    int64_t tb = kiln_node_attr_int (node, "transB", 0);
+    double alpha = kiln_node_attr_float (node, "alpha", 1.0);
+    double beta = kiln_node_attr_float (node, "beta", 1.0);
+    int64_t m = ta ? sa->dims[1] : sa->dims[0];
+    int64_t kk = ta ? sa->dims[0] : sa->dims[1];
+    int64_t kb = tb ? sb->dims[1] : sb->dims[0];
+    int64_t n = tb ? sb->dims[0] : sb->dims[1];
+    if (kk != kb)
+        return s_fail (cx, KILN_ESHAPE, err, "inner dimensions %lld and %lld "
+                       "differ", (long long) kk, (long long) kb);
+    kiln_shape_t out = { .rank = 2, .dims = { m, n } };
+    if ((rc = s_expect_shape (cx, y, &out, err)))
+        return rc;
+    int64_t cdims[2] = { 1, 1 };
+    if (c >= 0) {
+        const kiln_shape_t *sc = &s_gt (cx, c)->shape;
+        if (sc->rank > 2)
+            return s_fail (cx, KILN_ESHAPE, err, "C has rank %d", sc->rank);
+        s_pad_dims (sc, 2, cdims);
+        if ((cdims[0] != 1 && cdims[0] != m) || (cdims[1] != 1 && cdims[1] != n))
+            return s_fail (cx, KILN_ESHAPE, err, "C does not broadcast to "
+                           "[%lld, %lld]", (long long) m, (long long) n);
+    }
+    bool with_c = c >= 0 && beta != 0.0;
+    int ins[3], n_in = with_c ? 3 : 2;
+    if ((ins[0] = s_operand (cx, a, err)) < 0)
+        return ins[0];
+    if ((ins[1] = s_operand (cx, b, err)) < 0)
+        return ins[1];
+    if (with_c && (ins[2] = s_operand (cx, c, err)) < 0)
+        return ins[2];
+    int py = s_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, k, ins, n_in, &py, 1, err);
+    if (op < 0)
+        return op;
+    kiln_prog_op_t *o = &cx->prog->ops[op];
+    if ((rc = kiln_prog_op_set_int (o, "trans_a", ta ? 1 : 0, err))
+        || (rc = kiln_prog_op_set_int (o, "trans_b", tb ? 1 : 0, err))
+        || (rc = kiln_prog_op_set_int (o, "m", m, err))
+        || (rc = kiln_prog_op_set_int (o, "k", kk, err))
+        || (rc = kiln_prog_op_set_int (o, "n", n, err))
+        || (rc = kiln_prog_op_set_float (o, "alpha", alpha, err)))
+        return rc;
+    if (with_c
+        && ((rc = kiln_prog_op_set_float (o, "beta", beta, err))
+            || (rc = kiln_prog_op_set_ints (o, "shape_c", cdims, 2, err))))
+        return rc;
+    return 0;
+}
+
+/* --- windows: Conv and MaxPool -------------------------------------- */
+
+typedef struct {
+    int ns;                         /* spatial dimensions: 1 or 2 */
+    int64_t in[2];                  /* input spatial size */
+    int64_t kernel[2];
+    int64_t strides[2];
+    int64_t dilations[2];
+    int64_t pads[4];                /* begin..., end... (ONNX order) */
+    int64_t out[2];                 /* output spatial size */
+} s_window_t;
+
+/* Resolve strides, dilations, pads and auto_pad of a Conv or MaxPool
+ * window whose kernel and input size are already in `w`, and compute the
+ * output size (floor; ceil when `ceil_mode`). */
+static int
+s_resolve_window (kiln_cc_ctx_t *cx, const kiln_node_t *node, s_window_t *w,
+                  bool ceil_mode, kiln_err_t *err)
+{
+    int ns = w->ns, rc;
+    if ((rc = s_attr_ints (cx, node, "strides", ns, 1, w->strides, err))
+        || (rc = s_attr_ints (cx, node, "dilations", ns, 1, w->dilations, err))
+        || (rc = s_attr_ints (cx, node, "pads", 2 * ns, 0, w->pads, err)))
+        return rc;
+    for (int i = 0; i < ns; i++) {
+        if (w->strides[i] < 1 || w->dilations[i] < 1 || w->kernel[i] < 1)
+            return s_fail (cx, KILN_ECOMPILE, err, "kernel, strides and "
+                           "dilations must be positive");
+        if (w->pads[i] < 0 || w->pads[ns + i] < 0)
+            return s_fail (cx, KILN_ECOMPILE, err, "pads must not be negative");
+        if (w->kernel[i] > KILN_MAX_DIM || w->strides[i] > KILN_MAX_DIM
+            || w->dilations[i] > KILN_MAX_DIM || w->pads[i] > KILN_MAX_DIM
+            || w->pads[ns + i] > KILN_MAX_DIM)
+            return s_fail (cx, KILN_ELIMIT, err, "window parameters too large");
+    }
+    const char *ap = kiln_node_attr_string (node, "auto_pad", "NOTSET");
+    bool same_upper = strcmp (ap, "SAME_UPPER") == 0;
+    bool same_lower = strcmp (ap, "SAME_LOWER") == 0;
+    if (strcmp (ap, "VALID") == 0) {
+        memset (w->pads, 0, sizeof w->pads);
+    } else if (same_upper || same_lower) {
+        for (int i = 0; i < ns; i++) {
+            int64_t out = (w->in[i] + w->strides[i] - 1) / w->strides[i];
+            int64_t eff = (w->kernel[i] - 1) * w->dilations[i] + 1;
+            int64_t total = (out - 1) * w->strides[i] + eff - w->in[i];
+            if (total < 0)
+                total = 0;
+            int64_t small = total / 2, big = total - small;
+            w->pads[i] = same_upper ? small : big;
+            w->pads[ns + i] = same_upper ? big : small;
+        }
+    } else if (strcmp (ap, "NOTSET") != 0 && ap[0] != '\0') {
+        return s_fail (cx, KILN_EUNSUPPORTED, err, "auto_pad '%s'", ap);
+    }
+    for (int i = 0; i < ns; i++) {
+        int64_t eff = (w->kernel[i] - 1) * w->dilations[i] + 1;
+        int64_t span = w->in[i] + w->pads[i] + w->pads[ns + i] - eff;
+        if (span < 0)
+            return s_fail (cx, KILN_ESHAPE, err, "window of %lld is larger than "
+                           "the padded input of %lld", (long long) eff,
+                           (long long) (w->in[i] + w->pads[i] + w->pads[ns + i]));
+        w->out[i] = (ceil_mode ? (span + w->strides[i] - 1) : span)
+                    / w->strides[i] + 1;
+    }
+    return 0;
+}
+
+/* Window parameters as the 2-D kernels take them: a 1-D window is a 2-D
+ * one of height 1. */
+static int
+s_set_window (kiln_cc_ctx_t *cx, int op, const s_window_t *w, kiln_err_t *err)
+{
+    int64_t k[2], s[2], d[2], p[4];
+    if (w->ns == 1) {
+        k[0] = 1; k[1] = w->kernel[0];
+        s[0] = 1; s[1] = w->strides[0];
+        d[0] = 1; d[1] = w->dilations[0];
+        p[0] = 0; p[1] = w->pads[0]; p[2] = 0; p[3] = w->pads[1];
+    } else {
+        memcpy (k, w->kernel, sizeof k);
+        memcpy (s, w->strides, sizeof s);
+        memcpy (d, w->dilations, sizeof d);
+        memcpy (p, w->pads, sizeof p);
+    }
+    int rc;
+    if ((rc = s_set_ints (cx, op, "kernel", k, 2, err))
+        || (rc = s_set_ints (cx, op, "strides", s, 2, err))
+        || (rc = s_set_ints (cx, op, "dilations", d, 2, err))
+        || (rc = s_set_ints (cx, op, "pads", p, 4, err)))
+        return rc;
+    return 0;
+}
+
+static int
+s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+              kiln_err_t *err)
+{
+    int x = s_in (node, 0), wt = s_in (node, 1), b = s_in (node, 2);
+    int y = node->n_outputs > 0 ? node->outputs[0] : -1;
+    int all[4] = { x, wt, b, y };
+    if (x < 0 || wt < 0 || y < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "needs X, W and an output");
+    int rc = s_need_f32 (cx, all, 4, err);
+    if (rc)
+        return rc;
+    const kiln_shape_t *sx = &s_gt (cx, x)->shape, *sw = &s_gt (cx, wt)->shape;
+    if (sx->rank != 3 && sx->rank != 4)
+        return s_fail (cx, KILN_EUNSUPPORTED, err, "%d-D convolution (only 1-D "
+                       "and 2-D are supported)", sx->rank - 2);
+    if (sw->rank != sx->rank)
+        return s_fail (cx, KILN_ESHAPE, err, "W has rank %d, X rank %d",
+                       sw->rank, sx->rank);
+    s_window_t w = { .ns = sx->rank - 2 };
+    for (int i = 0; i < w.ns; i++) {
+        w.in[i] = sx->dims[2 + i];
+        w.kernel[i] = sw->dims[2 + i];
+    }
+    int64_t ks[2];
+    if ((rc = s_attr_ints (cx, node, "kernel_shape", w.ns, 0, ks, err)))
+        return rc;
+    for (int i = 0; i < w.ns; i++)
+        if (kiln_node_attr (node, "kernel_shape") && ks[i] != w.kernel[i])
+            return s_fail (cx, KILN_ESHAPE, err, "kernel_shape does not match W");
+    if ((rc = s_resolve_window (cx, node, &w, false, err)))
+        return rc;
+    int64_t group = kiln_node_attr_int (node, "group", 1);
+    int64_t n = sx->dims[0], c = sx->dims[1], m = sw->dims[0];
+    if (group < 1 || c % group != 0 || m % group != 0
+        || sw->dims[1] * group != c)
+        return s_fail (cx, KILN_ESHAPE, err, "group %lld does not divide %lld "
+                       "input channels into W's %lld and %lld output channels",
+                       (long long) group, (long long) c,
+                       (long long) sw->dims[1], (long long) m);
+    if (b >= 0) {
+        const kiln_shape_t *sbias = &s_gt (cx, b)->shape;
+        if (sbias->rank != 1 || sbias->dims[0] != m)
+            return s_fail (cx, KILN_ESHAPE, err, "bias must have shape [%lld]",
+                           (long long) m);
+    }
+    kiln_shape_t out = { .rank = sx->rank, .dims = { n, m } };
+    for (int i = 0; i < w.ns; i++)
+        out.dims[2 + i] = w.out[i];
+    if ((rc = s_expect_shape (cx, y, &out, err)))
+        return rc;
+
+    int ins[3], n_in = b >= 0 ? 3 : 2;
+    if ((ins[0] = s_operand (cx, x, err)) < 0)
+        return ins[0];
+    if ((ins[1] = s_operand (cx, wt, err)) < 0)
+        return ins[1];
+    if (b >= 0 && (ins[2] = s_operand (cx, b, err)) < 0)
+        return ins[2];
+    int py = s_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, k, ins, n_in, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_window (cx, op, &w, err))
+        || (rc = s_set_int (cx, op, "group", group, err)))
+        return rc;
+    /* A 1x1, stride-1, unpadded convolution is a plain matrix product over
+     * the input as it is; any other needs the im2col workspace. */
+    bool direct = true;
+    for (int i = 0; i < w.ns; i++)
+        if (w.kernel[i] != 1 || w.strides[i] != 1 || w.pads[i] != 0
+            || w.pads[w.ns + i] != 0)
+            direct = false;
+    if (!direct) {
+        uint64_t rows = (uint64_t) (c / group), cols = 1;
+        for (int i = 0; i < w.ns; i++) {
+            rows *= (uint64_t) w.kernel[i];
+            cols *= (uint64_t) w.out[i];
+            if (rows > (uint64_t) KILN_MAX_TENSOR_ELEMS
+                || cols > (uint64_t) KILN_MAX_TENSOR_ELEMS)
+                return s_fail (cx, KILN_ELIMIT, err, "im2col workspace too large");
+        }
+        uint64_t elems;
+        if (!kiln_mul_u64 (rows, cols, &elems))
+            return s_fail (cx, KILN_ELIMIT, err, "im2col workspace too large");
+        if ((rc = s_scratch (cx, op, elems, err)))
+            return rc;
+    }
+    return 0;
+}
+
+static int
+s_lower_maxpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                 kiln_err_t *err)
+{
+    int x = s_in (node, 0), y = node->n_outputs > 0 ? node->outputs[0] : -1;
+    int all[2] = { x, y };
+    if (x < 0 || y < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "needs an input and an output");
+    if (node->n_outputs > 1 && node->outputs[1] >= 0)
+        return s_fail (cx, KILN_EUNSUPPORTED, err, "the Indices output");
+    int rc = s_need_f32 (cx, all, 2, err);
+    if (rc)
+        return rc;
+    if (kiln_node_attr_int (node, "storage_order", 0) != 0)
+        return s_fail (cx, KILN_EUNSUPPORTED, err, "storage_order 1");
+    const kiln_shape_t *sx = &s_gt (cx, x)->shape;
+    if (sx->rank != 4)
+        return s_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 2-D is "
+                       "supported)", sx->rank - 2);
+    s_window_t w = { .ns = 2, .in = { sx->dims[2], sx->dims[3] } };
+    const kiln_attr_t *ks = kiln_node_attr (node, "kernel_shape");
+    if (!ks || ks->kind != KILN_ATTR_INTS || ks->n != 2)
+        return s_fail (cx, KILN_ECOMPILE, err, "kernel_shape must hold 2 "
+                       "integers");
+    w.kernel[0] = ks->ints[0];
+    w.kernel[1] = ks->ints[1];
+    bool ceil_mode = kiln_node_attr_int (node, "ceil_mode", 0) != 0;
+    s_window_t wf = w;
+    if ((rc = s_resolve_window (cx, node, &wf, false, err))
+        || (rc = s_resolve_window (cx, node, &w, ceil_mode, err)))
+        return rc;
+    /* With ceil_mode, PyTorch drops a last window that would start in the
+     * end padding, ONNX's reference does not: accept either, as the
+     * runtime does (every window is clamped to the input). */
+    const kiln_shape_t *sy = &s_gt (cx, y)->shape;
+    kiln_shape_t out = { .rank = 4, .dims = { sx->dims[0], sx->dims[1],
+                                              w.out[0], w.out[1] } };
+    for (int i = 0; ceil_mode && i < 2; i++)
+        if (sy->rank == 4 && sy->dims[2 + i] >= wf.out[i]
+            && sy->dims[2 + i] <= w.out[i])
+            out.dims[2 + i] = sy->dims[2 + i];
+    if ((rc = s_expect_shape (cx, y, &out, err)))
+        return rc;
+    int px = s_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, k, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_window (cx, op, &w, err))
+        || (rc = s_set_int (cx, op, "ceil_mode", ceil_mode, err)))
+        return rc;
+    return 0;
+}
+
+static int
+s_lower_gap (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+             kiln_err_t *err)
+{
+    int x = s_in (node, 0), y = node->n_outputs > 0 ? node->outputs[0] : -1;
+    int all[2] = { x, y };
+    if (x < 0 || y < 0)
+        return s_fail (cx, KILN_ECOMPILE, err, "needs an input and an output");
+    int rc = s_need_f32 (cx, all, 2, err);
+    if (rc)
+        return rc;
+    const kiln_shape_t *sx = &s_gt (cx, x)->shape;
+    if (sx->rank < 3)
+        return s_fail (cx, KILN_ESHAPE, err, "input must have rank >= 3");
+    kiln_shape_t out = *sx;
+    for (int i = 2; i < out.rank; i++)
+        out.dims[i] = 1;
+    if ((rc = s_expect_shape (cx, y, &out, err)))
+        return rc;
+    int px = s_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, k, &px, 1, &py, 1, err);
+    return op < 0 ? op : 0;
+}
+
+/* --- the table ------------------------------------------------------ */
+
+static const kiln_cc_lowering_t s_lowerings[] = {
+    { "Add",               s_lower_binary,  KILN_K_ADD },
+    { "Sub",               s_lower_binary,  KILN_K_SUB },
+    { "Mul",               s_lower_binary,  KILN_K_MUL },
+    { "Div",               s_lower_binary,  KILN_K_DIV },
+    { "Relu",              s_lower_unary,   KILN_K_RELU },
+    { "MatMul",            s_lower_matmul,  KILN_K_MATMUL },
+    { "Gemm",              s_lower_gemm,    KILN_K_GEMM },
+    { "Conv",              s_lower_conv,    KILN_K_CONV2D },
+    { "MaxPool",           s_lower_maxpool, KILN_K_MAXPOOL2D },
+    { "GlobalAveragePool", s_lower_gap,     KILN_K_GLOBAL_AVGPOOL },
+    { "Flatten",           s_lower_view,    KILN_K_COPY },
+    { "Reshape",           s_lower_view,    KILN_K_COPY },
+    { "Identity",          s_lower_view,    KILN_K_COPY },
+};
+
+const kiln_cc_lowering_t *
+kiln_cc_lowering_find (const char *op)
+{
+    for (size_t i = 0; i < sizeof s_lowerings / sizeof s_lowerings[0]; i++)
+        if (op && strcmp (s_lowerings[i].op, op) == 0)
+            return &s_lowerings[i];
+    return NULL;
+}
+
+/* --- driver --------------------------------------------------------- */
+
+int
+kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err)
+{
+    kiln_graph_t *g = cx->g;
+    int rc;
+    /* Graph inputs first, in order: they live from before the first op. */
+    for (int i = 0; i < g->n_inputs; i++) {
+        int gt = g->inputs[i];
+        const kiln_tensor_t *t = &g->tensors[gt];
+        if (t->weight >= 0)
+            return kiln_error (err, KILN_EUNSUPPORTED, "graph input '%s' is "
+                               "also a constant", s_tname (cx, gt));
+        if (cx->tmap[gt] >= 0)
+            return kiln_error (err, KILN_ECOMPILE, "graph input '%s' is listed "
+                               "twice", s_tname (cx, gt));
+        uint64_t bytes;
+        if ((rc = kiln_shape_bytes (&t->shape, t->dtype, s_tname (cx, gt),
+                                    &bytes, err)))
+            return rc;
+        int s = s_storage_new (cx, false, -1, bytes, -1, err);
+        if (s < 0)
+            return s;
+        int pt = s_ptensor (cx, t->dtype, &t->shape, KILN_TK_INPUT, s, err);
+        if (pt < 0)
+            return pt;
+        cx->prog->tensors[pt].io = i;
+        cx->tmap[gt] = pt;
+        if ((rc = kiln_program_add_io (cx->prog, false, pt, err)) < 0)
+            return rc;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        cx->node = i;
+        const kiln_node_t *node = &g->nodes[i];
+        const kiln_cc_lowering_t *l = kiln_cc_lowering_find (node->op);
+        if (!l)
+            return s_fail (cx, KILN_EUNSUPPORTED, err, "operator not supported "
+                           "by the builtin compiler");
+        if ((rc = l->fn (cx, node, l->kernel, err)))
+            return rc;
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        int gt = g->outputs[i];
+        int pt = gt >= 0 && gt < g->n_tensors ? cx->tmap[gt] : -1;
+        if (pt < 0 && gt >= 0 && gt < g->n_tensors && g->tensors[gt].weight >= 0) {
+            cx->node = -1;      /* errors name the graph outputs */
+            pt = s_operand (cx, gt, err);
+            if (pt < 0)
+                return pt;
+        }
+        if (pt < 0)
+            return kiln_error (err, KILN_ECOMPILE, "graph output '%s' is "
+                               "produced by no node",
+                               gt >= 0 && gt < g->n_tensors ? s_tname (cx, gt)
+                                                            : "?");
+        kiln_prog_tensor_t *t = &cx->prog->tensors[pt];
+        if (t->kind == KILN_TK_TEMP) {
+            t->kind = KILN_TK_OUTPUT;
+            t->io = i;
+        }
+        kiln_cc_storage_t *s = &cx->st[cx->storage_of[pt]];
+        if (!s->weight)
+            s->last = KILN_CC_END;
+        if ((rc = kiln_program_add_io (cx->prog, true, pt, err)) < 0)
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,82 @@
+/*
+ * kiln_cc_lower — lowering a validated kiln graph into a program (internal
+ * to the compiler).
+ *
+ * Each graph node becomes zero or more kernel calls, chosen by a table of
+ * lowering functions keyed by op type (kiln_cc_lowering_find).  A lowering
+ * function resolves everything the runtime must not have to think about:
+ * attribute defaults, auto_pad, broadcast shapes, 1-D convolutions as 2-D
+ * ones with a unit height, and it checks that the shape inference of the
+ * graph agrees with its own geometry.
+ *
+ * Memory is described by storages: a storage is one region of the arena
+ * or of weights.bin, and several program tensors may share one (a Reshape
+ * is an alias of its input).  Lowering records, for every arena storage,
+ * the first op that writes it and the last op that reads it; the planner
+ * (kiln_cc_plan) then gives each storage an offset.
+ *
+ * Invariants of a kiln_cc_ctx_t after kiln_cc_lower succeeds:
+ *   - tmap[g] is the program tensor of graph tensor g, or -1 when the
+ *     program does not need it (a Reshape's shape input, an unused weight);
+ *   - storage_of[t] is the storage of program tensor t;
+ *   - an arena storage has def <= last; def is -1 for graph inputs and
+ *     last is KILN_CC_END for graph outputs.
+ */
+#ifndef KILN_CC_LOWER_H
+#define KILN_CC_LOWER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/kiln_program.h"
+#include "compiler/kiln_compiler.h"
+#include "graph/kiln_graph.h"
+
+#define KILN_CC_END INT32_MAX       /* "live until the end of the run" */
+
+typedef struct kiln_cc_storage {
+    bool weight;            /* in weights.bin (else in the arena) */
+    int graph_weight;       /* weights[] index when `weight` */
+    uint64_t size;          /* bytes */
+    int def;                /* first op writing it; -1 before the first op */
+    int last;               /* last op reading it; KILN_CC_END for outputs */
+    uint64_t offset;        /* chosen by the planner */
+} kiln_cc_storage_t;
+
+typedef struct kiln_cc_ctx {
+    kiln_graph_t *g;                /* the validated graph (not owned) */
+    kiln_cc_options_t opts;
+    kiln_program_t *prog;           /* owned until handed to the caller */
+    int *tmap;                      /* graph tensor -> program tensor or -1 */
+    int *storage_of;                /* program tensor -> storage */
+    int cap_storage_of;
+    kiln_cc_storage_t *st;          /* storages */
+    int n_st, cap_st;
+    int node;                       /* node being lowered, for errors */
+} kiln_cc_ctx_t;
+
+/* Lower one node; `kernel` is the kernel of its table entry (ops that
+ * share a lowering, such as Add and Sub, differ only in it). */
+typedef int (*kiln_cc_lower_fn) (kiln_cc_ctx_t *cx, const kiln_node_t *node,
+                                 kiln_kernel_t kernel, kiln_err_t *err);
+
+typedef struct kiln_cc_lowering {
+    const char *op;             /* ONNX op type, e.g. "Conv" */
+    kiln_cc_lower_fn fn;
+    kiln_kernel_t kernel;
+} kiln_cc_lowering_t;
+
+/* The lowering of op type `op`, or NULL when the builtin compiler does not
+ * support it. */
+const kiln_cc_lowering_t *kiln_cc_lowering_find (const char *op);
+
+/* Set up `cx` for graph `g`; release with kiln_cc_ctx_release. */
+int kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
+                      const kiln_cc_options_t *opts, kiln_err_t *err);
+void kiln_cc_ctx_release (kiln_cc_ctx_t *cx);
+
+/* Lower every node of the (validated, complete) graph into cx->prog, and
+ * list the program's inputs and outputs.  Errors name the node and op. */
+int kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err);
+
+#endif

@@ -1,0 +1,167 @@
+#include "compiler/kiln_cc_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int def;        /* sort key */
+    int idx;        /* storage index, the tie breaker */
+} s_order_t;
+
+static int
+s_order_cmp (const void *a, const void *b)
+{
+    const s_order_t *x = a, *y = b;
+    if (x->def != y->def)
+        return x->def < y->def ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+static int
+s_too_big (uint64_t what, kiln_err_t *err)
+{
+    return kiln_error (err, KILN_ELIMIT, "arena of more than %llu bytes needed "
+                       "(at least %llu)",
+                       (unsigned long long) KILN_PROG_MAX_ARENA_BYTES,
+                       (unsigned long long) what);
+}
+
+/* Place the arena storages; sets cx->st[].offset and *arena_end. */
+static int
+s_plan_arena (kiln_cc_ctx_t *cx, uint64_t *arena_end, kiln_err_t *err)
+{
+    int n = 0;
+    s_order_t *order = malloc ((size_t) (cx->n_st + 1) * sizeof *order);
+    int *active = malloc ((size_t) (cx->n_st + 1) * sizeof *active);
+    if (!order || !active) {
+        free (order);
+        free (active);
+        return kiln_error (err, KILN_ENOMEM, "out of memory planning memory");
+    }
+    for (int i = 0; i < cx->n_st; i++)
+        if (!cx->st[i].weight)
+            order[n++] = (s_order_t) { cx->st[i].def, i };
+    qsort (order, (size_t) n, sizeof *order, s_order_cmp);
+
+    bool reuse = cx->opts.optlevel >= 1;
+    int n_active = 0;               /* live storages, sorted by offset */
+    uint64_t end = 0;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        kiln_cc_storage_t *s = &cx->st[order[i].idx];
+        uint64_t size;
+        if (!kiln_prog_align_up (s->size, &size) || size > KILN_PROG_MAX_ARENA_BYTES) {
+            rc = s_too_big (s->size, err);
+            break;
+        }
+        uint64_t at = 0;
+        if (!reuse) {
+            at = end;
+        } else {
+            /* Storages placed earlier that died before this one is
+             * defined can never overlap it or any later one. */
+            int k = 0;
+            for (int j = 0; j < n_active; j++)
+                if (cx->st[active[j]].last >= s->def)
+                    active[k++] = active[j];
+            n_active = k;
+            int pos = 0;
+            for (; pos < n_active; pos++) {
+                const kiln_cc_storage_t *a = &cx->st[active[pos]];
+                if (at + size <= a->offset)
+                    break;
+                uint64_t a_end = a->offset + a->size, a_end_al;
+                if (!kiln_prog_align_up (a_end, &a_end_al)) {
+                    rc = s_too_big (a_end, err);
+                    break;
+                }
+                if (a_end_al > at)
+                    at = a_end_al;
+            }
+            if (rc)
+                break;
+            if (size > 0) {
+                memmove (&active[pos + 1], &active[pos],
+                         (size_t) (n_active - pos) * sizeof *active);
+                active[pos] = order[i].idx;
+                n_active++;
+            }
+        }
+        if (at > KILN_PROG_MAX_ARENA_BYTES - size) {
+            rc = s_too_big (at + size, err);
+            break;
+        }
+        s->offset = at;
+        if (at + size > end)
+            end = at + size;
+    }
+    free (order);
+    free (active);
+    *arena_end = end;
+    return rc;
+}
+
+/* Lay out weights.bin and copy the weight bytes into it. */
+static int
+s_pack_weights (kiln_cc_ctx_t *cx, uint8_t **out, size_t *out_len,
+                kiln_err_t *err)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < cx->n_st; i++) {
+        kiln_cc_storage_t *s = &cx->st[i];
+        if (!s->weight)
+            continue;
+        uint64_t size;
+        if (!kiln_prog_align_up (s->size, &size)
+            || total > KILN_MAX_MEMBER_BYTES - size)
+            return kiln_error (err, KILN_ELIMIT, "weights need more than %llu "
+                               "bytes", (unsigned long long) KILN_MAX_MEMBER_BYTES);
+        s->offset = total;
+        total += size;
+    }
+    uint8_t *buf = calloc (1, total ? (size_t) total : 1);
+    if (!buf)
+        return kiln_error (err, KILN_ENOMEM, "out of memory packing %llu bytes "
+                           "of weights", (unsigned long long) total);
+    for (int i = 0; i < cx->n_st; i++) {
+        const kiln_cc_storage_t *s = &cx->st[i];
+        if (s->weight && s->size)
+            memcpy (buf + s->offset, cx->g->weights[s->graph_weight].data,
+                    (size_t) s->size);
+    }
+    *out = buf;
+    *out_len = (size_t) total;
+    return 0;
+}
+
+int
+kiln_cc_plan (kiln_cc_ctx_t *cx, uint8_t **weights, size_t *weights_len,
+              kiln_cc_stats_t *stats, kiln_err_t *err)
+{
+    uint64_t end = 0;
+    int rc = s_plan_arena (cx, &end, err);
+    if (rc)
+        return rc;
+    rc = s_pack_weights (cx, weights, weights_len, err);
+    if (rc)
+        return rc;
+    kiln_program_t *p = cx->prog;
+    uint64_t naive = 0;
+    for (int t = 0; t < p->n_tensors; t++) {
+        kiln_prog_tensor_t *pt = &p->tensors[t];
+        pt->offset = cx->st[cx->storage_of[t]].offset;
+        if (pt->kind != KILN_TK_WEIGHT) {
+            uint64_t sz;
+            if (kiln_prog_align_up (pt->size, &sz))
+                naive += sz;
+        }
+    }
+    p->arena_size = end;    /* a sum of aligned sizes: already aligned */
+    if (stats) {
+        stats->arena_bytes = end;
+        stats->naive_bytes = naive;
+        stats->weights_bytes = *weights_len;
+        stats->n_ops = p->n_ops;
+    }
+    return 0;
+}

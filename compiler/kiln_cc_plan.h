@@ -1,0 +1,29 @@
+/*
+ * kiln_cc_plan — memory planning for the builtin compiler (internal).
+ *
+ * Every arena storage lives from the op that first writes it to the op
+ * that last reads it (graph inputs from before the first op, graph
+ * outputs to the end of the run).  Storages whose lifetimes do not
+ * overlap may share bytes.  The plan is greedy first fit: storages are
+ * placed in the order they are defined, each at the lowest 64-byte
+ * aligned offset that does not overlap a storage still live when it is
+ * defined.  It is not optimal (a later planner may order by size), but it
+ * is simple, deterministic and linear in the number of live storages per
+ * placement.  At -O0 nothing is shared, which keeps every intermediate
+ * tensor inspectable.
+ *
+ * Weights are packed into weights.bin in first-use order, each at a
+ * 64-byte aligned offset, with zero bytes in between, so that the same
+ * graph always gives the same bytes.
+ */
+#ifndef KILN_CC_PLAN_H
+#define KILN_CC_PLAN_H
+
+#include "compiler/kiln_cc_lower.h"
+
+/* Place every storage of `cx`, set the offset of every program tensor and
+ * the arena size, and build weights.bin.  Caller owns *weights (free()). */
+int kiln_cc_plan (kiln_cc_ctx_t *cx, uint8_t **weights, size_t *weights_len,
+                  kiln_cc_stats_t *stats, kiln_err_t *err);
+
+#endif

@@ -1,0 +1,799 @@
+#include "runtime/kiln_kernels.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cblas.h>
+
+typedef int (*s_prepare_fn) (kiln_program_t *p, kiln_prog_op_t *op,
+                             kiln_kplan_t *plan, kiln_err_t *err);
+typedef void (*s_run_fn) (const kiln_kplan_t *plan, void *const *data);
+
+/* --- checks shared by the prepare functions ------------------------- */
+
+static const kiln_prog_tensor_t *
+s_t (const kiln_program_t *p, int t)
+{
+    return &p->tensors[t];
+}
+
+static int64_t
+s_numel (const kiln_prog_tensor_t *t)
+{
+    /* Bounded: kiln_program_check ran kiln_shape_numel on every tensor. */
+    int64_t n = 1;
+    for (int i = 0; i < t->shape.rank; i++)
+        n *= t->shape.dims[i];
+    return n;
+}
+
+/* a * b * c ... into *out, false on overflow or a negative factor. */
+static bool
+s_prod (const int64_t *v, int n, int64_t *out)
+{
+    int64_t r = 1;
+    for (int i = 0; i < n; i++)
+        if (v[i] < 0 || __builtin_mul_overflow (r, v[i], &r))
+            return false;
+    *out = r;
+    return true;
+}
+
+static bool
+s_mul3 (int64_t a, int64_t b, int64_t c, int64_t *out)
+{
+    int64_t v[3] = { a, b, c };
+    return s_prod (v, 3, out);
+}
+
+static int
+s_need_f32 (const kiln_program_t *p, const kiln_kplan_t *plan, kiln_err_t *err)
+{
+    for (int i = 0; i < plan->n_in; i++)
+        if (s_t (p, plan->in[i])->dtype != KILN_DT_FLOAT32)
+            return kiln_error (err, KILN_EFORMAT, "input %d is %s, not float32",
+                               i, kiln_dtype_name (s_t (p, plan->in[i])->dtype));
+    if (s_t (p, plan->out)->dtype != KILN_DT_FLOAT32)
+        return kiln_error (err, KILN_EFORMAT, "output is %s, not float32",
+                           kiln_dtype_name (s_t (p, plan->out)->dtype));
+    return 0;
+}
+
+/* Operand `what` must hold exactly `want` elements. */
+static int
+s_need_numel (const kiln_program_t *p, int t, int64_t want, const char *what,
+              kiln_err_t *err)
+{
+    if (s_numel (s_t (p, t)) != want)
+        return kiln_error (err, KILN_EFORMAT, "%s holds %lld elements, the "
+                           "parameters say %lld", what,
+                           (long long) s_numel (s_t (p, t)), (long long) want);
+    return 0;
+}
+
+static bool
+s_blas_ok (int64_t v)
+{
+    return v >= 0 && v <= INT_MAX;
+}
+
+/* --- copy ----------------------------------------------------------- */
+
+static int
+s_prepare_COPY (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                kiln_err_t *err)
+{
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    if (x->size != y->size || x->dtype != y->dtype)
+        return kiln_error (err, KILN_EFORMAT, "copies %llu bytes of %s into "
+                           "%llu bytes of %s", (unsigned long long) x->size,
+                           kiln_dtype_name (x->dtype),
+                           (unsigned long long) y->size,
+                           kiln_dtype_name (y->dtype));
+    plan->u.flat.n = (int64_t) x->size;
+    return 0;
+}
+
+static void
+s_run_COPY (const kiln_kplan_t *plan, void *const *data)
+{
+    if (data[plan->out] != data[plan->in[0]])
+        memmove (data[plan->out], data[plan->in[0]], (size_t) plan->u.flat.n);
+}
+
+/* --- elementwise with broadcasting ---------------------------------- */
+
+static int
+s_prepare_binary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                  kiln_err_t *err)
+{
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    int r = y->shape.rank;
+    int64_t da[KILN_PROG_MAX_PARAM_INTS], db[KILN_PROG_MAX_PARAM_INTS];
+    if ((rc = kiln_prog_op_ints (op, "shape_a", r, da, err))
+        || (rc = kiln_prog_op_ints (op, "shape_b", r, db, err)))
+        return rc;
+    int64_t na, nb;
+    for (int i = 0; i < r; i++) {
+        int64_t d = y->shape.dims[i];
+        if ((da[i] != d && da[i] != 1) || (db[i] != d && db[i] != 1))
+            return kiln_error (err, KILN_EFORMAT, "dimension %d: %lld and %lld "
+                               "do not broadcast to %lld", i, (long long) da[i],
+                               (long long) db[i], (long long) d);
+    }
+    if (!s_prod (da, r, &na) || !s_prod (db, r, &nb))
+        return kiln_error (err, KILN_EFORMAT, "bad operand shapes");
+    if ((rc = s_need_numel (p, plan->in[0], na, "A", err))
+        || (rc = s_need_numel (p, plan->in[1], nb, "B", err)))
+        return rc;
+
+    /* Strides in elements over the output's dimensions, 0 where an
+     * operand is broadcast; then drop unit dimensions and merge the
+     * neighbours that are contiguous in all three tensors, so that the
+     * inner loop is as long as possible. */
+    int64_t sa[KILN_MAX_RANK], sb[KILN_MAX_RANK], ca = 1, cb = 1;
+    for (int i = r - 1; i >= 0; i--) {
+        sa[i] = da[i] == 1 ? 0 : ca;
+        sb[i] = db[i] == 1 ? 0 : cb;
+        ca *= da[i];
+        cb *= db[i];
+    }
+    int n = 0;
+    for (int i = 0; i < r; i++) {
+        int64_t d = y->shape.dims[i];
+        if (d == 1)
+            continue;
+        if (n > 0 && plan->u.bin.sa[n - 1] == sa[i] * d
+            && plan->u.bin.sb[n - 1] == sb[i] * d) {
+            plan->u.bin.dims[n - 1] *= d;
+            plan->u.bin.sa[n - 1] = sa[i];
+            plan->u.bin.sb[n - 1] = sb[i];
+            continue;
+        }
+        plan->u.bin.dims[n] = d;
+        plan->u.bin.sa[n] = sa[i];
+        plan->u.bin.sb[n] = sb[i];
+        n++;
+    }
+    if (n == 0) {
+        plan->u.bin.dims[0] = 1;
+        plan->u.bin.sa[0] = plan->u.bin.sb[0] = 0;
+        n = 1;
+    }
+    plan->u.bin.rank = n;
+    return 0;
+}
+
+/* One binary kernel per operation; the inner loop is specialised for the
+ * common stride patterns (both contiguous, one side a scalar). */
+#define S_BINARY_KERNEL(NAME, EXPR)                                           \
+    static void                                                               \
+    s_run_##NAME (const kiln_kplan_t *plan, void *const *data)                \
+    {                                                                         \
+        const float *a = data[plan->in[0]], *b = data[plan->in[1]];           \
+        float *y = data[plan->out];                                           \
+        int r = plan->u.bin.rank;                                             \
+        int64_t n = plan->u.bin.dims[r - 1];                                  \
+        int64_t ia = plan->u.bin.sa[r - 1], ib = plan->u.bin.sb[r - 1];      \
+        int64_t outer = 1, idx[KILN_MAX_RANK] = { 0 };                        \
+        for (int i = 0; i < r - 1; i++)                                       \
+            outer *= plan->u.bin.dims[i];                                     \
+        int64_t oa = 0, ob = 0;                                               \
+        for (int64_t o = 0; o < outer; o++) {                                 \
+            const float *pa = a + oa, *pb = b + ob;                           \
+            float *py = y + o * n;                                            \
+            if (ia == 1 && ib == 1)                                           \
+                for (int64_t j = 0; j < n; j++) {                             \
+                    float x0 = pa[j], x1 = pb[j];                             \
+                    py[j] = (EXPR);                                           \
+                }                                                             \
+            else if (ia == 1 && ib == 0) {                                    \
+                float x1 = pb[0];                                             \
+                for (int64_t j = 0; j < n; j++) {                             \
+                    float x0 = pa[j];                                         \
+                    py[j] = (EXPR);                                           \
+                }                                                             \
+            } else if (ia == 0 && ib == 1) {                                  \
+                float x0 = pa[0];                                             \
+                for (int64_t j = 0; j < n; j++) {                             \
+                    float x1 = pb[j];                                         \
+                    py[j] = (EXPR);                                           \
+                }                                                             \
+            } else                                                            \
+                for (int64_t j = 0; j < n; j++) {                             \
+                    float x0 = pa[j * ia], x1 = pb[j * ib];                   \
+                    py[j] = (EXPR);                                           \
+                }                                                             \
+            /* Advance the outer index like an odometer. */                   \
+            for (int i = r - 2; i >= 0; i--) {                                \
+                idx[i]++;                                                     \
+                oa += plan->u.bin.sa[i];                                      \
+                ob += plan->u.bin.sb[i];                                      \
+                if (idx[i] < plan->u.bin.dims[i])                             \
+                    break;                                                    \
+                oa -= plan->u.bin.sa[i] * plan->u.bin.dims[i];                \
+                ob -= plan->u.bin.sb[i] * plan->u.bin.dims[i];                \
+                idx[i] = 0;                                                   \
+            }                                                                 \
+        }                                                                     \
+    }
+
+S_BINARY_KERNEL (ADD, x0 + x1)
+S_BINARY_KERNEL (SUB, x0 - x1)
+S_BINARY_KERNEL (MUL, x0 * x1)
+S_BINARY_KERNEL (DIV, x0 / x1)
+
+#define s_prepare_ADD s_prepare_binary
+#define s_prepare_SUB s_prepare_binary
+#define s_prepare_MUL s_prepare_binary
+#define s_prepare_DIV s_prepare_binary
+
+static int
+s_prepare_RELU (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                kiln_err_t *err)
+{
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    int64_t n = s_numel (s_t (p, plan->in[0]));
+    if ((rc = s_need_numel (p, plan->out, n, "the output", err)))
+        return rc;
+    plan->u.flat.n = n;
+    return 0;
+}
+
+static void
+s_run_RELU (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    for (int64_t i = 0; i < plan->u.flat.n; i++)
+        y[i] = x[i] > 0.0f ? x[i] : (x[i] != x[i] ? x[i] : 0.0f);
+}
+
+/* --- matrix products ------------------------------------------------ */
+
+static int
+s_get_mnk (kiln_prog_op_t *op, int64_t *m, int64_t *n, int64_t *k,
+           kiln_err_t *err)
+{
+    int rc;
+    if ((rc = kiln_prog_op_int (op, "m", m, err))
+        || (rc = kiln_prog_op_int (op, "n", n, err))
+        || (rc = kiln_prog_op_int (op, "k", k, err)))
+        return rc;
+    if (!s_blas_ok (*m) || !s_blas_ok (*n) || !s_blas_ok (*k))
+        return kiln_error (err, KILN_EFORMAT, "m, n and k must be in 0..%d",
+                           INT_MAX);
+    return 0;
+}
+
+static int
+s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                  kiln_err_t *err)
+{
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    int64_t m, n, k;
+    if ((rc = s_get_mnk (op, &m, &n, &k, err)))
+        return rc;
+    int64_t batch[KILN_PROG_MAX_PARAM_INTS], ba[KILN_PROG_MAX_PARAM_INTS],
+        bb[KILN_PROG_MAX_PARAM_INTS];
+    int r;
+    if ((rc = kiln_prog_op_ints_any (op, "batch", batch, &r, err)))
+        return rc;
+    if (r > KILN_MAX_RANK)
+        return kiln_error (err, KILN_EFORMAT, "batch rank %d", r);
+    if ((rc = kiln_prog_op_ints (op, "batch_a", r, ba, err))
+        || (rc = kiln_prog_op_ints (op, "batch_b", r, bb, err)))
+        return rc;
+    for (int i = 0; i < r; i++)
+        if (batch[i] < 0 || (ba[i] != batch[i] && ba[i] != 1)
+            || (bb[i] != batch[i] && bb[i] != 1))
+            return kiln_error (err, KILN_EFORMAT, "batch dimension %d: %lld and "
+                               "%lld do not broadcast to %lld", i,
+                               (long long) ba[i], (long long) bb[i],
+                               (long long) batch[i]);
+    int64_t nbatch, na, nb, want;
+    if (!s_prod (batch, r, &nbatch) || !s_prod (ba, r, &na)
+        || !s_prod (bb, r, &nb))
+        return kiln_error (err, KILN_EFORMAT, "bad batch shape");
+    if (!s_mul3 (na, m, k, &want)
+        || (rc = s_need_numel (p, plan->in[0], want, "A", err)))
+        return rc ? rc : kiln_error (err, KILN_EFORMAT, "A is too large");
+    if (!s_mul3 (nb, k, n, &want)
+        || (rc = s_need_numel (p, plan->in[1], want, "B", err)))
+        return rc ? rc : kiln_error (err, KILN_EFORMAT, "B is too large");
+    if (!s_mul3 (nbatch, m, n, &want)
+        || (rc = s_need_numel (p, plan->out, want, "the output", err)))
+        return rc ? rc : kiln_error (err, KILN_EFORMAT, "output is too large");
+
+    plan->u.mm.m = (int) m;
+    plan->u.mm.n = (int) n;
+    plan->u.mm.k = (int) k;
+    plan->u.mm.rank = r;
+    plan->u.mm.nbatch = nbatch;
+    int64_t ca = m * k, cb = k * n;
+    for (int i = r - 1; i >= 0; i--) {
+        plan->u.mm.batch[i] = batch[i];
+        plan->u.mm.sa[i] = ba[i] == 1 ? 0 : ca;
+        plan->u.mm.sb[i] = bb[i] == 1 ? 0 : cb;
+        ca *= ba[i];
+        cb *= bb[i];
+    }
+    /* B shared by every batch and A not broadcast: the batch is just more
+     * rows of one product. */
+    int64_t rows;
+    plan->u.mm.flat = nb == 1 && na == nbatch
+                      && !__builtin_mul_overflow (nbatch, m, &rows)
+                      && s_blas_ok (rows);
+    return 0;
+}
+
+static void
+s_run_MATMUL (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *a = data[plan->in[0]], *b = data[plan->in[1]];
+    float *y = data[plan->out];
+    int m = plan->u.mm.m, n = plan->u.mm.n, k = plan->u.mm.k, r = plan->u.mm.rank;
+    if (plan->u.mm.nbatch == 0 || m == 0 || n == 0)
+        return;
+    if (k == 0) {
+        memset (y, 0, (size_t) (plan->u.mm.nbatch * m * n) * sizeof *y);
+        return;
+    }
+    if (plan->u.mm.flat) {
+        cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans,
+                     (int) (plan->u.mm.nbatch * m), n, k, 1.0f, a, k, b, n,
+                     0.0f, y, n);
+        return;
+    }
+    int64_t idx[KILN_MAX_RANK] = { 0 }, oa = 0, ob = 0;
+    for (int64_t bi = 0; bi < plan->u.mm.nbatch; bi++) {
+        cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f,
+                     a + oa, k, b + ob, n, 0.0f, y + bi * m * n, n);
+        for (int i = r - 1; i >= 0; i--) {
+            idx[i]++;
+            oa += plan->u.mm.sa[i];
+            ob += plan->u.mm.sb[i];
+            if (idx[i] < plan->u.mm.batch[i])
+                break;
+            oa -= plan->u.mm.sa[i] * plan->u.mm.batch[i];
+            ob -= plan->u.mm.sb[i] * plan->u.mm.batch[i];
+            idx[i] = 0;
+        }
+    }
+}
+
+static int
+s_prepare_GEMM (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                kiln_err_t *err)
+{
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    int64_t m, n, k, ta, tb, want;
+    double alpha, beta = 0.0;
+    if ((rc = s_get_mnk (op, &m, &n, &k, err))
+        || (rc = kiln_prog_op_int (op, "trans_a", &ta, err))
+        || (rc = kiln_prog_op_int (op, "trans_b", &tb, err))
+        || (rc = kiln_prog_op_float (op, "alpha", &alpha, err)))
+        return rc;
+    if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1))
+        return kiln_error (err, KILN_EFORMAT, "trans_a and trans_b must be 0 or 1");
+    if (!s_mul3 (m, k, 1, &want)
+        || (rc = s_need_numel (p, plan->in[0], want, "A", err))
+        || !s_mul3 (k, n, 1, &want)
+        || (rc = s_need_numel (p, plan->in[1], want, "B", err))
+        || !s_mul3 (m, n, 1, &want)
+        || (rc = s_need_numel (p, plan->out, want, "the output", err)))
+        return rc ? rc : kiln_error (err, KILN_EFORMAT, "operands too large");
+    plan->u.gemm.has_c = plan->n_in == 3;
+    if (plan->u.gemm.has_c) {
+        int64_t c[2];
+        if ((rc = kiln_prog_op_float (op, "beta", &beta, err))
+            || (rc = kiln_prog_op_ints (op, "shape_c", 2, c, err)))
+            return rc;
+        if ((c[0] != 1 && c[0] != m) || (c[1] != 1 && c[1] != n))
+            return kiln_error (err, KILN_EFORMAT, "C of [%lld, %lld] does not "
+                               "broadcast to [%lld, %lld]", (long long) c[0],
+                               (long long) c[1], (long long) m, (long long) n);
+        if ((rc = s_need_numel (p, plan->in[2], c[0] * c[1], "C", err)))
+            return rc;
+        plan->u.gemm.c0 = c[0];
+        plan->u.gemm.c1 = c[1];
+    }
+    plan->u.gemm.m = (int) m;
+    plan->u.gemm.n = (int) n;
+    plan->u.gemm.k = (int) k;
+    plan->u.gemm.ta = ta;
+    plan->u.gemm.tb = tb;
+    plan->u.gemm.alpha = (float) alpha;
+    plan->u.gemm.beta = (float) beta;
+    return 0;
+}
+
+static void
+s_run_GEMM (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *a = data[plan->in[0]], *b = data[plan->in[1]];
+    float *y = data[plan->out];
+    int m = plan->u.gemm.m, n = plan->u.gemm.n, k = plan->u.gemm.k;
+    if (m == 0 || n == 0)
+        return;
+    float beta = 0.0f;
+    if (plan->u.gemm.has_c) {
+        /* Y = beta * broadcast(C), then sgemm accumulates alpha * A B. */
+        const float *c = data[plan->in[2]];
+        int64_t c0 = plan->u.gemm.c0, c1 = plan->u.gemm.c1;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                y[i * n + j] = plan->u.gemm.beta
+                               * c[(c0 == 1 ? 0 : i) * c1 + (c1 == 1 ? 0 : j)];
+        beta = 1.0f;
+    }
+    if (k == 0) {
+        if (!plan->u.gemm.has_c)
+            memset (y, 0, (size_t) m * (size_t) n * sizeof *y);
+        return;
+    }
+    cblas_sgemm (CblasRowMajor, plan->u.gemm.ta ? CblasTrans : CblasNoTrans,
+                 plan->u.gemm.tb ? CblasTrans : CblasNoTrans, m, n, k,
+                 plan->u.gemm.alpha, a, plan->u.gemm.ta ? m : k, b,
+                 plan->u.gemm.tb ? k : n, beta, y, n);
+}
+
+/* --- windows -------------------------------------------------------- */
+
+typedef struct {
+    int64_t k[2], s[2], d[2], p[4];
+} s_win_t;
+
+static int
+s_get_window (kiln_prog_op_t *op, s_win_t *w, kiln_err_t *err)
+{
+    int rc;
+    if ((rc = kiln_prog_op_ints (op, "kernel", 2, w->k, err))
+        || (rc = kiln_prog_op_ints (op, "strides", 2, w->s, err))
+        || (rc = kiln_prog_op_ints (op, "dilations", 2, w->d, err))
+        || (rc = kiln_prog_op_ints (op, "pads", 4, w->p, err)))
+        return rc;
+    for (int i = 0; i < 2; i++)
+        if (w->k[i] < 1 || w->s[i] < 1 || w->d[i] < 1 || w->k[i] > KILN_MAX_DIM
+            || w->s[i] > KILN_MAX_DIM || w->d[i] > KILN_MAX_DIM)
+            return kiln_error (err, KILN_EFORMAT, "kernel, strides and "
+                               "dilations must be in 1..%lld",
+                               (long long) KILN_MAX_DIM);
+    for (int i = 0; i < 4; i++)
+        if (w->p[i] < 0 || w->p[i] > KILN_MAX_DIM)
+            return kiln_error (err, KILN_EFORMAT, "pads must be in 0..%lld",
+                               (long long) KILN_MAX_DIM);
+    return 0;
+}
+
+/* Output size along axis `i` for input size `in`; -1 when the window does
+ * not fit.  Every value is at most 2^31, so nothing here overflows. */
+static int64_t
+s_out_size (const s_win_t *w, int i, int64_t in, bool ceil_mode)
+{
+    int64_t eff = (w->k[i] - 1) * w->d[i] + 1;
+    int64_t span = in + w->p[i] + w->p[2 + i] - eff;
+    if (span < 0)
+        return -1;
+    return (ceil_mode ? span + w->s[i] - 1 : span) / w->s[i] + 1;
+}
+
+/* N, C, H, W of a rank-3 (H = 1) or rank-4 tensor. */
+static bool
+s_nchw (const kiln_prog_tensor_t *t, int64_t v[4])
+{
+    if (t->shape.rank == 4) {
+        memcpy (v, t->shape.dims, 4 * sizeof *v);
+        return true;
+    }
+    if (t->shape.rank == 3) {
+        v[0] = t->shape.dims[0];
+        v[1] = t->shape.dims[1];
+        v[2] = 1;
+        v[3] = t->shape.dims[2];
+        return true;
+    }
+    return false;
+}
+
+static int
+s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                  kiln_err_t *err)
+{
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    s_win_t w;
+    int64_t group, x[4], y[4], want;
+    if ((rc = s_get_window (op, &w, err))
+        || (rc = kiln_prog_op_int (op, "group", &group, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
+    if (!s_nchw (tx, x) || !s_nchw (ty, y) || tx->shape.rank != ty->shape.rank
+        || s_t (p, plan->in[1])->shape.rank != tx->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X, W and Y must all have rank 3 "
+                           "or all rank 4");
+    if (group < 1 || x[1] % group != 0 || y[1] % group != 0 || y[0] != x[0])
+        return kiln_error (err, KILN_EFORMAT, "group %lld does not divide %lld "
+                           "input and %lld output channels", (long long) group,
+                           (long long) x[1], (long long) y[1]);
+    for (int i = 0; i < 2; i++)
+        if (s_out_size (&w, i, x[2 + i], false) != y[2 + i])
+            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis "
+                               "%d does not follow from the window",
+                               (long long) y[2 + i], i);
+    int64_t cg = x[1] / group, mg = y[1] / group;
+    int64_t rows, cols;
+    if (!s_mul3 (cg, w.k[0], w.k[1], &rows) || !s_mul3 (y[2], y[3], 1, &cols)
+        || !s_mul3 (y[1], rows, 1, &want))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large");
+    if ((rc = s_need_numel (p, plan->in[1], want, "W", err)))
+        return rc;
+    if (!s_blas_ok (rows) || !s_blas_ok (cols) || !s_blas_ok (mg))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large for BLAS");
+    plan->u.conv.bias = plan->n_in == 3;
+    if (plan->u.conv.bias && (rc = s_need_numel (p, plan->in[2], y[1], "bias", err)))
+        return rc;
+    plan->u.conv.im2col = !(w.k[0] == 1 && w.k[1] == 1 && w.s[0] == 1
+                            && w.s[1] == 1 && w.p[0] == 0 && w.p[1] == 0
+                            && w.p[2] == 0 && w.p[3] == 0);
+    if (plan->u.conv.im2col) {
+        int64_t need;
+        if (!s_mul3 (rows, cols, 1, &need))
+            return kiln_error (err, KILN_EFORMAT, "im2col too large");
+        if (plan->scratch < 0 || s_numel (s_t (p, plan->scratch)) < need)
+            return kiln_error (err, KILN_EFORMAT, "needs a scratch tensor of %lld "
+                               "elements", (long long) need);
+    }
+    plan->u.conv.n = x[0];
+    plan->u.conv.c = x[1];
+    plan->u.conv.h = x[2];
+    plan->u.conv.w = x[3];
+    plan->u.conv.m = y[1];
+    plan->u.conv.oh = y[2];
+    plan->u.conv.ow = y[3];
+    plan->u.conv.kh = w.k[0];
+    plan->u.conv.kw = w.k[1];
+    plan->u.conv.sh = w.s[0];
+    plan->u.conv.sw = w.s[1];
+    plan->u.conv.dh = w.d[0];
+    plan->u.conv.dw = w.d[1];
+    plan->u.conv.pt = w.p[0];
+    plan->u.conv.pl = w.p[1];
+    plan->u.conv.group = group;
+    return 0;
+}
+
+/* Unfold one group's input (cg planes of h x w) into the columns of a
+ * [cg*kh*kw, oh*ow] matrix; padding reads as zero. */
+static void
+s_im2col (const kiln_kplan_t *plan, const float *x, int64_t cg, float *col)
+{
+    int64_t h = plan->u.conv.h, w = plan->u.conv.w;
+    int64_t oh = plan->u.conv.oh, ow = plan->u.conv.ow;
+    int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw;
+    for (int64_t c = 0; c < cg; c++)
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                float *dst = col + ((c * kh + i) * kw + j) * oh * ow;
+                const float *plane = x + c * h * w;
+                for (int64_t r = 0; r < oh; r++) {
+                    int64_t ih = r * plan->u.conv.sh - plan->u.conv.pt
+                                 + i * plan->u.conv.dh;
+                    float *drow = dst + r * ow;
+                    if (ih < 0 || ih >= h) {
+                        memset (drow, 0, (size_t) ow * sizeof *drow);
+                        continue;
+                    }
+                    const float *srow = plane + ih * w;
+                    for (int64_t q = 0; q < ow; q++) {
+                        int64_t iw = q * plan->u.conv.sw - plan->u.conv.pl
+                                     + j * plan->u.conv.dw;
+                        drow[q] = iw >= 0 && iw < w ? srow[iw] : 0.0f;
+                    }
+                }
+            }
+}
+
+static void
+s_run_CONV2D (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    float *y = data[plan->out];
+    float *col = plan->u.conv.im2col ? data[plan->scratch] : NULL;
+    int64_t g = plan->u.conv.group;
+    int64_t cg = plan->u.conv.c / g, mg = plan->u.conv.m / g;
+    int64_t hw = plan->u.conv.h * plan->u.conv.w;
+    int64_t ohw = plan->u.conv.oh * plan->u.conv.ow;
+    int64_t rows = cg * plan->u.conv.kh * plan->u.conv.kw;
+    if (ohw == 0 || mg == 0)
+        return;
+    for (int64_t n = 0; n < plan->u.conv.n; n++)
+        for (int64_t gi = 0; gi < g; gi++) {
+            const float *xg = x + (n * plan->u.conv.c + gi * cg) * hw;
+            float *yg = y + (n * plan->u.conv.m + gi * mg) * ohw;
+            const float *wg = wt + gi * mg * rows;
+            const float *bmat = xg;
+            if (col) {
+                s_im2col (plan, xg, cg, col);
+                bmat = col;
+            }
+            if (rows == 0)
+                memset (yg, 0, (size_t) (mg * ohw) * sizeof *yg);
+            else
+                cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, (int) mg,
+                             (int) ohw, (int) rows, 1.0f, wg, (int) rows, bmat,
+                             (int) ohw, 0.0f, yg, (int) ohw);
+            if (bias)
+                for (int64_t m = 0; m < mg; m++) {
+                    float bv = bias[gi * mg + m];
+                    float *row = yg + m * ohw;
+                    for (int64_t i = 0; i < ohw; i++)
+                        row[i] += bv;
+                }
+        }
+}
+
+static int
+s_prepare_MAXPOOL2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                     kiln_err_t *err)
+{
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    s_win_t w;
+    int64_t ceil_mode;
+    if ((rc = s_get_window (op, &w, err))
+        || (rc = kiln_prog_op_int (op, "ceil_mode", &ceil_mode, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
+    if (tx->shape.rank != 4 || ty->shape.rank != 4)
+        return kiln_error (err, KILN_EFORMAT, "X and Y must have rank 4");
+    const int64_t *x = tx->shape.dims, *y = ty->shape.dims;
+    if (x[0] != y[0] || x[1] != y[1])
+        return kiln_error (err, KILN_EFORMAT, "X and Y differ in N or C");
+    /* With ceil_mode, frameworks differ on whether a last window that
+     * starts in the end padding counts; accept both, clamp every window. */
+    for (int i = 0; i < 2; i++) {
+        int64_t lo = s_out_size (&w, i, x[2 + i], false);
+        int64_t hi = s_out_size (&w, i, x[2 + i], ceil_mode != 0);
+        if (lo < 0 || y[2 + i] < lo || y[2 + i] > hi)
+            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis "
+                               "%d does not follow from the window",
+                               (long long) y[2 + i], i);
+    }
+    plan->u.pool.planes = x[0] * x[1];
+    plan->u.pool.h = x[2];
+    plan->u.pool.w = x[3];
+    plan->u.pool.oh = y[2];
+    plan->u.pool.ow = y[3];
+    plan->u.pool.kh = w.k[0];
+    plan->u.pool.kw = w.k[1];
+    plan->u.pool.sh = w.s[0];
+    plan->u.pool.sw = w.s[1];
+    plan->u.pool.dh = w.d[0];
+    plan->u.pool.dw = w.d[1];
+    plan->u.pool.pt = w.p[0];
+    plan->u.pool.pl = w.p[1];
+    return 0;
+}
+
+static void
+s_run_MAXPOOL2D (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int64_t h = plan->u.pool.h, w = plan->u.pool.w;
+    int64_t oh = plan->u.pool.oh, ow = plan->u.pool.ow;
+    for (int64_t pl = 0; pl < plan->u.pool.planes; pl++) {
+        const float *xp = x + pl * h * w;
+        float *yp = y + pl * oh * ow;
+        for (int64_t r = 0; r < oh; r++)
+            for (int64_t q = 0; q < ow; q++) {
+                float best = -INFINITY;
+                int64_t h0 = r * plan->u.pool.sh - plan->u.pool.pt;
+                int64_t w0 = q * plan->u.pool.sw - plan->u.pool.pl;
+                for (int64_t i = 0; i < plan->u.pool.kh; i++) {
+                    int64_t ih = h0 + i * plan->u.pool.dh;
+                    if (ih < 0 || ih >= h)
+                        continue;
+                    for (int64_t j = 0; j < plan->u.pool.kw; j++) {
+                        int64_t iw = w0 + j * plan->u.pool.dw;
+                        if (iw < 0 || iw >= w)
+                            continue;
+                        float v = xp[ih * w + iw];
+                        if (v > best || v != v)
+                            best = v;
+                        if (best != best)
+                            break;
+                    }
+                }
+                yp[r * ow + q] = best;
+            }
+    }
+}
+
+static int
+s_prepare_GLOBAL_AVGPOOL (kiln_program_t *p, kiln_prog_op_t *op,
+                          kiln_kplan_t *plan, kiln_err_t *err)
+{
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
+    if (tx->shape.rank < 3 || ty->shape.rank != tx->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X must have rank >= 3 and Y the "
+                           "same rank");
+    for (int i = 0; i < ty->shape.rank; i++)
+        if (ty->shape.dims[i] != (i < 2 ? tx->shape.dims[i] : 1))
+            return kiln_error (err, KILN_EFORMAT, "Y must be [N, C, 1, ...]");
+    plan->u.gap.planes = tx->shape.dims[0] * tx->shape.dims[1];
+    plan->u.gap.spatial = plan->u.gap.planes
+                          ? s_numel (tx) / plan->u.gap.planes : 0;
+    return 0;
+}
+
+static void
+s_run_GLOBAL_AVGPOOL (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int64_t s = plan->u.gap.spatial;
+    for (int64_t pl = 0; pl < plan->u.gap.planes; pl++) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < s; i++)
+            sum += x[pl * s + i];
+        y[pl] = s ? (float) (sum / (double) s) : NAN;
+    }
+}
+
+/* --- the table ------------------------------------------------------ */
+
+static const struct {
+    s_prepare_fn prepare;
+    s_run_fn run;
+} s_table[KILN_K_COUNT] = {
+#define X(id, name, min_in, max_in, n_out) \
+    [KILN_K_##id] = { s_prepare_##id, s_run_##id },
+    KILN_KERNELS (X)
+#undef X
+};
+
+int
+kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
+                     kiln_err_t *err)
+{
+    kiln_prog_op_t *op = &p->ops[i];
+    memset (plan, 0, sizeof *plan);
+    plan->kernel = op->kernel;
+    plan->n_in = op->n_inputs;
+    memcpy (plan->in, op->inputs, sizeof plan->in);
+    plan->out = op->outputs[0];
+    plan->scratch = op->scratch;
+    op->params_used = 0;
+    int rc = s_table[op->kernel].prepare (p, op, plan, err);
+    if (rc == 0)
+        rc = kiln_prog_op_all_used (op, err);
+    if (rc)
+        return kiln_error_prefix (err, "op %d (%s)", i,
+                                  kiln_kernel_name (op->kernel));
+    return 0;
+}
+
+void
+kiln_kernel_run (const kiln_kplan_t *plan, void *const *data)
+{
+    s_table[plan->kernel].run (plan, data);
+}

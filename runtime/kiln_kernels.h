@@ -1,0 +1,82 @@
+/*
+ * kiln_kernels — the runtime's CPU kernels, one per entry of KILN_KERNELS
+ * (common/kiln_program.h).  Internal to libkilnrt.
+ *
+ * Each kernel has two halves.  `prepare` runs once when a model is loaded:
+ * it reads the op's parameters, checks them and the shapes of its
+ * operands against each other, and computes a plan (loop bounds, strides,
+ * BLAS dimensions).  Every check that keeps a kernel inside its buffers
+ * happens there, with an error that names the op.  `run` executes a plan
+ * and cannot fail: by then every index it computes has been proven in
+ * range.  The table in kiln_kernels.c is built from KILN_KERNELS, so a
+ * kernel added to the format without an implementation does not compile.
+ *
+ * All compute kernels are float32; matrix products go through
+ * cblas_sgemm (OpenBLAS), convolutions through im2col + sgemm (a 1x1,
+ * stride-1, unpadded convolution multiplies the input in place).
+ */
+#ifndef KILN_KERNELS_H
+#define KILN_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/kiln_program.h"
+
+typedef struct kiln_kplan {
+    kiln_kernel_t kernel;
+    int in[KILN_PROG_MAX_OP_IO];    /* operand tensor indices */
+    int n_in;
+    int out;                        /* result tensor index */
+    int scratch;                    /* workspace tensor index or -1 */
+    union {
+        struct {                    /* add, sub, mul, div */
+            int rank;               /* after merging dimensions, >= 1 */
+            int64_t dims[KILN_MAX_RANK];
+            int64_t sa[KILN_MAX_RANK];   /* element strides, 0 = broadcast */
+            int64_t sb[KILN_MAX_RANK];
+        } bin;
+        struct {                    /* relu (elements), copy (bytes) */
+            int64_t n;
+        } flat;
+        struct {                    /* matmul */
+            int m, n, k;
+            int rank;               /* batch rank */
+            int64_t batch[KILN_MAX_RANK];
+            int64_t sa[KILN_MAX_RANK];   /* batch strides in elements */
+            int64_t sb[KILN_MAX_RANK];
+            int64_t nbatch;
+            bool flat;              /* B shared: one sgemm over all rows */
+        } mm;
+        struct {                    /* gemm */
+            int m, n, k;
+            bool ta, tb;
+            float alpha, beta;
+            bool has_c;
+            int64_t c0, c1;         /* C's shape broadcast to [m, n] */
+        } gemm;
+        struct {                    /* conv2d */
+            int64_t n, c, h, w, m, oh, ow;
+            int64_t kh, kw, sh, sw, dh, dw, pt, pl;
+            int64_t group;
+            bool bias, im2col;
+        } conv;
+        struct {                    /* maxpool2d */
+            int64_t planes, h, w, oh, ow;
+            int64_t kh, kw, sh, sw, dh, dw, pt, pl;
+        } pool;
+        struct {                    /* global_avgpool */
+            int64_t planes, spatial;
+        } gap;
+    } u;
+} kiln_kplan_t;
+
+/* Check op `i` of `p` and plan it.  Errors are prefixed with the op
+ * ("op 3 (conv2d): ...").  Marks the parameters it reads in the op. */
+int kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
+                         kiln_err_t *err);
+
+/* Run a prepared op; `data[t]` is the address of tensor t. */
+void kiln_kernel_run (const kiln_kplan_t *plan, void *const *data);
+
+#endif

@@ -1,0 +1,260 @@
+#include "runtime/kiln_rt.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kiln_program.h"
+#include "runtime/kiln_kernels.h"
+
+struct kiln_rt {
+    int n_loaded;                   /* models loaded so far (placement later) */
+};
+
+struct kiln_model {
+    kiln_artifact_t *art;           /* verified artifact: manifest, members */
+    kiln_program_t *prog;           /* decoded and checked program */
+    kiln_kplan_t *plans;            /* one per op */
+    uint8_t *arena;                 /* 64-byte aligned, prog->arena_size */
+    const uint8_t *weights;         /* weights.bin, in art or weights_copy */
+    uint8_t *weights_copy;          /* aligned copy when the member is not */
+    void **data;                    /* address of each tensor */
+    pthread_mutex_t lock;           /* one run at a time: the arena is shared */
+};
+
+kiln_rt_t *
+kiln_rt_new (kiln_err_t *err)
+{
+    kiln_rt_t *self = calloc (1, sizeof *self);
+    if (!self)
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+    return self;
+}
+
+void
+kiln_rt_destroy (kiln_rt_t **self_p)
+{
+    if (self_p && *self_p) {
+        free (*self_p);
+        *self_p = NULL;
+    }
+}
+
+void
+kiln_model_destroy (kiln_model_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kiln_model_t *m = *self_p;
+    pthread_mutex_destroy (&m->lock);
+    free (m->data);
+    free (m->plans);
+    free (m->arena);
+    free (m->weights_copy);
+    kiln_program_destroy (&m->prog);
+    kiln_artifact_destroy (&m->art);
+    free (m);
+    *self_p = NULL;
+}
+
+/* 64-byte aligned, zeroed, at least one byte. */
+static uint8_t *
+s_aligned_zalloc (uint64_t size)
+{
+    uint64_t n;
+    if (!kiln_prog_align_up (size ? size : 1, &n) || n > SIZE_MAX)
+        return NULL;
+    uint8_t *p = aligned_alloc (KILN_PROG_ALIGN, (size_t) n);
+    if (p)
+        memset (p, 0, (size_t) n);
+    return p;
+}
+
+static char *
+s_io_str (kiln_dtype_t dt, const kiln_shape_t *shape, char *buf, size_t size)
+{
+    char sh[160];
+    snprintf (buf, size, "%s %s", kiln_dtype_name (dt),
+              kiln_shape_str (shape, sh, sizeof sh));
+    return buf;
+}
+
+/* The program's inputs and outputs must be the manifest's, in order. */
+static int
+s_check_io (const kiln_manifest_t *man, const kiln_program_t *p,
+            kiln_err_t *err)
+{
+    if (man->n_inputs != p->n_inputs || man->n_outputs != p->n_outputs)
+        return kiln_error (err, KILN_EFORMAT, "the manifest lists %d inputs and "
+                           "%d outputs, the program %d and %d", man->n_inputs,
+                           man->n_outputs, p->n_inputs, p->n_outputs);
+    for (int o = 0; o < 2; o++) {
+        const kiln_io_t *ios = o ? man->outputs : man->inputs;
+        const int *ts = o ? p->outputs : p->inputs;
+        int n = o ? p->n_outputs : p->n_inputs;
+        for (int i = 0; i < n; i++) {
+            const kiln_prog_tensor_t *t = &p->tensors[ts[i]];
+            if (t->dtype != ios[i].dtype || !kiln_shape_equal (&t->shape, &ios[i].shape)) {
+                char a[200], b[200];
+                return kiln_error (err, KILN_EFORMAT, "%s '%s': the manifest "
+                                   "says %s, the program %s",
+                                   o ? "output" : "input", ios[i].name,
+                                   s_io_str (ios[i].dtype, &ios[i].shape, a, sizeof a),
+                                   s_io_str (t->dtype, &t->shape, b, sizeof b));
+            }
+        }
+    }
+    return 0;
+}
+
+/* Everything after the signature check: decode, check, plan, allocate. */
+static int
+s_prepare (kiln_model_t *m, kiln_err_t *err)
+{
+    const kiln_manifest_t *man = kiln_artifact_manifest (m->art);
+    if (man->runtime_abi != KILN_RUNTIME_ABI_VERSION)
+        return kiln_error (err, KILN_EUNSUPPORTED, "artifact needs runtime ABI "
+                           "%d, this runtime provides %d", man->runtime_abi,
+                           KILN_RUNTIME_ABI_VERSION);
+    size_t plen, wlen;
+    const uint8_t *pbytes = kiln_artifact_member (m->art, KILN_PROGRAM_MEMBER, &plen);
+    const uint8_t *wbytes = kiln_artifact_member (m->art, KILN_WEIGHTS_MEMBER, &wlen);
+    if (!pbytes)
+        return kiln_error (err, KILN_EFORMAT, "artifact has no member '%s'",
+                           KILN_PROGRAM_MEMBER);
+    if (!wbytes)
+        return kiln_error (err, KILN_EFORMAT, "artifact has no member '%s'",
+                           KILN_WEIGHTS_MEMBER);
+    m->prog = kiln_program_decode (pbytes, plen, wlen, err);
+    if (!m->prog)
+        return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
+    kiln_program_t *p = m->prog;
+    int rc = s_check_io (man, p, err);
+    if (rc)
+        return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
+
+    m->plans = calloc ((size_t) p->n_ops + 1, sizeof *m->plans);
+    m->data = calloc ((size_t) p->n_tensors + 1, sizeof *m->data);
+    if (!m->plans || !m->data)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    for (int i = 0; i < p->n_ops; i++)
+        if ((rc = kiln_kernel_prepare (p, i, &m->plans[i], err)))
+            return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
+
+    /* Weights are used where they lie when suitably aligned, which saves
+     * a copy of what may be most of the artifact. */
+    m->weights = wbytes;
+    if ((uintptr_t) wbytes % KILN_PROG_ALIGN != 0) {
+        m->weights_copy = s_aligned_zalloc (wlen);
+        if (!m->weights_copy)
+            return kiln_error (err, KILN_ENOMEM, "out of memory copying %zu "
+                               "bytes of weights", wlen);
+        memcpy (m->weights_copy, wbytes, wlen);
+        m->weights = m->weights_copy;
+    }
+    m->arena = s_aligned_zalloc (p->arena_size);
+    if (!m->arena)
+        return kiln_error (err, KILN_ENOMEM, "out of memory allocating an arena "
+                           "of %llu bytes", (unsigned long long) p->arena_size);
+    for (int t = 0; t < p->n_tensors; t++) {
+        const kiln_prog_tensor_t *pt = &p->tensors[t];
+        m->data[t] = pt->kind == KILN_TK_WEIGHT
+                     ? (void *) (m->weights + pt->offset)
+                     : (void *) (m->arena + pt->offset);
+    }
+    return 0;
+}
+
+kiln_model_t *
+kiln_rt_load (kiln_rt_t *rt, const char *path, const char *keyring_dir,
+              kiln_err_t *err)
+{
+    if (!rt || !path || !keyring_dir) {
+        kiln_error (err, KILN_EINVAL, "kiln_rt_load needs a runtime, a path "
+                    "and a keyring");
+        return NULL;
+    }
+    /* Nothing of the artifact is looked at before its signature and every
+     * member digest have been checked. */
+    kiln_artifact_t *art = kiln_artifact_open_verified (path, keyring_dir, err);
+    if (!art)
+        return NULL;
+    kiln_model_t *m = calloc (1, sizeof *m);
+    if (!m) {
+        kiln_artifact_destroy (&art);
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        return NULL;
+    }
+    m->art = art;
+    pthread_mutex_init (&m->lock, NULL);
+    if (s_prepare (m, err)) {
+        kiln_error_prefix (err, "%s", path);
+        kiln_model_destroy (&m);
+        return NULL;
+    }
+    rt->n_loaded++;
+    return m;
+}
+
+const kiln_manifest_t *
+kiln_model_manifest (const kiln_model_t *m)
+{
+    return kiln_artifact_manifest (m->art);
+}
+
+static int
+s_check_tensor (const char *what, const kiln_io_t *io,
+                const kiln_rt_tensor_t *t, kiln_err_t *err)
+{
+    if (t->dtype != io->dtype || !kiln_shape_equal (&t->shape, &io->shape)) {
+        char a[200], b[200];
+        kiln_shape_t got = t->shape;
+        if (got.rank < 0 || got.rank > KILN_MAX_RANK)
+            got.rank = -1;
+        return kiln_error (err, KILN_ESHAPE, "%s '%s': expected %s, received %s",
+                           what, io->name,
+                           s_io_str (io->dtype, &io->shape, a, sizeof a),
+                           s_io_str (t->dtype, &got, b, sizeof b));
+    }
+    if (!t->data)
+        return kiln_error (err, KILN_EINVAL, "%s '%s': no data", what, io->name);
+    return 0;
+}
+
+int
+kiln_model_run (kiln_model_t *m, const kiln_rt_tensor_t *inputs, int n_inputs,
+                kiln_rt_tensor_t *outputs, int n_outputs, kiln_err_t *err)
+{
+    const kiln_manifest_t *man = kiln_model_manifest (m);
+    const kiln_program_t *p = m->prog;
+    if (n_inputs != man->n_inputs || n_outputs != man->n_outputs)
+        return kiln_error (err, KILN_EINVAL, "the model takes %d inputs and %d "
+                           "outputs, got %d and %d", man->n_inputs,
+                           man->n_outputs, n_inputs, n_outputs);
+    for (int i = 0; i < n_inputs; i++) {
+        int rc = s_check_tensor ("input", &man->inputs[i], &inputs[i], err);
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < n_outputs; i++)
+        if (!outputs[i].data)
+            return kiln_error (err, KILN_EINVAL, "output '%s': no buffer",
+                               man->outputs[i].name);
+
+    pthread_mutex_lock (&m->lock);
+    for (int i = 0; i < n_inputs; i++) {
+        int t = p->inputs[i];
+        memcpy (m->data[t], inputs[i].data, (size_t) p->tensors[t].size);
+    }
+    for (int i = 0; i < p->n_ops; i++)
+        kiln_kernel_run (&m->plans[i], m->data);
+    for (int i = 0; i < n_outputs; i++) {
+        int t = p->outputs[i];
+        outputs[i].dtype = man->outputs[i].dtype;
+        outputs[i].shape = man->outputs[i].shape;
+        memcpy (outputs[i].data, m->data[t], (size_t) p->tensors[t].size);
+    }
+    pthread_mutex_unlock (&m->lock);
+    return 0;
+}

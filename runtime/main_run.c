@@ -1,0 +1,215 @@
+/*
+ * kiln-run — verify an artifact, run it once on .npy inputs and write one
+ * OUTPUTNAME.npy per output.  Links only libkilnrt.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kiln_fs.h"
+#include "runtime/kiln_npy.h"
+#include "runtime/kiln_rt.h"
+
+#define S_MAX_INPUTS KILN_MAX_GRAPH_IO
+
+static const char s_usage[] =
+    "usage: kiln-run ARTIFACT.kar --keyring DIR --input NAME=x.npy ...\n"
+    "                --output-dir DIR\n"
+    "\n"
+    "Verify ARTIFACT.kar against the public keys in the keyring, run it once\n"
+    "and write one OUTPUTNAME.npy per output into the output directory.\n"
+    "A model with a single input also takes --input x.npy.\n";
+
+static int
+s_fail (const char *msg)
+{
+    fprintf (stderr, "kiln-run: %s\n", msg);
+    return 1;
+}
+
+/* A file name for output `name`: [A-Za-z0-9._-] kept, anything else '_',
+ * no leading dot (so no "..", no hidden file), never empty. */
+static void
+s_sanitize (const char *name, char *out, size_t size)
+{
+    size_t n = 0;
+    for (const char *p = name; *p && n + 1 < size; p++) {
+        char c = *p;
+        bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z')
+                  || (c >= '0' && c <= '9') || c == '_' || c == '-'
+                  || (c == '.' && n > 0);
+        out[n++] = ok ? c : '_';
+    }
+    if (n == 0)
+        out[n++] = '_';
+    out[n] = '\0';
+}
+
+int
+main (int argc, char **argv)
+{
+    const char *artifact = NULL, *keyring = NULL, *outdir = NULL;
+    const char *specs[S_MAX_INPUTS];
+    int n_specs = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp (a, "-h") == 0 || strcmp (a, "--help") == 0) {
+            fputs (s_usage, stdout);
+            return 0;
+        }
+        const char **slot = NULL;
+        if (strcmp (a, "--keyring") == 0)
+            slot = &keyring;
+        else if (strcmp (a, "--output-dir") == 0)
+            slot = &outdir;
+        else if (strcmp (a, "--input") == 0) {
+            if (n_specs >= S_MAX_INPUTS)
+                return s_fail ("too many --input options");
+            slot = &specs[n_specs++];
+        } else if (a[0] == '-') {
+            fputs (s_usage, stderr);
+            fprintf (stderr, "kiln-run: unknown option '%s'\n", a);
+            return 1;
+        } else if (!artifact) {
+            artifact = a;
+            continue;
+        } else {
+            fprintf (stderr, "kiln-run: unexpected argument '%s'\n", a);
+            return 1;
+        }
+        if (i + 1 >= argc) {
+            fprintf (stderr, "kiln-run: %s needs a value\n", a);
+            return 1;
+        }
+        *slot = argv[++i];
+    }
+    if (!artifact || !keyring || !outdir) {
+        fputs (s_usage, stderr);
+        return s_fail ("an artifact, --keyring and --output-dir are required");
+    }
+
+    kiln_err_t err = { 0 };
+    kiln_rt_t *rt = NULL;
+    kiln_model_t *model = NULL;
+    kiln_npy_t *arrays = NULL;
+    kiln_rt_tensor_t *ins = NULL, *outs = NULL;
+    int n_in = 0, n_out = 0, status = 1;
+    char msg[KILN_ERR_MSG_MAX + 512] = "";
+
+    if (!(rt = kiln_rt_new (&err))
+        || !(model = kiln_rt_load (rt, artifact, keyring, &err)))
+        goto done;
+    const kiln_manifest_t *man = kiln_model_manifest (model);
+    n_in = man->n_inputs;
+    n_out = man->n_outputs;
+    arrays = calloc ((size_t) n_in + 1, sizeof *arrays);
+    ins = calloc ((size_t) n_in + 1, sizeof *ins);
+    outs = calloc ((size_t) n_out + 1, sizeof *outs);
+    if (!arrays || !ins || !outs) {
+        snprintf (msg, sizeof msg, "out of memory");
+        goto done;
+    }
+
+    /* Match each --input to a manifest input: NAME=path, or a bare path
+     * when the model has exactly one input. */
+    const char *paths[S_MAX_INPUTS] = { 0 };
+    for (int s = 0; s < n_specs; s++) {
+        const char *eq = strchr (specs[s], '=');
+        int which = -1;
+        const char *path = specs[s];
+        for (int i = 0; eq && i < n_in; i++) {
+            size_t nl = (size_t) (eq - specs[s]);
+            if (strlen (man->inputs[i].name) == nl
+                && memcmp (man->inputs[i].name, specs[s], nl) == 0) {
+                which = i;
+                path = eq + 1;
+            }
+        }
+        if (which < 0 && n_in == 1 && n_specs == 1)
+            which = 0;
+        if (which < 0) {
+            snprintf (msg, sizeof msg, "--input '%s' names no input of the model "
+                      "(write NAME=FILE.npy)", specs[s]);
+            goto done;
+        }
+        if (paths[which]) {
+            snprintf (msg, sizeof msg, "input '%s' is given twice",
+                      man->inputs[which].name);
+            goto done;
+        }
+        paths[which] = path;
+    }
+    for (int i = 0; i < n_in; i++) {
+        if (!paths[i]) {
+            snprintf (msg, sizeof msg, "input '%s' is missing (--input %s=FILE.npy)",
+                      man->inputs[i].name, man->inputs[i].name);
+            goto done;
+        }
+        if (kiln_npy_read (paths[i], &arrays[i], &err))
+            goto done;
+        ins[i].dtype = arrays[i].dtype;
+        ins[i].shape = arrays[i].shape;
+        ins[i].data = arrays[i].data;
+    }
+    for (int i = 0; i < n_out; i++) {
+        uint64_t bytes;
+        if (kiln_shape_bytes (&man->outputs[i].shape, man->outputs[i].dtype,
+                              man->outputs[i].name, &bytes, &err))
+            goto done;
+        if (!(outs[i].data = malloc (bytes ? (size_t) bytes : 1))) {
+            snprintf (msg, sizeof msg, "out of memory");
+            goto done;
+        }
+    }
+    if (kiln_model_run (model, ins, n_in, outs, n_out, &err)
+        || kiln_mkdir_p (outdir, 0755, &err))
+        goto done;
+
+    /* Output names may collide once sanitized: later ones get a suffix. */
+    char (*names)[KILN_MAX_NAME + 16] = calloc ((size_t) n_out + 1, sizeof *names);
+    if (!names) {
+        snprintf (msg, sizeof msg, "out of memory");
+        goto done;
+    }
+    bool failed = false;
+    for (int i = 0; i < n_out && !failed; i++) {
+        s_sanitize (man->outputs[i].name, names[i], KILN_MAX_NAME + 1);
+        for (int j = 0; j < i; j++)
+            if (strcmp (names[i], names[j]) == 0) {
+                size_t l = strlen (names[i]);
+                snprintf (names[i] + l, sizeof names[i] - l, "-%d", i);
+                break;
+            }
+        size_t plen = strlen (outdir) + strlen (names[i]) + 8;
+        char *path = malloc (plen);
+        if (!path) {
+            snprintf (msg, sizeof msg, "out of memory");
+            failed = true;
+            break;
+        }
+        snprintf (path, plen, "%s/%s.npy", outdir, names[i]);
+        if (kiln_npy_write (path, outs[i].dtype, &outs[i].shape, outs[i].data,
+                            &err))
+            failed = true;
+        else
+            printf ("%s\n", path);
+        free (path);
+    }
+    free (names);
+    if (!failed)
+        status = 0;
+done:
+    if (status)
+        fprintf (stderr, "kiln-run: %s\n", msg[0] ? msg : err.msg);
+    for (int i = 0; arrays && i < n_in; i++)
+        kiln_npy_release (&arrays[i]);
+    for (int i = 0; outs && i < n_out; i++)
+        free (outs[i].data);
+    free (arrays);
+    free (ins);
+    free (outs);
+    kiln_model_destroy (&model);
+    kiln_rt_destroy (&rt);
+    return status;
+}
