@@ -922,7 +922,8 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
         kiln_error_prefix (err, "farm key");
         goto fail;
     }
-    if (!(self->store = kiln_store_new (cfg->state_dir, err)))
+    if (!(self->store = kiln_store_new (cfg->state_dir, err))
+        || kiln_store_trust_key (self->store, self->key, err) != 0)
         goto fail;
     self->workers = zhashx_new ();
     self->jobs = zhashx_new ();

@@ -14,6 +14,7 @@
 
 struct kiln_store {
     char *root;             /* the state directory */
+    char *keyring;          /* STATE/keyring once a key is trusted, else NULL */
 };
 
 kiln_store_t *
@@ -44,8 +45,24 @@ kiln_store_destroy (kiln_store_t **self_p)
     if (!self_p || !*self_p)
         return;
     free ((*self_p)->root);
+    free ((*self_p)->keyring);
     free (*self_p);
     *self_p = NULL;
+}
+
+int
+kiln_store_trust_key (kiln_store_t *self, const kiln_key_t *key, kiln_err_t *err)
+{
+    char dir[PATH_MAX], path[PATH_MAX];
+    if (snprintf (dir, sizeof dir, "%s/keyring", self->root) >= (int) sizeof dir
+        || snprintf (path, sizeof path, "%s/farm.pub", dir) >= (int) sizeof path)
+        return kiln_error (err, KILN_ELIMIT, "state directory path too long");
+    if (kiln_mkdir_p (dir, 0755, err) != 0 || kiln_key_write_public (key, path, err) != 0)
+        return -err->code;
+    free (self->keyring);
+    if (!(self->keyring = strdup (dir)))
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    return 0;
 }
 
 /* STATE/cas/sha256/ab/<hex>, creating the fan-out directory when asked. */
@@ -82,8 +99,6 @@ kiln_store_put_artifact (kiln_store_t *self, const char *digest_hex,
     char path[PATH_MAX];
     if (s_cas_path (self, digest_hex, true, path, sizeof path, err) != 0)
         return -err->code;
-    if (kiln_file_exists (path))
-        return 0;
     return kiln_write_file_atomic (path, data, len, 0644, err);
 }
 
@@ -142,7 +157,8 @@ kiln_store_lookup (kiln_store_t *self, const char *action_key,
         return kiln_error_prefix (err, "action %.12s points at a missing artifact", action_key);
     kiln_artifact_t *art = kiln_artifact_read_mem (bytes, bytes_len, err);
     char actual[KILN_HEX_LEN] = "";
-    if (!art || kiln_artifact_digest (art, actual, err) != 0) {
+    if (!art || kiln_artifact_digest (art, actual, err) != 0
+        || (self->keyring && kiln_artifact_verify (art, self->keyring, err) != 0)) {
         kiln_artifact_destroy (&art);
         free (bytes);
         return kiln_error_prefix (err, "stored artifact '%s'", cas);

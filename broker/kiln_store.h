@@ -10,8 +10,15 @@
  * Every file is written with kiln_write_file_atomic, so after a crash an
  * entry is either whole or absent.  Names are checked to be 64 lower-case
  * hex characters before they become paths.  The store trusts nothing it
- * reads back: kiln_store_lookup parses the archive and checks that its
- * content hash is the one asked for, and treats any mismatch as a miss.
+ * reads back: kiln_store_lookup parses the archive (every member's size
+ * and SHA-256), checks that its content hash is the one asked for and,
+ * once kiln_store_trust_key was called, that it is signed by that key; any
+ * failure is reported and the caller builds again.
+ *
+ *   STATE/keyring/farm.pub          the public half of the signing key,
+ *                                   rewritten at every start, so that
+ *                                   entries signed by an older key are
+ *                                   rebuilt rather than served
  */
 #ifndef KILN_STORE_H
 #define KILN_STORE_H
@@ -19,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "artifact/kiln_artifact.h"
 #include "common/kiln_error.h"
 #include "common/kiln_hash.h"
 
@@ -28,9 +36,14 @@ typedef struct kiln_store kiln_store_t;
 kiln_store_t *kiln_store_new (const char *state_dir, kiln_err_t *err);
 void kiln_store_destroy (kiln_store_t **self_p);
 
-/* Put an artifact archive under its content hash.  An existing entry is
- * kept: the same hash means the same manifest, and the first signed copy
- * wins. */
+/* Write `key`'s public half to STATE/keyring/farm.pub and from now on
+ * serve only artifacts whose signature that keyring accepts. */
+int kiln_store_trust_key (kiln_store_t *self, const kiln_key_t *key,
+                          kiln_err_t *err);
+
+/* Put an artifact archive under its content hash, replacing an existing
+ * entry: the caller has just checked and signed these bytes, while the old
+ * entry may be the damaged copy that made it build again. */
 int kiln_store_put_artifact (kiln_store_t *self, const char *digest_hex,
                              const uint8_t *data, size_t len, kiln_err_t *err);
 
@@ -39,8 +52,8 @@ int kiln_store_put_action (kiln_store_t *self, const char *action_key,
                            const char *digest_hex, kiln_err_t *err);
 
 /* Look an action up: on a hit fill artifact_hex and return the archive
- * bytes in *data (caller frees) after checking that they parse and carry
- * that content hash.  Returns -KILN_ENOTFOUND on a miss; other errors
+ * bytes in *data (caller frees) after checking that they parse, carry
+ * that content hash and (see kiln_store_trust_key) a good signature.  Returns -KILN_ENOTFOUND on a miss; other errors
  * (a damaged entry) are returned too, and the caller treats them as a
  * miss after logging them. */
 int kiln_store_lookup (kiln_store_t *self, const char *action_key,

@@ -73,7 +73,7 @@ s_kind_from_obj (const msgpack_object *o)
 /* --- arithmetic ----------------------------------------------------- */
 
 bool
-kiln_mul_u64 (uint64_t a, uint64_t b, uint64_t *out)
+kiln_prog_mul_u64 (uint64_t a, uint64_t b, uint64_t *out)
 {
     return !__builtin_mul_overflow (a, b, out);
 }
@@ -173,9 +173,11 @@ kiln_program_add_op (kiln_program_t *p, kiln_kernel_t kernel,
     kiln_prog_op_t *op = &p->ops[p->n_ops];
     memset (op, 0, sizeof *op);
     op->kernel = kernel;
-    memcpy (op->inputs, inputs, (size_t) n_inputs * sizeof *inputs);
+    if (n_inputs)
+        memcpy (op->inputs, inputs, (size_t) n_inputs * sizeof *inputs);
     op->n_inputs = n_inputs;
-    memcpy (op->outputs, outputs, (size_t) n_outputs * sizeof *outputs);
+    if (n_outputs)
+        memcpy (op->outputs, outputs, (size_t) n_outputs * sizeof *outputs);
     op->n_outputs = n_outputs;
     op->scratch = -1;
     return p->n_ops++;
@@ -284,11 +286,10 @@ s_need (kiln_prog_op_t *op, const char *name, kiln_pparam_kind_t kind,
     static const char *kinds[] = { "?", "an integer", "a float", "an integer list" };
     kiln_prog_param_t *pp = s_find (op, name);
     if (!pp)
-        kiln_error (err, KILN_EFORMAT, "%s op: missing parameter '%s'",
-                    kiln_kernel_name (op->kernel), name);
+        kiln_error (err, KILN_EFORMAT, "missing parameter '%s'", name);
     else if (pp->kind != kind) {
-        kiln_error (err, KILN_EFORMAT, "%s op: parameter '%s' is not %s",
-                    kiln_kernel_name (op->kernel), name, kinds[kind]);
+        kiln_error (err, KILN_EFORMAT, "parameter '%s' is not %s", name,
+                    kinds[kind]);
         pp = NULL;
     }
     return pp;
@@ -339,9 +340,8 @@ kiln_prog_op_ints (kiln_prog_op_t *op, const char *name, int n, int64_t *out,
     if (rc)
         return rc;
     if (got != n)
-        return kiln_error (err, KILN_EFORMAT, "%s op: parameter '%s' has %d "
-                           "integers, expected %d",
-                           kiln_kernel_name (op->kernel), name, got, n);
+        return kiln_error (err, KILN_EFORMAT, "parameter '%s' has %d integers, "
+                           "expected %d", name, got, n);
     memcpy (out, tmp, (size_t) n * sizeof *out);
     return 0;
 }
@@ -357,9 +357,8 @@ kiln_prog_op_all_used (const kiln_prog_op_t *op, kiln_err_t *err)
 {
     for (int i = 0; i < op->n_params; i++)
         if (!(op->params_used & (1u << i)))
-            return kiln_error (err, KILN_EUNSUPPORTED,
-                               "%s op: unknown parameter '%s'",
-                               kiln_kernel_name (op->kernel), op->params[i].name);
+            return kiln_error (err, KILN_EUNSUPPORTED, "unknown parameter '%s'",
+                               op->params[i].name);
     return 0;
 }
 
@@ -577,7 +576,8 @@ s_pack_tensor (msgpack_packer *pk, const kiln_prog_tensor_t *t)
 static void
 s_pack_op (msgpack_packer *pk, kiln_prog_op_t *op)
 {
-    qsort (op->params, (size_t) op->n_params, sizeof *op->params, s_param_cmp);
+    if (op->n_params > 1)
+        qsort (op->params, (size_t) op->n_params, sizeof *op->params, s_param_cmp);
     msgpack_pack_map (pk, op->scratch >= 0 ? 5 : 4);
     kiln_mpk_pack_kv_str (pk, "kernel", kiln_kernel_name (op->kernel));
     s_pack_int_array (pk, "inputs", op->inputs, op->n_inputs);
@@ -634,13 +634,52 @@ kiln_program_encode (kiln_program_t *p, uint8_t **out, size_t *len,
         msgpack_sbuffer_destroy (&sb);
         return kiln_error (err, KILN_ENOMEM, "out of memory encoding program");
     }
+    *len = sb.size;     /* before release, which resets it */
     *out = (uint8_t *) msgpack_sbuffer_release (&sb);
-    *len = sb.size;
     msgpack_sbuffer_destroy (&sb);
     return 0;
 }
 
 /* --- decoding ------------------------------------------------------- */
+
+/* Every key of `map` must be one of `allowed` (NULL-terminated, at most
+ * 32), once: a field this decoder does not know would otherwise be
+ * ignored, and an older runtime must refuse what it cannot honour. */
+static int
+s_known_keys (const msgpack_object *map, const char *const *allowed,
+              const char *what, kiln_err_t *err)
+{
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < map->via.map.size; i++) {
+        const msgpack_object *k = &map->via.map.ptr[i].key;
+        int found = -1;
+        for (int j = 0; allowed[j] && found < 0; j++)
+            if (kiln_mpk_str_eq (k, allowed[j]))
+                found = j;
+        if (found < 0) {
+            if (k->type == MSGPACK_OBJECT_STR)
+                return kiln_error (err, KILN_EFORMAT, "%s: unknown field '%.*s'",
+                                   what, (int) (k->via.str.size > 64 ? 64
+                                                : k->via.str.size),
+                                   k->via.str.ptr);
+            return kiln_error (err, KILN_EFORMAT, "%s: a key is not a string",
+                               what);
+        }
+        if (seen & (1u << found))
+            return kiln_error (err, KILN_EFORMAT, "%s: field '%s' appears twice",
+                               what, allowed[found]);
+        seen |= 1u << found;
+    }
+    return 0;
+}
+
+static const char *const s_root_keys[] = { "format", "version", "tensors", "ops",
+                                           "arena_size", "inputs", "outputs",
+                                           NULL };
+static const char *const s_tensor_keys[] = { "dtype", "shape", "kind", "offset",
+                                             "size", "io", NULL };
+static const char *const s_op_keys[] = { "kernel", "inputs", "outputs", "scratch",
+                                         "params", NULL };
 
 /* An array of tensor indices (bounded) into out[max]. */
 static int
@@ -670,6 +709,9 @@ s_decode_tensor (const msgpack_object *o, kiln_prog_tensor_t *t, int i,
     snprintf (what, sizeof what, "program tensor %d", i);
     if (o->type != MSGPACK_OBJECT_MAP)
         return kiln_error (err, KILN_EFORMAT, "%s is not a map", what);
+    int rc = s_known_keys (o, s_tensor_keys, what, err);
+    if (rc)
+        return rc;
     char dt[16];
     if (kiln_mpk_get_strbuf (o, "dtype", dt, sizeof dt, err))
         return kiln_error_prefix (err, "%s", what);
@@ -758,6 +800,9 @@ s_decode_op (const msgpack_object *o, kiln_prog_op_t *op, int i,
     op->scratch = -1;
     if (o->type != MSGPACK_OBJECT_MAP)
         return kiln_error (err, KILN_EFORMAT, "%s is not a map", what);
+    int rc = s_known_keys (o, s_op_keys, what, err);
+    if (rc)
+        return rc;
     const char *kn;
     size_t kl;
     if (kiln_mpk_get_str (o, "kernel", KILN_MAX_OP_NAME, &kn, &kl, err))
@@ -790,8 +835,7 @@ s_decode_op (const msgpack_object *o, kiln_prog_op_t *op, int i,
             return kiln_error (err, KILN_ENOMEM, "out of memory");
     }
     for (uint32_t j = 0; j < params->via.map.size; j++) {
-        int rc = s_decode_param (&params->via.map.ptr[j], &op->params[j], what,
-                                 err);
+        rc = s_decode_param (&params->via.map.ptr[j], &op->params[j], what, err);
         if (rc)
             return rc;
         op->n_params++;
@@ -804,6 +848,8 @@ s_decode_root (const msgpack_object *root, kiln_program_t *p, kiln_err_t *err)
 {
     if (root->type != MSGPACK_OBJECT_MAP)
         return kiln_error (err, KILN_EFORMAT, "program is not a map");
+    if (s_known_keys (root, s_root_keys, "program", err))
+        return -err->code;
     const char *fmt;
     size_t fl;
     if (kiln_mpk_get_str (root, "format", 64, &fmt, &fl, err))
@@ -882,6 +928,81 @@ s_decode_root (const msgpack_object *root, kiln_program_t *p, kiln_err_t *err)
     return 0;
 }
 
+/* msgpack-c allocates every array and map at the size its header
+ * declares, before reading the elements: a 6-byte input can ask for
+ * gigabytes.  So walk the encoding first and refuse any container that
+ * declares more elements than there are bytes left (each element takes at
+ * least one), and any string, binary or extension longer than the rest. */
+static int
+s_mpk_bounded (const uint8_t *d, size_t len, kiln_err_t *err)
+{
+    uint64_t pending = 1;       /* objects still to read */
+    size_t pos = 0;
+    while (pending > 0) {
+        if (pos >= len)
+            return kiln_error (err, KILN_EFORMAT, "program is truncated");
+        uint8_t b = d[pos];
+        size_t head = 1;        /* bytes of header */
+        uint64_t body = 0;      /* bytes of payload */
+        uint64_t items = 0;     /* contained objects */
+        size_t lenbytes = 0;    /* big-endian length field after the tag */
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+            ;
+        else if (b >= 0x80 && b <= 0x8f)
+            items = 2u * (b & 0x0f);
+        else if (b >= 0x90 && b <= 0x9f)
+            items = b & 0x0f;
+        else if (b >= 0xa0 && b <= 0xbf)
+            body = b & 0x1f;
+        else {
+            switch (b) {
+            case 0xc4: case 0xd9: lenbytes = 1; break;      /* bin8, str8 */
+            case 0xc5: case 0xda: lenbytes = 2; break;
+            case 0xc6: case 0xdb: lenbytes = 4; break;
+            case 0xc7: lenbytes = 1; body = 1; break;       /* ext: + type */
+            case 0xc8: lenbytes = 2; body = 1; break;
+            case 0xc9: lenbytes = 4; body = 1; break;
+            case 0xca: body = 4; break;
+            case 0xcb: body = 8; break;
+            case 0xcc: case 0xd0: body = 1; break;
+            case 0xcd: case 0xd1: body = 2; break;
+            case 0xce: case 0xd2: body = 4; break;
+            case 0xcf: case 0xd3: body = 8; break;
+            case 0xd4: body = 2; break;                     /* fixext */
+            case 0xd5: body = 3; break;
+            case 0xd6: body = 5; break;
+            case 0xd7: body = 9; break;
+            case 0xd8: body = 17; break;
+            case 0xdc: case 0xde: lenbytes = 2; break;      /* array16, map16 */
+            case 0xdd: case 0xdf: lenbytes = 4; break;
+            default:
+                return kiln_error (err, KILN_EFORMAT, "program has an invalid "
+                                   "msgpack byte 0x%02x at %zu", b, pos);
+            }
+            if (lenbytes > len - pos - 1)
+                return kiln_error (err, KILN_EFORMAT, "program is truncated");
+            uint64_t n = 0;
+            for (size_t i = 0; i < lenbytes; i++)
+                n = n << 8 | d[pos + 1 + i];
+            head += lenbytes;
+            if (b == 0xdc || b == 0xdd)
+                items = n;
+            else if (b == 0xde || b == 0xdf)
+                items = 2 * n;
+            else if (lenbytes)
+                body += n;
+        }
+        if (head > len - pos || body > len - pos - head)
+            return kiln_error (err, KILN_EFORMAT, "program is truncated");
+        pos += head + (size_t) body;
+        pending = pending - 1 + items;
+        if (pending > len - pos)
+            return kiln_error (err, KILN_EFORMAT, "program declares more "
+                               "elements than it has bytes");
+    }
+    return 0;
+}
+
 kiln_program_t *
 kiln_program_decode (const uint8_t *data, size_t len, uint64_t weights_len,
                      kiln_err_t *err)
@@ -889,6 +1010,10 @@ kiln_program_decode (const uint8_t *data, size_t len, uint64_t weights_len,
     kiln_program_t *p = kiln_program_new ();
     if (!p) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if (s_mpk_bounded (data, len, err)) {
+        kiln_program_destroy (&p);
         return NULL;
     }
     msgpack_unpacked up;

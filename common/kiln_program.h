@@ -181,8 +181,8 @@ int kiln_prog_op_set_ints (kiln_prog_op_t *op, const char *name,
 
 /* --- reading parameters (the runtime's kernels) --------------------- */
 
-/* Required parameters; an error names the kernel and the parameter.
- * Each marks the parameter used (params_used). */
+/* Required parameters; an error names the parameter (the caller adds the
+ * op).  Each marks the parameter used (params_used). */
 int kiln_prog_op_int (kiln_prog_op_t *op, const char *name, int64_t *out,
                       kiln_err_t *err);
 int kiln_prog_op_float (kiln_prog_op_t *op, const char *name, double *out,
@@ -220,6 +220,6 @@ kiln_program_t *kiln_program_decode (const uint8_t *data, size_t len,
 /* Round `n` up to KILN_PROG_ALIGN; false when that overflows. */
 bool kiln_prog_align_up (uint64_t n, uint64_t *out);
 /* a * b into *out; false on overflow of uint64_t. */
-bool kiln_mul_u64 (uint64_t a, uint64_t b, uint64_t *out);
+bool kiln_prog_mul_u64 (uint64_t a, uint64_t b, uint64_t *out);
 
 #endif

@@ -902,6 +902,27 @@ fail:
 
 /* --- sockets ----------------------------------------------------------------- */
 
+/* The req_id of a header that could not be decoded as a whole, or 0. */
+static uint64_t
+s_peek_req_id (zframe_t *hdr)
+{
+    const uint8_t *data = zframe_data (hdr);
+    size_t len = zframe_size (hdr), pos = 0, objects = 0, off = 0;
+    uint64_t id = 0;
+    if (len == 0 || len > KILN_PROTO_MAX_HEADER_BYTES
+        || s_walk (data, len, &pos, 0, &objects) != 0)
+        return 0;
+    msgpack_unpacked up;
+    msgpack_unpacked_init (&up);
+    if (msgpack_unpack_next (&up, (const char *) data, len, &off) == MSGPACK_UNPACK_SUCCESS) {
+        const msgpack_object *o = kiln_mpk_get (&up.data, "req_id");
+        if (o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            id = o->via.u64;
+    }
+    msgpack_unpacked_destroy (&up);
+    return id;
+}
+
 kiln_msg_t *
 kiln_msg_recv (zsock_t *sock, zframe_t **routing_id, uint64_t *req_id, kiln_err_t *err)
 {
@@ -915,7 +936,11 @@ kiln_msg_recv (zsock_t *sock, zframe_t **routing_id, uint64_t *req_id, kiln_err_
         return NULL;
     }
     /* A multipart message arrives whole, so this loop ends after the
-     * frames the peer sent; past the bound they are only counted. */
+     * frames the peer sent.  Frames are checked against their bounds as
+     * they come; after the first violation they are only counted, so that
+     * a message cannot make the receiver hold more than one message's
+     * worth of bounded frames. */
+    kiln_err_t bad = { 0 };
     size_t count = 0;
     bool first = true;
     while (true) {
@@ -939,7 +964,19 @@ kiln_msg_recv (zsock_t *sock, zframe_t **routing_id, uint64_t *req_id, kiln_err_
             continue;
         }
         first = false;
-        if (count <= KILN_MAX_FRAMES)
+        size_t size = zframe_size (f);
+        if (!bad.code) {
+            if (count > KILN_MAX_FRAMES)
+                kiln_error (&bad, KILN_ELIMIT, "message has more than %d frames",
+                            KILN_MAX_FRAMES + 1);
+            else if (count == 0 && size > KILN_PROTO_MAX_HEADER_BYTES)
+                kiln_error (&bad, KILN_ELIMIT, "header frame is %zu bytes, more than %u",
+                            size, KILN_PROTO_MAX_HEADER_BYTES);
+            else if (count > 0 && size > KILN_CHUNK_BYTES)
+                kiln_error (&bad, KILN_ELIMIT, "payload frame %zu is %zu bytes, more than the "
+                            "chunk size %u", count - 1, size, KILN_CHUNK_BYTES);
+        }
+        if (!bad.code || count == 0)
             zmsg_append (raw, &f);
         else
             zframe_destroy (&f);
@@ -947,10 +984,13 @@ kiln_msg_recv (zsock_t *sock, zframe_t **routing_id, uint64_t *req_id, kiln_err_
         if (!more)
             break;
     }
-    if (count > KILN_MAX_FRAMES + 1) {
+    if (bad.code) {
+        zframe_t *hdr = zmsg_first (raw);
+        if (req_id && hdr)
+            *req_id = s_peek_req_id (hdr);
         zmsg_destroy (&raw);
-        kiln_error (err, KILN_ELIMIT, "message has %zu frames, more than %d", count,
-                    KILN_MAX_FRAMES + 1);
+        if (err)
+            *err = bad;
         return NULL;
     }
     return kiln_msg_decode (&raw, req_id, err);

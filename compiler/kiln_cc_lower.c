@@ -767,7 +767,7 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                 return s_fail (cx, KILN_ELIMIT, err, "im2col workspace too large");
         }
         uint64_t elems;
-        if (!kiln_mul_u64 (rows, cols, &elems))
+        if (!kiln_prog_mul_u64 (rows, cols, &elems))
             return s_fail (cx, KILN_ELIMIT, err, "im2col workspace too large");
         if ((rc = s_scratch (cx, op, elems, err)))
             return rc;

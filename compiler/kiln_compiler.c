@@ -70,8 +70,8 @@ kiln_cc_parse_args (const char *args, kiln_cc_options_t *opts, kiln_err_t *err)
     char buf[KILN_MAX_ARGS_BYTES + 1];
     snprintf (buf, sizeof buf, "%s", args);
     char *save = NULL;
-    for (char *tok = strtok_r (buf, " \t\n\r\f\v", &save); tok;
-         tok = strtok_r (NULL, " \t\n\r\f\v", &save)) {
+    for (char *tok = strtok_r (buf, " \t\n\r", &save); tok;
+         tok = strtok_r (NULL, " \t\n\r", &save)) {
         const s_flag_t *f = NULL;
         const char *value = NULL;
         for (size_t i = 0; i < sizeof s_flags / sizeof s_flags[0]; i++) {
@@ -86,7 +86,7 @@ kiln_cc_parse_args (const char *args, kiln_cc_options_t *opts, kiln_err_t *err)
             return kiln_error (err, KILN_EINVAL, "unknown compiler argument "
                                "'%s'", tok);
         if (!value) {
-            value = strtok_r (NULL, " \t\n\r\f\v", &save);
+            value = strtok_r (NULL, " \t\n\r", &save);
             if (!value)
                 return kiln_error (err, KILN_EINVAL, "%s needs a value", f->flag);
         }

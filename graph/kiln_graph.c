@@ -1023,7 +1023,7 @@ s_decode_tensor (kiln_graph_t *g, const msgpack_object *obj, kiln_err_t *err)
     if (rc)
         return rc;
     int64_t dt;
-    rc = kiln_mpk_get_i64 (obj, "dtype", &dt, err);
+    rc = s_get_int_range (obj, "dtype", 0, 255, &dt, err);
     if (rc)
         return rc;
     if (dt != KILN_DT_UNDEFINED && !kiln_dtype_valid ((int) dt))

@@ -765,7 +765,11 @@ s_tensor_name (const kiln_graph_t *g, int t, char *buf, size_t size)
 static int
 s_check_structure (const kiln_graph_t *g, kiln_err_t *err)
 {
+    /* Names are formatted only on the error paths: this runs over every
+     * tensor and node of graphs with millions of them. */
     char tn[KILN_MAX_NAME + 8], label[S_LABEL_MAX];
+#define S_TN s_tensor_name (g, t, tn, sizeof tn)
+#define S_NL kiln_graph_node_label (g, n, label, sizeof label)
     if (g->n_tensors < 0 || g->n_tensors > KILN_MAX_TENSORS || g->n_nodes < 0
         || g->n_nodes > KILN_MAX_NODES || g->n_weights < 0 || g->n_weights > KILN_MAX_TENSORS
         || g->n_inputs < 0 || g->n_inputs > KILN_MAX_GRAPH_IO || g->n_outputs < 0
@@ -773,9 +777,8 @@ s_check_structure (const kiln_graph_t *g, kiln_err_t *err)
         return kiln_error (err, KILN_ELIMIT, "graph counts out of range");
     for (int t = 0; t < g->n_tensors; t++) {
         const kiln_tensor_t *tensor = &g->tensors[t];
-        s_tensor_name (g, t, tn, sizeof tn);
         if (tensor->dtype != KILN_DT_UNDEFINED && !kiln_dtype_valid ((int) tensor->dtype))
-            return kiln_error (err, KILN_EINVAL, "tensor %s has unknown dtype %d", tn,
+            return kiln_error (err, KILN_EINVAL, "tensor %s has unknown dtype %d", S_TN,
                                (int) tensor->dtype);
         if (tensor->shape.rank >= 0) {
             int64_t numel;
@@ -785,38 +788,37 @@ s_check_structure (const kiln_graph_t *g, kiln_err_t *err)
         }
         int w = tensor->weight;
         if (w < -1 || w >= g->n_weights)
-            return kiln_error (err, KILN_EINVAL, "tensor %s: weight index %d out of range", tn, w);
+            return kiln_error (err, KILN_EINVAL, "tensor %s: weight index %d out of range", S_TN, w);
         if (w >= 0) {
             uint64_t bytes;
             if (!kiln_dtype_valid ((int) tensor->dtype) || tensor->shape.rank < 0)
-                return kiln_error (err, KILN_EINVAL, "weight tensor %s has no dtype or shape", tn);
+                return kiln_error (err, KILN_EINVAL, "weight tensor %s has no dtype or shape", S_TN);
             int rc = kiln_shape_bytes (&tensor->shape, tensor->dtype, tensor->name, &bytes, err);
             if (rc)
                 return rc;
             if (bytes != g->weights[w].size)
                 return kiln_error (err, KILN_ESHAPE, "weight tensor %s: %llu bytes, its dtype and shape need %llu",
-                                   tn, (unsigned long long) g->weights[w].size,
+                                   S_TN, (unsigned long long) g->weights[w].size,
                                    (unsigned long long) bytes);
         }
     }
     for (int n = 0; n < g->n_nodes; n++) {
         const kiln_node_t *node = &g->nodes[n];
-        kiln_graph_node_label (g, n, label, sizeof label);
         if (!node->op || !*node->op)
-            return kiln_error (err, KILN_EINVAL, "%s has no op type", label);
+            return kiln_error (err, KILN_EINVAL, "%s has no op type", S_NL);
         if (node->n_inputs < 0 || node->n_inputs > KILN_MAX_NODE_IO || node->n_outputs < 0
             || node->n_outputs > KILN_MAX_NODE_IO || node->n_attrs < 0
             || node->n_attrs > KILN_MAX_ATTRS)
             return kiln_error (err, KILN_ELIMIT, "%s: input, output or attribute count out of range",
-                               label);
+                               S_NL);
         for (int i = 0; i < node->n_inputs; i++)
             if (node->inputs[i] < -1 || node->inputs[i] >= g->n_tensors)
                 return kiln_error (err, KILN_EINVAL, "%s: input %d is tensor index %d, out of range",
-                                   label, i, node->inputs[i]);
+                                   S_NL, i, node->inputs[i]);
         for (int i = 0; i < node->n_outputs; i++)
             if (node->outputs[i] < 0 || node->outputs[i] >= g->n_tensors)
                 return kiln_error (err, KILN_EINVAL, "%s: output %d is tensor index %d, out of range",
-                                   label, i, node->outputs[i]);
+                                   S_NL, i, node->outputs[i]);
     }
     for (int i = 0; i < g->n_inputs; i++)
         if (g->inputs[i] < 0 || g->inputs[i] >= g->n_tensors)
@@ -826,6 +828,8 @@ s_check_structure (const kiln_graph_t *g, kiln_err_t *err)
         if (g->outputs[i] < 0 || g->outputs[i] >= g->n_tensors)
             return kiln_error (err, KILN_EINVAL, "graph output %d is tensor index %d, out of range",
                                i, g->outputs[i]);
+#undef S_TN
+#undef S_NL
     return 0;
 }
 
@@ -867,15 +871,16 @@ s_check_producers (const kiln_graph_t *g, int *producer, uint8_t *role,
         const kiln_node_t *node = &g->nodes[n];
         for (int i = 0; i < node->n_outputs; i++) {
             int t = node->outputs[i];
-            s_tensor_name (g, t, tn, sizeof tn);
-            kiln_graph_node_label (g, n, l1, sizeof l1);
             if (producer[t] >= 0)
                 return kiln_error (err, KILN_EINVAL, "tensor %s is produced twice: by %s and by %s",
-                                   tn, kiln_graph_node_label (g, producer[t], l2, sizeof l2), l1);
-            if (g->tensors[t].weight >= 0)
-                return kiln_error (err, KILN_EINVAL, "%s: output %s is a weight", l1, tn);
-            if (role[t] & S_ROLE_INPUT)
-                return kiln_error (err, KILN_EINVAL, "%s: output %s is a graph input", l1, tn);
+                                   s_tensor_name (g, t, tn, sizeof tn),
+                                   kiln_graph_node_label (g, producer[t], l2, sizeof l2),
+                                   kiln_graph_node_label (g, n, l1, sizeof l1));
+            if (g->tensors[t].weight >= 0 || (role[t] & S_ROLE_INPUT))
+                return kiln_error (err, KILN_EINVAL, "%s: output %s is a %s",
+                                   kiln_graph_node_label (g, n, l1, sizeof l1),
+                                   s_tensor_name (g, t, tn, sizeof tn),
+                                   g->tensors[t].weight >= 0 ? "weight" : "graph input");
             producer[t] = n;
         }
     }
@@ -1122,14 +1127,16 @@ s_infer_node (const kiln_graph_t *g, int n, s_type_t *types,
         const s_type_t *got = &types[t];
         const kiln_tensor_t *declared = &g->tensors[t];
         char tn[KILN_MAX_NAME + 8], s1[S_SHAPE_MAX], s2[S_SHAPE_MAX];
-        s_tensor_name (g, t, tn, sizeof tn);
+        if (!kiln_dtype_valid ((int) got->dtype) || got->shape.rank < 0)
+            return s_fail (&ctx, KILN_EINVAL, "internal error: output %s was not inferred",
+                           s_tensor_name (g, t, tn, sizeof tn));
         int64_t numel;
         if ((rc = kiln_shape_numel (&got->shape, declared->name, &numel, err)))
             return kiln_error_prefix (err, "%s", label);
         if ((declared->dtype != KILN_DT_UNDEFINED && declared->dtype != got->dtype)
             || (declared->shape.rank >= 0 && !kiln_shape_equal (&declared->shape, &got->shape)))
             return s_fail (&ctx, KILN_ESHAPE, "output %s is declared %s %s but inferred %s %s",
-                           tn, kiln_dtype_name (declared->dtype), s_shape (&declared->shape, s1),
+                           s_tensor_name (g, t, tn, sizeof tn), kiln_dtype_name (declared->dtype), s_shape (&declared->shape, s1),
                            kiln_dtype_name (got->dtype), s_shape (&got->shape, s2));
     }
     return 0;

@@ -1,6 +1,7 @@
 #include "runtime/kiln_rt.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,10 +143,12 @@ s_prepare (kiln_model_t *m, kiln_err_t *err)
         if ((rc = kiln_kernel_prepare (p, i, &m->plans[i], err)))
             return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
 
-    /* Weights are used where they lie when suitably aligned, which saves
-     * a copy of what may be most of the artifact. */
+    /* Weights are used where they lie when malloc-aligned (every weight's
+     * offset is a multiple of 64, and no kernel needs more than 16 bytes
+     * of alignment today), which saves a copy of what may be most of the
+     * artifact; otherwise they are copied to a 64-byte aligned buffer. */
     m->weights = wbytes;
-    if ((uintptr_t) wbytes % KILN_PROG_ALIGN != 0) {
+    if ((uintptr_t) wbytes % _Alignof (max_align_t) != 0) {
         m->weights_copy = s_aligned_zalloc (wlen);
         if (!m->weights_copy)
             return kiln_error (err, KILN_ENOMEM, "out of memory copying %zu "

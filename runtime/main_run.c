@@ -126,11 +126,19 @@ main (int argc, char **argv)
                 path = eq + 1;
             }
         }
-        if (which < 0 && n_in == 1 && n_specs == 1)
+        /* A bare path for a one-input model; a path may hold '=' too. */
+        if (which < 0 && n_in == 1 && n_specs == 1
+            && (!eq || kiln_file_exists (specs[s])))
             which = 0;
         if (which < 0) {
-            snprintf (msg, sizeof msg, "--input '%s' names no input of the model "
-                      "(write NAME=FILE.npy)", specs[s]);
+            size_t used = (size_t) snprintf (msg, sizeof msg, "--input '%s' names "
+                                             "no input of the model (inputs:",
+                                             specs[s]);
+            for (int i = 0; i < n_in && used < sizeof msg; i++)
+                used += (size_t) snprintf (msg + used, sizeof msg - used, " %s",
+                                           man->inputs[i].name);
+            if (used < sizeof msg)
+                snprintf (msg + used, sizeof msg - used, "; write NAME=FILE.npy)");
             goto done;
         }
         if (paths[which]) {

@@ -60,7 +60,7 @@ def main():
             with torch.no_grad():
                 expected = model(x).numpy()
             onnx_path = os.path.join(tmp, "demo.onnx")
-            torch.onnx.export(torch.jit.trace(model, x), x, onnx_path,
+            torch.onnx.export(model, x, onnx_path,
                               input_names=["image"], output_names=["logits"],
                               opset_version=13)
 

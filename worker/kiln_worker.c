@@ -394,8 +394,15 @@ s_on_message (zloop_t *loop, zsock_t *sock, void *arg)
     kiln_err_t err = { 0 };
     kiln_msg_t *msg = kiln_msg_recv (sock, NULL, NULL, &err);
     if (!msg) {
-        if (err.code != KILN_ECANCELED)
-            kiln_log_warn ("refused a message from the broker: %s", err.msg);
+        if (err.code == KILN_ECANCELED)
+            return 0;
+        /* It may have been a JOB, which the broker now counts as ours and
+         * would wait for forever.  Registering again makes it requeue
+         * whatever it thinks we hold (at most max_attempts times). */
+        kiln_log_err ("unreadable message from the broker: %s; registering again",
+                      err.msg);
+        s_drop_runs (self, "unreadable message from the broker");
+        s_send_ready (self);
         return 0;
     }
     self->broker_seen = zclock_mono ();

@@ -18,7 +18,10 @@
  * come from the broker for liveness_ms it drops its running jobs (the
  * broker will have requeued them), opens a new socket and registers again,
  * so that a restarted broker gets its workers back.  An ERROR "unknown
- * worker" (ENOTFOUND) from the broker makes it register again at once.
+ * worker" (ENOTFOUND) from the broker makes it register again at once, and
+ * so does a message from the broker that it cannot read (it may have been a
+ * JOB the broker now waits for): registering again makes the broker requeue
+ * whatever it thinks this worker holds.
  */
 #ifndef KILN_WORKER_H
 #define KILN_WORKER_H

@@ -56,8 +56,7 @@ def export(model, inputs, path, names=None, opset=13):
     names = names or [f"input{i}" for i in range(len(inputs))]
     with torch.no_grad():
         expected = model(*inputs)
-        traced = torch.jit.trace(model, inputs)
-        torch.onnx.export(traced, inputs, str(path), input_names=names,
+        torch.onnx.export(model, inputs, str(path), input_names=names,
                           output_names=["output"], opset_version=opset)
     return names, expected.numpy()
 

@@ -568,6 +568,29 @@ START_TEST (test_messages_cross_a_socket_pair_and_too_many_frames_are_drained)
     kiln_msg_destroy (&got);
     zframe_destroy (&rid);
 
+    /* a payload frame over the chunk size is refused as it arrives, and
+     * the error still names the request */
+    zmsg_t *fat = zmsg_new ();
+    s_hdr_t h;
+    s_hdr_begin (&h, 4);
+    kiln_mpk_pack_kv_i64 (&h.pk, "v", 1);
+    kiln_mpk_pack_kv_str (&h.pk, "cmd", "PING");
+    kiln_mpk_pack_kv_i64 (&h.pk, "frames", 1);
+    kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 19);
+    zmsg_addmem (fat, h.sbuf.data, h.sbuf.size);
+    s_hdr_end (&h);
+    uint8_t *big = calloc (1, KILN_CHUNK_BYTES + 1);
+    zmsg_addmem (fat, big, KILN_CHUNK_BYTES + 1);
+    free (big);
+    ck_assert_int_eq (zmsg_send (&fat, dealer), 0);
+    req = 0;
+    got = kiln_msg_recv (router, &rid, &req, &err);
+    ck_assert_ptr_null (got);
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+    ck_assert_ptr_nonnull (strstr (err.msg, "chunk size"));
+    ck_assert_uint_eq (req, 19);
+    zframe_destroy (&rid);
+
     zsock_destroy (&dealer);
     zsock_destroy (&router);
 }

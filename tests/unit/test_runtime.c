@@ -1,0 +1,1289 @@
+/*
+ * Unit tests for runtime/ (with the builtin compiler in front of it):
+ * graphs built in C are compiled, signed with a fresh key, loaded with
+ * kiln_rt_load and run on random inputs, and every result is compared
+ * with a straightforward reference computed here in double precision
+ * (a direct 7-loop convolution, a naive matrix product, ...).  Also: the
+ * refusals (wrong input shape or dtype, a tampered or unsigned artifact,
+ * malformed programs under a valid signature) and a mutation fuzz of the
+ * program that must never crash the loader or the kernels.
+ *
+ * Every test gets a fresh temporary directory holding a key pair in
+ * DIR/keys (which is also the keyring) and removes it afterwards.
+ */
+#include <check.h>
+
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "artifact/kiln_artifact.h"
+#include "common/kiln_fs.h"
+#include "common/kiln_program.h"
+#include "compiler/kiln_compiler.h"
+#include "graph/kiln_graph.h"
+#include "runtime/kiln_rt.h"
+
+#define RTOL 1e-5
+
+static char *s_dir;             /* per-test temporary directory */
+static char s_keys[PATH_MAX];   /* s_dir/keys: key pair and keyring */
+static kiln_key_t *s_key;
+static kiln_rt_t *s_rt;
+static unsigned s_seed;         /* random numbers, reset per test */
+static int s_files;             /* artifacts written by this test */
+
+static void
+setup (void)
+{
+    kiln_err_t err;
+    s_dir = kiln_mkdtemp ("kiln-test-runtime-", &err);
+    ck_assert_msg (s_dir, "%s", err.msg);
+    snprintf (s_keys, sizeof s_keys, "%s/keys", s_dir);
+    s_key = kiln_key_generate (&err);
+    ck_assert_msg (s_key, "%s", err.msg);
+    ck_assert_msg (kiln_key_write_pair (s_key, s_keys, &err) == 0, "%s", err.msg);
+    s_rt = kiln_rt_new (&err);
+    ck_assert_msg (s_rt, "%s", err.msg);
+    s_seed = 12345;
+    s_files = 0;
+}
+
+static void
+teardown (void)
+{
+    kiln_rt_destroy (&s_rt);
+    kiln_key_destroy (&s_key);
+    kiln_rm_rf (s_dir);
+    free (s_dir);
+    s_dir = NULL;
+}
+
+/* --- helpers: numbers, shapes, graphs -------------------------------- */
+
+static float
+s_randf (void)
+{
+    s_seed = s_seed * 1103515245u + 12345u;
+    return (float) ((s_seed >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static float *
+s_rand (int64_t n)
+{
+    float *v = malloc ((size_t) (n ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = s_randf ();
+    return v;
+}
+
+static kiln_shape_t
+s_shape (const int64_t *dims, int rank)
+{
+    kiln_shape_t s = { .rank = rank };
+    memcpy (s.dims, dims, (size_t) rank * sizeof *dims);
+    return s;
+}
+
+/* SH (2, 3, 4): a shape from its dimensions. */
+#define SH(...) s_shape ((int64_t[]) { __VA_ARGS__ }, S_NARGS (__VA_ARGS__))
+#define S_NARGS(...) S_NARGS_ (__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define S_NARGS_(a, b, c, d, e, f, g, h, n, ...) n
+
+static int64_t
+s_numel (const kiln_shape_t *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->rank; i++)
+        n *= s->dims[i];
+    return n;
+}
+
+/* A float32 graph input. */
+static int
+s_input (kiln_graph_t *g, const char *name, kiln_shape_t shape)
+{
+    kiln_err_t err;
+    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
+    ck_assert_msg (t >= 0, "%s", err.msg);
+    ck_assert_msg (kiln_graph_add_input (g, t, &err) == 0, "%s", err.msg);
+    return t;
+}
+
+/* A float32 constant with random values. */
+static int
+s_weight (kiln_graph_t *g, const char *name, kiln_shape_t shape)
+{
+    kiln_err_t err;
+    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
+    ck_assert_msg (t >= 0, "%s", err.msg);
+    uint8_t *data = (uint8_t *) s_rand (s_numel (&shape));
+    ck_assert_msg (kiln_graph_set_weight (g, t, &data,
+                                          (uint64_t) s_numel (&shape) * 4, &err) == 0,
+                   "%s", err.msg);
+    return t;
+}
+
+/* An int64 constant (a Reshape's shape). */
+static int
+s_weight_i64 (kiln_graph_t *g, const char *name, const int64_t *v, int n)
+{
+    kiln_err_t err;
+    kiln_shape_t shape = { .rank = 1, .dims = { n } };
+    int t = kiln_graph_add_tensor (g, name, KILN_DT_INT64, &shape, &err);
+    ck_assert_msg (t >= 0, "%s", err.msg);
+    uint8_t *data = malloc ((size_t) n * 8 + 1);
+    memcpy (data, v, (size_t) n * 8);
+    ck_assert_msg (kiln_graph_set_weight (g, t, &data, (uint64_t) n * 8, &err) == 0,
+                   "%s", err.msg);
+    return t;
+}
+
+/* The data of a constant. */
+static const float *
+s_wdata (const kiln_graph_t *g, int t)
+{
+    return (const float *) g->weights[g->tensors[t].weight].data;
+}
+
+/* A tensor whose shape the graph infers. */
+static int
+s_tensor (kiln_graph_t *g, const char *name)
+{
+    kiln_err_t err;
+    int t = kiln_graph_add_tensor (g, name, KILN_DT_UNDEFINED, NULL, &err);
+    ck_assert_msg (t >= 0, "%s", err.msg);
+    return t;
+}
+
+static int
+s_node (kiln_graph_t *g, const char *op, const char *name, const int *ins,
+        int n_in, int out)
+{
+    kiln_err_t err;
+    int n = kiln_graph_add_node (g, op, name, ins, n_in, &out, 1, &err);
+    ck_assert_msg (n >= 0, "%s", err.msg);
+    return n;
+}
+
+static void
+s_ints_ (kiln_graph_t *g, int n, const char *name, const int64_t *v, int count)
+{
+    kiln_err_t err;
+    ck_assert_msg (kiln_node_set_ints (g, n, name, v, (size_t) count, &err) == 0,
+                   "%s", err.msg);
+}
+
+/* s_ints (g, node, "pads", 4, 1, 1, 1, 1) */
+#define s_ints(g, n, name, count, ...) \
+    s_ints_ (g, n, name, (int64_t[]) { __VA_ARGS__ }, count)
+
+static void
+s_int (kiln_graph_t *g, int n, const char *name, int64_t v)
+{
+    kiln_err_t err;
+    ck_assert_msg (kiln_node_set_int (g, n, name, v, &err) == 0, "%s", err.msg);
+}
+
+static void
+s_output (kiln_graph_t *g, int t)
+{
+    kiln_err_t err;
+    ck_assert_msg (kiln_graph_add_output (g, t, &err) == 0, "%s", err.msg);
+}
+
+static char *
+s_path (const char *fmt, ...)
+{
+    static char buf[4][PATH_MAX];
+    static int next;
+    char name[128];
+    va_list ap;
+    va_start (ap, fmt);
+    vsnprintf (name, sizeof name, fmt, ap);
+    va_end (ap);
+    char *p = buf[next++ % 4];
+    snprintf (p, PATH_MAX, "%s/%s", s_dir, name);
+    return p;
+}
+
+/* Compile `g` with `args`, sign, write, and load it. */
+static kiln_model_t *
+s_build (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats)
+{
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_cc_compile_ex (g, args, stats, &err);
+    ck_assert_msg (art, "compile: %s", err.msg);
+    ck_assert_msg (kiln_artifact_sign (art, s_key, NULL, &err) == 0, "%s", err.msg);
+    char *path = s_path ("model-%d.kar", s_files++);
+    ck_assert_msg (kiln_artifact_write (art, path, &err) == 0, "%s", err.msg);
+    kiln_artifact_destroy (&art);
+    kiln_model_t *m = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (m, "load: %s", err.msg);
+    return m;
+}
+
+/* Run a model with one input and one output; returns the output (caller
+ * frees) and checks its shape against `want`. */
+static float *
+s_run1 (kiln_model_t *m, const float *x, kiln_shape_t want)
+{
+    const kiln_manifest_t *man = kiln_model_manifest (m);
+    ck_assert_int_eq (man->n_inputs, 1);
+    ck_assert_int_eq (man->n_outputs, 1);
+    ck_assert_msg (kiln_shape_equal (&man->outputs[0].shape, &want),
+                   "output shape differs from the reference's");
+    kiln_rt_tensor_t in = { KILN_DT_FLOAT32, man->inputs[0].shape, (void *) x };
+    float *y = malloc ((size_t) (s_numel (&want) ? s_numel (&want) : 1) * 4);
+    kiln_rt_tensor_t out = { .data = y };
+    kiln_err_t err = { 0 };
+    ck_assert_msg (kiln_model_run (m, &in, 1, &out, 1, &err) == 0, "%s", err.msg);
+    ck_assert (out.dtype == KILN_DT_FLOAT32);
+    ck_assert (kiln_shape_equal (&out.shape, &want));
+    return y;
+}
+
+static void
+s_assert_close (const float *got, const double *want, int64_t n, const char *what)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs ((double) got[i] - want[i]);
+        ck_assert_msg (d <= RTOL * (1.0 + fabs (want[i])),
+                       "%s: element %lld is %.8g, expected %.8g", what,
+                       (long long) i, (double) got[i], want[i]);
+    }
+}
+
+/* --- reference implementations ------------------------------------- */
+
+typedef struct {
+    int64_t n, c, h, w, m, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, group;
+    bool bias;
+    const char *auto_pad;       /* NULL: explicit pads */
+} conv_case_t;
+
+static int64_t
+s_out (int64_t in, int64_t pb, int64_t pe, int64_t k, int64_t s, int64_t d,
+       bool ceil_mode)
+{
+    int64_t span = in + pb + pe - ((k - 1) * d + 1);
+    int64_t o = (ceil_mode ? span + s - 1 : span) / s + 1;
+    if (ceil_mode && (o - 1) * s >= in + pb)
+        o--;
+    return o;
+}
+
+/* Direct convolution: for every output element, the sum over the input
+ * channels of its group and the kernel window. */
+static void
+ref_conv (const conv_case_t *c, const float *x, const float *w, const float *b,
+          int64_t oh, int64_t ow, double *y)
+{
+    int64_t cg = c->c / c->group, mg = c->m / c->group;
+    for (int64_t n = 0; n < c->n; n++)
+        for (int64_t m = 0; m < c->m; m++)
+            for (int64_t r = 0; r < oh; r++)
+                for (int64_t q = 0; q < ow; q++) {
+                    double acc = c->bias ? b[m] : 0.0;
+                    int64_t g = m / mg;
+                    for (int64_t ci = 0; ci < cg; ci++)
+                        for (int64_t i = 0; i < c->kh; i++)
+                            for (int64_t j = 0; j < c->kw; j++) {
+                                int64_t ih = r * c->sh - c->pt + i * c->dh;
+                                int64_t iw = q * c->sw - c->pl + j * c->dw;
+                                if (ih < 0 || ih >= c->h || iw < 0 || iw >= c->w)
+                                    continue;
+                                acc += (double) x[((n * c->c + g * cg + ci) * c->h + ih) * c->w + iw]
+                                       * w[((m * cg + ci) * c->kh + i) * c->kw + j];
+                            }
+                    y[((n * c->m + m) * oh + r) * ow + q] = acc;
+                }
+}
+
+/* numpy broadcasting: index of output element `i` (in shape `out`) in an
+ * operand of shape `s`. */
+static int64_t
+s_bidx (const kiln_shape_t *out, const kiln_shape_t *s, int64_t i)
+{
+    int64_t idx = 0, stride = 1;
+    for (int d = out->rank - 1, e = s->rank - 1; d >= 0; d--, e--) {
+        int64_t coord = i % out->dims[d];
+        i /= out->dims[d];
+        if (e >= 0) {
+            if (s->dims[e] != 1)
+                idx += coord * stride;
+            stride *= s->dims[e];
+        }
+    }
+    return idx;
+}
+
+/* --- convolution ---------------------------------------------------- */
+
+static void
+s_check_conv (const conv_case_t *c, bool one_d)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    kiln_shape_t xs = one_d ? SH (c->n, c->c, c->w) : SH (c->n, c->c, c->h, c->w);
+    kiln_shape_t ws = one_d ? SH (c->m, c->c / c->group, c->kw)
+                            : SH (c->m, c->c / c->group, c->kh, c->kw);
+    int x = s_input (g, "x", xs);
+    int w = s_weight (g, "w", ws);
+    int b = c->bias ? s_weight (g, "b", SH (c->m)) : -1;
+    int y = s_tensor (g, "y");
+    int ins[3] = { x, w, b };
+    int n = s_node (g, "Conv", "conv", ins, c->bias ? 3 : 2, y);
+    s_output (g, y);
+    conv_case_t cc = *c;
+    if (c->auto_pad) {
+        kiln_err_t err;
+        ck_assert (kiln_node_set_string (g, n, "auto_pad", c->auto_pad, &err) == 0);
+        /* SAME_UPPER: the extra padding goes at the end. */
+        int64_t ins_[2] = { c->h, c->w }, k[2] = { c->kh, c->kw },
+                s[2] = { c->sh, c->sw }, d[2] = { c->dh, c->dw }, pb[2], pe[2];
+        for (int i = 0; i < 2; i++) {
+            int64_t o = (ins_[i] + s[i] - 1) / s[i];
+            int64_t tot = (o - 1) * s[i] + (k[i] - 1) * d[i] + 1 - ins_[i];
+            if (tot < 0)
+                tot = 0;
+            pb[i] = tot / 2;
+            pe[i] = tot - pb[i];
+        }
+        cc.pt = pb[0]; cc.pl = pb[1]; cc.pb = pe[0]; cc.pr = pe[1];
+    } else if (one_d) {
+        s_ints (g, n, "pads", 2, c->pl, c->pr);
+    } else {
+        s_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
+    }
+    if (one_d) {
+        s_ints (g, n, "strides", 1, c->sw);
+        s_ints (g, n, "dilations", 1, c->dw);
+        s_ints (g, n, "kernel_shape", 1, c->kw);
+    } else {
+        s_ints (g, n, "strides", 2, c->sh, c->sw);
+        s_ints (g, n, "dilations", 2, c->dh, c->dw);
+        s_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
+    }
+    if (c->group != 1)
+        s_int (g, n, "group", c->group);
+
+    int64_t oh = s_out (cc.h, cc.pt, cc.pb, cc.kh, cc.sh, cc.dh, false);
+    int64_t ow = s_out (cc.w, cc.pl, cc.pr, cc.kw, cc.sw, cc.dw, false);
+    kiln_shape_t ys = one_d ? SH (c->n, c->m, ow) : SH (c->n, c->m, oh, ow);
+    float *xv = s_rand (s_numel (&xs));
+    double *ref = malloc ((size_t) s_numel (&ys) * sizeof *ref);
+    ref_conv (&cc, xv, s_wdata (g, w), c->bias ? s_wdata (g, b) : NULL, oh, ow, ref);
+
+    kiln_model_t *m = s_build (g, NULL, NULL);
+    float *got = s_run1 (m, xv, ys);
+    s_assert_close (got, ref, s_numel (&ys), "conv");
+    free (got);
+    free (ref);
+    free (xv);
+    kiln_model_destroy (&m);
+    kiln_graph_destroy (&g);
+}
+
+START_TEST (test_conv2d_matches_direct_convolution)
+{
+    static const conv_case_t cases[] = {
+        /* n c  h  w  m kh kw sh sw dh dw pt pl pb pr grp bias */
+        { 1, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, true, NULL },   /* same pad */
+        { 2, 4, 9, 8, 6, 3, 3, 2, 1, 1, 2, 1, 2, 0, 1, 2, true, NULL },   /* all knobs */
+        { 1, 6, 7, 7, 6, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 6, false, NULL },  /* depthwise */
+        { 2, 8, 5, 6, 4, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, true, NULL },   /* 1x1 direct */
+        { 1, 4, 6, 6, 4, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, false, NULL },  /* 1x1 grouped */
+        { 1, 2, 6, 5, 3, 1, 1, 2, 2, 1, 1, 0, 0, 0, 0, 1, true, NULL },   /* 1x1 strided */
+        { 1, 3, 11, 10, 5, 5, 3, 3, 2, 2, 1, 2, 0, 1, 2, 1, true, NULL }, /* big, uneven */
+        { 1, 1, 3, 3, 1, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0, 1, true, NULL },   /* the seed's */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        s_check_conv (&cases[i], false);
+    conv_case_t same = { 1, 3, 7, 9, 4, 3, 4, 2, 2, 1, 1, 0, 0, 0, 0, 1, true,
+                         "SAME_UPPER" };
+    s_check_conv (&same, false);
+}
+END_TEST
+
+START_TEST (test_conv1d_matches_direct_convolution)
+{
+    static const conv_case_t cases[] = {
+        /* n c  h  w  m kh kw sh sw dh dw pt pl pb pr grp bias */
+        { 2, 4, 1, 20, 6, 1, 3, 1, 2, 1, 2, 0, 1, 0, 3, 2, true, NULL },
+        { 1, 3, 1, 16, 5, 1, 5, 1, 1, 1, 1, 0, 2, 0, 2, 1, false, NULL },
+        { 1, 4, 1, 9, 4, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 4, true, NULL },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        s_check_conv (&cases[i], true);
+}
+END_TEST
+
+/* --- matrix products ------------------------------------------------ */
+
+typedef struct {
+    int64_t m, n, k;
+    int ta, tb;
+    double alpha, beta;
+    int c;              /* 0: none, 1: [n], 2: [m, n], 3: [m, 1], 4: scalar [] */
+} gemm_case_t;
+
+START_TEST (test_gemm_matches_naive_product)
+{
+    static const gemm_case_t cases[] = {
+        { 4, 10, 16, 0, 1, 1.0, 1.0, 1 },       /* nn.Linear: transB, bias */
+        { 5, 7, 9, 1, 0, 0.5, 2.0, 2 },
+        { 3, 6, 8, 1, 1, 1.5, -1.0, 3 },
+        { 6, 4, 5, 0, 0, 1.0, 0.0, 2 },         /* beta 0 drops C */
+        { 2, 3, 4, 0, 1, 1.0, 1.0, 0 },
+        { 3, 3, 3, 0, 0, 2.0, 0.5, 4 },
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const gemm_case_t *c = &cases[ci];
+        kiln_graph_t *g = kiln_graph_new ();
+        int a = s_input (g, "a", c->ta ? SH (c->k, c->m) : SH (c->m, c->k));
+        int b = s_weight (g, "b", c->tb ? SH (c->n, c->k) : SH (c->k, c->n));
+        kiln_shape_t cs[] = { SH (1), SH (c->n), SH (c->m, c->n), SH (c->m, 1),
+                              { .rank = 0 } };
+        int cc = c->c ? s_weight (g, "c", cs[c->c]) : -1;
+        int y = s_tensor (g, "y");
+        int ins[3] = { a, b, cc };
+        int n = s_node (g, "Gemm", "gemm", ins, c->c ? 3 : 2, y);
+        s_output (g, y);
+        s_int (g, n, "transA", c->ta);
+        s_int (g, n, "transB", c->tb);
+        kiln_err_t err;
+        ck_assert (kiln_node_set_float (g, n, "alpha", c->alpha, &err) == 0);
+        ck_assert (kiln_node_set_float (g, n, "beta", c->beta, &err) == 0);
+
+        float *av = s_rand (c->m * c->k);
+        const float *bv = s_wdata (g, b), *cv = c->c ? s_wdata (g, cc) : NULL;
+        double *ref = malloc ((size_t) (c->m * c->n) * sizeof *ref);
+        kiln_shape_t ys = SH (c->m, c->n);
+        for (int64_t i = 0; i < c->m; i++)
+            for (int64_t j = 0; j < c->n; j++) {
+                double acc = 0;
+                for (int64_t k = 0; k < c->k; k++)
+                    acc += (double) (c->ta ? av[k * c->m + i] : av[i * c->k + k])
+                           * (c->tb ? bv[j * c->k + k] : bv[k * c->n + j]);
+                acc *= c->alpha;
+                if (cv)
+                    acc += c->beta * cv[s_bidx (&ys, &cs[c->c], i * c->n + j)];
+                ref[i * c->n + j] = acc;
+            }
+        kiln_model_t *m = s_build (g, NULL, NULL);
+        float *got = s_run1 (m, av, ys);
+        s_assert_close (got, ref, c->m * c->n, "gemm");
+        free (got);
+        free (ref);
+        free (av);
+        kiln_model_destroy (&m);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
+/* numpy.matmul, written out: promote 1-D operands, broadcast the batch. */
+static void
+ref_matmul (const float *a, kiln_shape_t sa, const float *b, kiln_shape_t sb,
+            double *y, kiln_shape_t *ys)
+{
+    kiln_shape_t ma = sa, mb = sb;
+    if (sa.rank == 1)
+        ma = SH (1, sa.dims[0]);
+    if (sb.rank == 1)
+        mb = SH (sb.dims[0], 1);
+    int64_t m = ma.dims[ma.rank - 2], k = ma.dims[ma.rank - 1];
+    int64_t n = mb.dims[mb.rank - 1];
+    kiln_shape_t ba = ma, bb = mb, batch = { 0 };
+    ba.rank -= 2;
+    bb.rank -= 2;
+    batch.rank = ba.rank > bb.rank ? ba.rank : bb.rank;
+    for (int i = 0; i < batch.rank; i++) {
+        int ia = i - (batch.rank - ba.rank), ib = i - (batch.rank - bb.rank);
+        int64_t da = ia >= 0 ? ba.dims[ia] : 1, db = ib >= 0 ? bb.dims[ib] : 1;
+        batch.dims[i] = da > db ? da : db;
+    }
+    int64_t nb = s_numel (&batch);
+    for (int64_t bi = 0; bi < nb; bi++) {
+        int64_t oa = s_bidx (&batch, &ba, bi) * m * k;
+        int64_t ob = s_bidx (&batch, &bb, bi) * k * n;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double acc = 0;
+                for (int64_t q = 0; q < k; q++)
+                    acc += (double) a[oa + i * k + q] * b[ob + q * n + j];
+                y[(bi * m + i) * n + j] = acc;
+            }
+    }
+    *ys = batch;
+    if (sa.rank > 1)
+        ys->dims[ys->rank++] = m;
+    if (sb.rank > 1)
+        ys->dims[ys->rank++] = n;
+}
+
+START_TEST (test_matmul_batched_and_broadcast_matches_naive_product)
+{
+    struct { kiln_shape_t a, b; } cases[] = {
+        { SH (2, 3, 4, 5), SH (5, 6) },         /* shared B: one sgemm */
+        { SH (2, 1, 4, 5), SH (3, 5, 6) },      /* both sides broadcast */
+        { SH (3, 4, 5), SH (3, 5, 2) },         /* plain batch */
+        { SH (7), SH (7, 3) },                  /* vector x matrix */
+        { SH (2, 4, 7), SH (7) },               /* matrix x vector */
+        { SH (6), SH (6) },                     /* dot product */
+        { SH (1, 4, 5), SH (2, 3, 5, 4) },
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        kiln_graph_t *g = kiln_graph_new ();
+        int a = s_input (g, "a", cases[ci].a);
+        int b = s_weight (g, "b", cases[ci].b);
+        int y = s_tensor (g, "y");
+        int ins[2] = { a, b };
+        s_node (g, "MatMul", "mm", ins, 2, y);
+        s_output (g, y);
+        float *av = s_rand (s_numel (&cases[ci].a));
+        double *ref = malloc (4096 * sizeof *ref);
+        kiln_shape_t ys;
+        ref_matmul (av, cases[ci].a, s_wdata (g, b), cases[ci].b, ref, &ys);
+        kiln_model_t *m = s_build (g, NULL, NULL);
+        float *got = s_run1 (m, av, ys);
+        s_assert_close (got, ref, s_numel (&ys), "matmul");
+        free (got);
+        free (ref);
+        free (av);
+        kiln_model_destroy (&m);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
+/* --- elementwise ---------------------------------------------------- */
+
+START_TEST (test_binary_ops_broadcast_like_numpy)
+{
+    struct { const char *op; kiln_shape_t a, b; bool b_input; } cases[] = {
+        { "Add", SH (2, 3, 4, 5), SH (3, 1, 5), false },
+        { "Mul", SH (4, 1), SH (1, 5), true },
+        { "Sub", SH (2, 3, 4), { .rank = 0 }, false },     /* scalar */
+        { "Div", SH (3, 4), SH (3, 4), true },
+        { "Add", SH (1, 6, 1, 1), SH (2, 6, 3, 3), true },  /* bias-like */
+        { "Mul", SH (5), SH (2, 1, 5), false },
+        { "Add", SH (2, 1, 3, 1), SH (1, 4, 1, 5), true },
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        kiln_graph_t *g = kiln_graph_new ();
+        int a = s_input (g, "a", cases[ci].a);
+        int b = cases[ci].b_input ? s_input (g, "b", cases[ci].b)
+                                  : s_weight (g, "b", cases[ci].b);
+        int y = s_tensor (g, "y");
+        int ins[2] = { a, b };
+        s_node (g, cases[ci].op, "op", ins, 2, y);
+        s_output (g, y);
+
+        kiln_shape_t ys = { .rank = cases[ci].a.rank > cases[ci].b.rank
+                                    ? cases[ci].a.rank : cases[ci].b.rank };
+        for (int i = 0; i < ys.rank; i++) {
+            int ia = i - (ys.rank - cases[ci].a.rank);
+            int ib = i - (ys.rank - cases[ci].b.rank);
+            int64_t da = ia >= 0 ? cases[ci].a.dims[ia] : 1;
+            int64_t db = ib >= 0 ? cases[ci].b.dims[ib] : 1;
+            ys.dims[i] = da > db ? da : db;
+        }
+        float *av = s_rand (s_numel (&cases[ci].a));
+        float *bv = cases[ci].b_input ? s_rand (s_numel (&cases[ci].b)) : NULL;
+        const float *bd = bv ? bv : s_wdata (g, b);
+        if (strcmp (cases[ci].op, "Div") == 0)
+            for (int64_t i = 0; bv && i < s_numel (&cases[ci].b); i++)
+                bv[i] = bv[i] >= 0 ? bv[i] + 0.5f : bv[i] - 0.5f;
+        int64_t n = s_numel (&ys);
+        double *ref = malloc ((size_t) n * sizeof *ref);
+        for (int64_t i = 0; i < n; i++) {
+            double x0 = av[s_bidx (&ys, &cases[ci].a, i)];
+            double x1 = bd[s_bidx (&ys, &cases[ci].b, i)];
+            switch (cases[ci].op[0]) {
+            case 'A': ref[i] = (float) (x0 + x1); break;
+            case 'S': ref[i] = (float) (x0 - x1); break;
+            case 'M': ref[i] = (float) (x0 * x1); break;
+            default:  ref[i] = (float) (x0 / x1); break;
+            }
+        }
+        kiln_model_t *m = s_build (g, NULL, NULL);
+        const kiln_manifest_t *man = kiln_model_manifest (m);
+        int n_in = man->n_inputs;
+        kiln_rt_tensor_t in[2] = {
+            { KILN_DT_FLOAT32, cases[ci].a, av },
+            { KILN_DT_FLOAT32, cases[ci].b, bv },
+        };
+        float *got = malloc ((size_t) n * 4);
+        kiln_rt_tensor_t out = { .data = got };
+        kiln_err_t err = { 0 };
+        ck_assert_msg (kiln_model_run (m, in, n_in, &out, 1, &err) == 0, "%s",
+                       err.msg);
+        ck_assert (kiln_shape_equal (&out.shape, &ys));
+        s_assert_close (got, ref, n, cases[ci].op);
+        free (got);
+        free (ref);
+        free (av);
+        free (bv);
+        kiln_model_destroy (&m);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
+/* --- pooling -------------------------------------------------------- */
+
+START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
+{
+    struct { int64_t n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw; bool ceil; } cases[] = {
+        { 1, 2, 8, 8, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, false },
+        { 2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false },    /* ResNet stem */
+        { 1, 2, 7, 7, 3, 2, 2, 3, 1, 0, 1, 1, 1, 1, true },     /* ceil_mode */
+        { 1, 1, 9, 8, 2, 3, 1, 2, 0, 1, 0, 1, 2, 2, false },    /* dilations */
+        { 1, 2, 6, 6, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true },
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        __typeof__ (cases[0]) *c = &cases[ci];
+        kiln_graph_t *g = kiln_graph_new ();
+        int x = s_input (g, "x", SH (c->n, c->c, c->h, c->w));
+        int y = s_tensor (g, "y");
+        int n = s_node (g, "MaxPool", "pool", &x, 1, y);
+        s_output (g, y);
+        s_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
+        s_ints (g, n, "strides", 2, c->sh, c->sw);
+        s_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
+        s_ints (g, n, "dilations", 2, c->dh, c->dw);
+        s_int (g, n, "ceil_mode", c->ceil);
+        int64_t oh = s_out (c->h, c->pt, c->pb, c->kh, c->sh, c->dh, c->ceil);
+        int64_t ow = s_out (c->w, c->pl, c->pr, c->kw, c->sw, c->dw, c->ceil);
+        kiln_shape_t ys = SH (c->n, c->c, oh, ow);
+        float *xv = s_rand (c->n * c->c * c->h * c->w);
+        double *ref = malloc ((size_t) s_numel (&ys) * sizeof *ref);
+        for (int64_t p = 0; p < c->n * c->c; p++)
+            for (int64_t r = 0; r < oh; r++)
+                for (int64_t q = 0; q < ow; q++) {
+                    double best = -INFINITY;
+                    for (int64_t i = 0; i < c->kh; i++)
+                        for (int64_t j = 0; j < c->kw; j++) {
+                            int64_t ih = r * c->sh - c->pt + i * c->dh;
+                            int64_t iw = q * c->sw - c->pl + j * c->dw;
+                            if (ih >= 0 && ih < c->h && iw >= 0 && iw < c->w
+                                && xv[(p * c->h + ih) * c->w + iw] > best)
+                                best = xv[(p * c->h + ih) * c->w + iw];
+                        }
+                    ref[(p * oh + r) * ow + q] = best;
+                }
+        kiln_model_t *m = s_build (g, NULL, NULL);
+        float *got = s_run1 (m, xv, ys);
+        s_assert_close (got, ref, s_numel (&ys), "maxpool");
+        free (got);
+        free (ref);
+        free (xv);
+        kiln_model_destroy (&m);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
+START_TEST (test_global_average_pool_matches_mean)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = s_input (g, "x", SH (2, 3, 5, 7));
+    int y = s_tensor (g, "y");
+    s_node (g, "GlobalAveragePool", "gap", &x, 1, y);
+    s_output (g, y);
+    float *xv = s_rand (2 * 3 * 5 * 7);
+    double ref[6];
+    for (int p = 0; p < 6; p++) {
+        double s = 0;
+        for (int i = 0; i < 35; i++)
+            s += xv[p * 35 + i];
+        ref[p] = s / 35;
+    }
+    kiln_model_t *m = s_build (g, NULL, NULL);
+    float *got = s_run1 (m, xv, SH (2, 3, 1, 1));
+    s_assert_close (got, ref, 6, "gap");
+    free (got);
+    free (xv);
+    kiln_model_destroy (&m);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* --- a whole model -------------------------------------------------- */
+
+/* conv 3->8 (pad 1) -> relu -> maxpool 2 -> conv 8->16 (stride 2, pad 1)
+ * -> relu -> global average pool -> flatten -> linear 16->10, the shape
+ * of tests/integration/models.py's SmallCNN. */
+static kiln_graph_t *
+s_small_cnn (int *w1, int *b1, int *w2, int *b2, int *wl, int *bl)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = s_input (g, "image", SH (2, 3, 16, 16));
+    *w1 = s_weight (g, "w1", SH (8, 3, 3, 3));
+    *b1 = s_weight (g, "b1", SH (8));
+    *w2 = s_weight (g, "w2", SH (16, 8, 3, 3));
+    *b2 = s_weight (g, "b2", SH (16));
+    *wl = s_weight (g, "wl", SH (10, 16));
+    *bl = s_weight (g, "bl", SH (10));
+    int t[8];
+    for (int i = 0; i < 8; i++) {
+        char name[16];
+        snprintf (name, sizeof name, "t%d", i);
+        t[i] = s_tensor (g, name);
+    }
+    int logits = s_tensor (g, "logits");
+    int n;
+    n = s_node (g, "Conv", "conv1", (int[]) { x, *w1, *b1 }, 3, t[0]);
+    s_ints (g, n, "pads", 4, 1, 1, 1, 1);
+    s_ints (g, n, "kernel_shape", 2, 3, 3);
+    s_node (g, "Relu", "relu1", &t[0], 1, t[1]);
+    n = s_node (g, "MaxPool", "pool", &t[1], 1, t[2]);
+    s_ints (g, n, "kernel_shape", 2, 2, 2);
+    s_ints (g, n, "strides", 2, 2, 2);
+    n = s_node (g, "Conv", "conv2", (int[]) { t[2], *w2, *b2 }, 3, t[3]);
+    s_ints (g, n, "pads", 4, 1, 1, 1, 1);
+    s_ints (g, n, "strides", 2, 2, 2);
+    s_node (g, "Relu", "relu2", &t[3], 1, t[4]);
+    s_node (g, "GlobalAveragePool", "gap", &t[4], 1, t[5]);
+    n = s_node (g, "Flatten", "flatten", &t[5], 1, t[6]);
+    s_int (g, n, "axis", 1);
+    n = s_node (g, "Gemm", "fc", (int[]) { t[6], *wl, *bl }, 3, logits);
+    s_int (g, n, "transB", 1);
+    s_output (g, logits);
+    return g;
+}
+
+static void
+ref_small_cnn (const kiln_graph_t *g, const float *x, int w1, int b1, int w2,
+               int b2, int wl, int bl, double *out)
+{
+    conv_case_t c1 = { 2, 3, 16, 16, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, true, NULL };
+    conv_case_t c2 = { 2, 8, 8, 8, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, true, NULL };
+    double *a1 = malloc (2 * 8 * 16 * 16 * sizeof *a1);
+    float *f1 = malloc (2 * 8 * 8 * 8 * sizeof *f1);
+    double *a2 = malloc (2 * 16 * 4 * 4 * sizeof *a2);
+    ref_conv (&c1, x, s_wdata (g, w1), s_wdata (g, b1), 16, 16, a1);
+    for (int p = 0; p < 16; p++)                       /* relu + maxpool 2 */
+        for (int r = 0; r < 8; r++)
+            for (int q = 0; q < 8; q++) {
+                double best = 0;
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++)
+                        best = fmax (best, a1[(p * 16 + 2 * r + i) * 16 + 2 * q + j]);
+                f1[(p * 8 + r) * 8 + q] = (float) best;
+            }
+    ref_conv (&c2, f1, s_wdata (g, w2), s_wdata (g, b2), 4, 4, a2);
+    const float *wv = s_wdata (g, wl), *bv = s_wdata (g, bl);
+    for (int n = 0; n < 2; n++) {
+        double feat[16];
+        for (int c = 0; c < 16; c++) {
+            double s = 0;
+            for (int i = 0; i < 16; i++)
+                s += fmax (0, a2[(n * 16 + c) * 16 + i]);
+            feat[c] = s / 16;
+        }
+        for (int o = 0; o < 10; o++) {
+            double acc = bv[o];
+            for (int c = 0; c < 16; c++)
+                acc += feat[c] * wv[o * 16 + c];
+            out[n * 10 + o] = acc;
+        }
+    }
+    free (a1);
+    free (f1);
+    free (a2);
+}
+
+START_TEST (test_small_cnn_matches_reference_and_reuses_memory)
+{
+    for (int opt = 0; opt <= 3; opt++) {
+        int w1, b1, w2, b2, wl, bl;
+        kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+        float *xv = s_rand (2 * 3 * 16 * 16);
+        double ref[20];
+        ref_small_cnn (g, xv, w1, b1, w2, b2, wl, bl, ref);
+        char args[32];
+        snprintf (args, sizeof args, "--optlevel %d", opt);
+        kiln_cc_stats_t st = { 0 };
+        kiln_model_t *m = s_build (g, args, &st);
+        float *got = s_run1 (m, xv, SH (2, 10));
+        s_assert_close (got, ref, 20, "small cnn");
+        /* Run again: the arena is reused, the answer must not change. */
+        float *again = s_run1 (m, xv, SH (2, 10));
+        ck_assert (memcmp (got, again, 20 * sizeof *got) == 0);
+        if (opt == 0)
+            ck_assert_uint_eq (st.arena_bytes, st.naive_bytes);
+        else
+            ck_assert_msg (st.arena_bytes < st.naive_bytes,
+                           "-O%d: arena %llu is not smaller than naive %llu", opt,
+                           (unsigned long long) st.arena_bytes,
+                           (unsigned long long) st.naive_bytes);
+        if (opt == 2)
+            printf ("small cnn at -O2: %d ops, arena %llu bytes, naive %llu, "
+                    "weights %llu\n", st.n_ops,
+                    (unsigned long long) st.arena_bytes,
+                    (unsigned long long) st.naive_bytes,
+                    (unsigned long long) st.weights_bytes);
+        free (got);
+        free (again);
+        free (xv);
+        kiln_model_destroy (&m);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
+/* Reshape, Flatten and Identity move no bytes from -O1 on (aliases) and
+ * copy at -O0; both must give the same answer, including a view that is
+ * itself a graph output and a view of a graph input and of a weight. */
+START_TEST (test_views_alias_or_copy_with_same_result)
+{
+    for (int opt = 0; opt <= 2; opt += 2) {
+        kiln_graph_t *g = kiln_graph_new ();
+        int x = s_input (g, "x", SH (2, 3, 4));
+        int64_t shp[2] = { 6, 4 };
+        int sh = s_weight_i64 (g, "shape", shp, 2);
+        int w = s_weight (g, "w", SH (4, 5));
+        int r = s_tensor (g, "r"), f = s_tensor (g, "f"), y = s_tensor (g, "y");
+        int wi = s_tensor (g, "wi"), id = s_tensor (g, "id");
+        s_node (g, "Reshape", "reshape", (int[]) { x, sh }, 2, r);
+        s_node (g, "Identity", "wid", &w, 1, wi);
+        s_node (g, "MatMul", "mm", (int[]) { r, wi }, 2, y);
+        int n = s_node (g, "Flatten", "flat", &x, 1, f);
+        s_int (g, n, "axis", 2);
+        s_node (g, "Identity", "ident", &y, 1, id);
+        s_output (g, id);
+        s_output (g, f);
+        s_output (g, y);
+
+        float *xv = s_rand (24);
+        double ref[30];
+        ref_matmul (xv, SH (6, 4), s_wdata (g, w), SH (4, 5), ref, &(kiln_shape_t) { 0 });
+        double fref[24];
+        for (int i = 0; i < 24; i++)
+            fref[i] = xv[i];
+        char args[32];
+        snprintf (args, sizeof args, "--optlevel %d", opt);
+        kiln_model_t *m = s_build (g, args, NULL);
+        float yo[30], fo[24], io[30];
+        kiln_rt_tensor_t in = { KILN_DT_FLOAT32, SH (2, 3, 4), xv };
+        kiln_rt_tensor_t out[3] = { { .data = io }, { .data = fo }, { .data = yo } };
+        kiln_err_t err = { 0 };
+        ck_assert_msg (kiln_model_run (m, &in, 1, out, 3, &err) == 0, "%s", err.msg);
+        kiln_shape_t fs = SH (6, 4);
+        ck_assert (kiln_shape_equal (&out[1].shape, &fs));
+        s_assert_close (io, ref, 30, "identity of matmul");
+        s_assert_close (yo, ref, 30, "matmul");
+        s_assert_close (fo, fref, 24, "flatten");
+        free (xv);
+        kiln_model_destroy (&m);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
+/* Two inputs, one used twice and passed through to an output. */
+START_TEST (test_seed_function_two_x_plus_y)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = s_input (g, "x", SH (3));
+    int y = s_input (g, "y", SH (3));
+    int t = s_tensor (g, "t"), z = s_tensor (g, "z"), xi = s_tensor (g, "x_out");
+    s_node (g, "Add", "twice", (int[]) { x, x }, 2, t);
+    s_node (g, "Add", "plus", (int[]) { t, y }, 2, z);
+    s_node (g, "Identity", "pass", &x, 1, xi);
+    s_output (g, z);
+    s_output (g, xi);
+    kiln_model_t *m = s_build (g, NULL, NULL);
+    float xv[3] = { 1, 2, 3 }, yv[3] = { 0.5f, -1, 10 }, zo[3], xo[3];
+    kiln_rt_tensor_t in[2] = { { KILN_DT_FLOAT32, SH (3), xv },
+                               { KILN_DT_FLOAT32, SH (3), yv } };
+    kiln_rt_tensor_t out[2] = { { .data = zo }, { .data = xo } };
+    kiln_err_t err = { 0 };
+    ck_assert_msg (kiln_model_run (m, in, 2, out, 2, &err) == 0, "%s", err.msg);
+    ck_assert (zo[0] == 2.5f && zo[1] == 3.0f && zo[2] == 16.0f);
+    ck_assert (memcmp (xo, xv, sizeof xv) == 0);
+    kiln_model_destroy (&m);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* --- refusals ------------------------------------------------------- */
+
+START_TEST (test_run_refuses_wrong_input_shape_and_dtype_naming_the_input)
+{
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    kiln_model_t *m = s_build (g, NULL, NULL);
+    float *xv = s_rand (2 * 3 * 16 * 17);
+    float yo[20];
+    kiln_rt_tensor_t in = { KILN_DT_FLOAT32, SH (2, 3, 16, 17), xv };
+    kiln_rt_tensor_t out = { .data = yo };
+    kiln_err_t err = { 0 };
+    ck_assert_int_eq (kiln_model_run (m, &in, 1, &out, 1, &err), -KILN_ESHAPE);
+    ck_assert_msg (strstr (err.msg, "'image'"), "%s", err.msg);
+    ck_assert_msg (strstr (err.msg, "expected float32 [2, 3, 16, 16]"), "%s", err.msg);
+    ck_assert_msg (strstr (err.msg, "received float32 [2, 3, 16, 17]"), "%s", err.msg);
+
+    in.shape = SH (2, 3, 16, 16);
+    in.dtype = KILN_DT_FLOAT64;
+    ck_assert_int_eq (kiln_model_run (m, &in, 1, &out, 1, &err), -KILN_ESHAPE);
+    ck_assert_msg (strstr (err.msg, "'image'") && strstr (err.msg, "received float64"),
+                   "%s", err.msg);
+
+    in.dtype = KILN_DT_FLOAT32;
+    ck_assert_int_eq (kiln_model_run (m, &in, 1, &out, 0, &err), -KILN_EINVAL);
+    ck_assert_int_eq (kiln_model_run (m, &in, 1, &out, 1, &err), 0);
+    free (xv);
+    kiln_model_destroy (&m);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* Find `needle` in `hay`; the offset or -1. */
+static long
+s_find (const uint8_t *hay, size_t n, const uint8_t *needle, size_t m)
+{
+    for (size_t i = 0; m <= n && i + m <= n; i++)
+        if (memcmp (hay + i, needle, m) == 0)
+            return (long) i;
+    return -1;
+}
+
+START_TEST (test_load_refuses_tampered_program_naming_the_member)
+{
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_cc_compile (g, NULL, &err);
+    ck_assert_msg (art, "%s", err.msg);
+    ck_assert (kiln_artifact_sign (art, s_key, NULL, &err) == 0);
+    char *path = s_path ("tampered.kar");
+    ck_assert (kiln_artifact_write (art, path, &err) == 0);
+    size_t plen;
+    const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
+
+    uint8_t *file;
+    size_t flen;
+    ck_assert (kiln_read_file (path, 1 << 26, &file, &flen, &err) == 0);
+    long at = s_find (file, flen, prog, plen);
+    ck_assert_msg (at >= 0, "program.kbin not found in the archive");
+    file[at + (long) plen / 2] ^= 0x01;
+    ck_assert (kiln_write_file_atomic (path, file, flen, 0644, &err) == 0);
+    free (file);
+
+    kiln_model_t *m = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert (m == NULL);
+    ck_assert_msg (strstr (err.msg, "program.kbin"), "%s", err.msg);
+
+    /* Unsigned: refused too, before the program is looked at. */
+    kiln_artifact_t *u = kiln_cc_compile (g, NULL, &err);
+    ck_assert (u);
+    ck_assert (kiln_artifact_write (u, s_path ("unsigned.kar"), &err) == 0);
+    ck_assert (kiln_rt_load (s_rt, s_path ("unsigned.kar"), s_keys, &err) == NULL);
+    ck_assert_int_eq (err.code, KILN_EVERIFY);
+    /* Signed by a key that is not in the keyring: refused. */
+    kiln_key_t *other = kiln_key_generate (&err);
+    ck_assert (kiln_artifact_sign (u, other, NULL, &err) == 0);
+    ck_assert (kiln_artifact_write (u, s_path ("other.kar"), &err) == 0);
+    ck_assert (kiln_rt_load (s_rt, s_path ("other.kar"), s_keys, &err) == NULL);
+    ck_assert_int_eq (err.code, KILN_EVERIFY);
+    kiln_key_destroy (&other);
+    kiln_artifact_destroy (&u);
+    kiln_artifact_destroy (&art);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* Rebuild `src` with `prog` as its program, signed with the test key, and
+ * write it; returns the path. */
+static char *
+s_resign (kiln_artifact_t *src, const uint8_t *prog, size_t len)
+{
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *a = kiln_artifact_new ();
+    kiln_manifest_t *sm = kiln_artifact_manifest (src), *dm = kiln_artifact_manifest (a);
+    dm->format_version = sm->format_version;
+    memcpy (dm->graph_digest, sm->graph_digest, sizeof dm->graph_digest);
+    memcpy (dm->action_key, sm->action_key, sizeof dm->action_key);
+    memcpy (dm->compiler_id, sm->compiler_id, sizeof dm->compiler_id);
+    memcpy (dm->compiler_version, sm->compiler_version, sizeof dm->compiler_version);
+    memcpy (dm->compiler_args, sm->compiler_args, sizeof dm->compiler_args);
+    memcpy (dm->target, sm->target, sizeof dm->target);
+    dm->runtime_abi = sm->runtime_abi;
+    ck_assert (kiln_manifest_set_io (dm, false, sm->inputs, sm->n_inputs, &err) == 0);
+    ck_assert (kiln_manifest_set_io (dm, true, sm->outputs, sm->n_outputs, &err) == 0);
+    size_t wlen;
+    const uint8_t *w = kiln_artifact_member (src, KILN_WEIGHTS_MEMBER, &wlen);
+    ck_assert (kiln_artifact_add_member (a, KILN_WEIGHTS_MEMBER, w, wlen, &err) == 0);
+    ck_assert (kiln_artifact_add_member (a, KILN_PROGRAM_MEMBER, prog, len, &err) == 0);
+    ck_assert (kiln_artifact_sign (a, s_key, NULL, &err) == 0);
+    char *path = s_path ("resigned-%d.kar", s_files++);
+    ck_assert_msg (kiln_artifact_write (a, path, &err) == 0, "%s", err.msg);
+    kiln_artifact_destroy (&a);
+    return path;
+}
+
+typedef void (*mutate_fn) (kiln_program_t *p);
+
+static int
+s_find_op (kiln_program_t *p, kiln_kernel_t k)
+{
+    for (int i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kernel == k)
+            return i;
+    ck_abort_msg ("no %s op", kiln_kernel_name (k));
+    return -1;
+}
+
+static kiln_prog_param_t *
+s_param (kiln_program_t *p, kiln_kernel_t k, const char *name)
+{
+    kiln_prog_op_t *op = &p->ops[s_find_op (p, k)];
+    for (int i = 0; i < op->n_params; i++)
+        if (strcmp (op->params[i].name, name) == 0)
+            return &op->params[i];
+    ck_abort_msg ("no parameter %s", name);
+    return NULL;
+}
+
+static void m_offset_past_arena (kiln_program_t *p) { p->tensors[p->ops[0].outputs[0]].offset = p->arena_size; }
+static void m_size_lies (kiln_program_t *p) { p->tensors[0].size += 4; }
+static void m_bad_input_index (kiln_program_t *p) { p->ops[0].inputs[0] = p->n_tensors; }
+static void m_conv_stride (kiln_program_t *p) { s_param (p, KILN_K_CONV2D, "strides")->ints[1] = 3; }
+static void m_conv_group (kiln_program_t *p) { s_param (p, KILN_K_CONV2D, "group")->i = 0; }
+static void m_gemm_k (kiln_program_t *p) { s_param (p, KILN_K_GEMM, "k")->i = 17; }
+static void m_pool_kernel (kiln_program_t *p) { s_param (p, KILN_K_MAXPOOL2D, "kernel")->ints[0] = 1000000; }
+static void m_no_scratch (kiln_program_t *p) { p->ops[s_find_op (p, KILN_K_CONV2D)].scratch = -1; }
+static void m_write_weight (kiln_program_t *p)
+{
+    kiln_prog_op_t *op = &p->ops[s_find_op (p, KILN_K_CONV2D)];
+    op->outputs[0] = op->inputs[1];
+}
+static void m_unknown_param (kiln_program_t *p)
+{
+    kiln_err_t err;
+    ck_assert (kiln_prog_op_set_int (&p->ops[0], "fused_activation", 1, &err) == 0);
+}
+static void m_arena_huge (kiln_program_t *p) { p->arena_size = KILN_PROG_MAX_ARENA_BYTES + 64; }
+static void m_arena_oversized (kiln_program_t *p) { p->arena_size += 1 << 20; }
+static void m_input_shape (kiln_program_t *p) { p->tensors[p->inputs[0]].shape.dims[3] = 8;
+                                                p->tensors[p->inputs[0]].size /= 2; }
+static void m_weight_past_end (kiln_program_t *p)
+{
+    for (int i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].kind == KILN_TK_WEIGHT) {
+            p->tensors[i].offset += 1 << 20;
+            return;
+        }
+}
+static void m_kernel_swap (kiln_program_t *p) { p->ops[s_find_op (p, KILN_K_CONV2D)].kernel = KILN_K_GEMM; }
+static void m_dim_broken (kiln_program_t *p) { p->tensors[p->ops[0].outputs[0]].shape.dims[0] = -1; }
+static void m_output_list (kiln_program_t *p) { p->outputs[0] = -5; }
+
+START_TEST (test_load_refuses_malformed_programs_under_a_valid_signature)
+{
+    struct { mutate_fn fn; const char *want; } cases[] = {
+        { m_offset_past_arena, "outside the arena" },
+        { m_size_lies, "does not match" },
+        { m_bad_input_index, "names tensor" },
+        { m_conv_stride, "does not follow from the window" },
+        { m_conv_group, "group" },
+        { m_gemm_k, "parameters say" },
+        { m_pool_kernel, "does not follow from the window" },
+        { m_no_scratch, "scratch" },
+        { m_write_weight, "writes weight" },
+        { m_unknown_param, "unknown parameter 'fused_activation'" },
+        { m_arena_huge, "arena size" },
+        { m_arena_oversized, "larger than its tensors need" },
+        { m_input_shape, "the manifest says" },
+        { m_weight_past_end, "outside weights.bin" },
+        { m_kernel_swap, "gemm" },
+        { m_dim_broken, "dimension 0" },
+        { m_output_list, "program output 0" },
+    };
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_cc_compile (g, NULL, &err);
+    ck_assert_msg (art, "%s", err.msg);
+    size_t plen, wlen;
+    const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
+    kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
+
+    /* The unmodified program, re-signed, loads: the harness is sound. */
+    kiln_model_t *m = kiln_rt_load (s_rt, s_resign (art, prog, plen), s_keys, &err);
+    ck_assert_msg (m, "%s", err.msg);
+    kiln_model_destroy (&m);
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_program_t *p = kiln_program_decode (prog, plen, wlen, &err);
+        ck_assert_msg (p, "%s", err.msg);
+        cases[i].fn (p);
+        uint8_t *bytes;
+        size_t len;
+        ck_assert (kiln_program_encode (p, &bytes, &len, &err) == 0);
+        kiln_program_destroy (&p);
+        m = kiln_rt_load (s_rt, s_resign (art, bytes, len), s_keys, &err);
+        free (bytes);
+        ck_assert_msg (m == NULL, "case %zu (%s) was accepted", i, cases[i].want);
+        ck_assert_msg (strstr (err.msg, cases[i].want) && strstr (err.msg, "program.kbin"),
+                       "case %zu: '%s' lacks '%s'", i, err.msg, cases[i].want);
+    }
+
+    /* Raw bytes: truncated, trailing garbage, not msgpack at all. */
+    m = kiln_rt_load (s_rt, s_resign (art, prog, plen - 7), s_keys, &err);
+    ck_assert (m == NULL);
+    uint8_t *longer = malloc (plen + 3);
+    memcpy (longer, prog, plen);
+    memcpy (longer + plen, "xyz", 3);
+    m = kiln_rt_load (s_rt, s_resign (art, longer, plen + 3), s_keys, &err);
+    ck_assert (m == NULL);
+    ck_assert_msg (strstr (err.msg, "trailing"), "%s", err.msg);
+    free (longer);
+    m = kiln_rt_load (s_rt, s_resign (art, (const uint8_t *) "hello", 5), s_keys, &err);
+    ck_assert (m == NULL);
+    kiln_artifact_destroy (&art);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* Random byte mutations of a valid program under a valid signature: each
+ * is refused with an error or, if it still makes sense, runs; nothing
+ * crashes (run under valgrind or ASan to see it). */
+START_TEST (test_mutated_programs_never_crash_the_runtime)
+{
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_cc_compile (g, NULL, &err);
+    ck_assert_msg (art, "%s", err.msg);
+    size_t plen;
+    const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
+    uint8_t *mut = malloc (plen);
+    float *xv = s_rand (2 * 3 * 16 * 16);
+    float yo[20];
+    int loaded = 0, refused = 0;
+    const int rounds = getenv ("KILN_FUZZ_ROUNDS") ? atoi (getenv ("KILN_FUZZ_ROUNDS")) : 150;
+    for (int r = 0; r < rounds; r++) {
+        uint8_t *bytes = mut;
+        size_t len = plen;
+        if (r % 2 == 0) {
+            /* Bytes: mostly breaks the structure or a field's type. */
+            memcpy (mut, prog, plen);
+            int flips = 1 + r % 3;
+            for (int f = 0; f < flips; f++) {
+                s_randf ();
+                size_t at = (s_seed >> 4) % plen;
+                s_randf ();
+                mut[at] = (uint8_t) (s_seed >> 9);
+            }
+        } else {
+            /* Values: a parameter or a shape changed to an unlucky number
+             * while the format stays valid, which reaches the kernels'
+             * own checks. */
+            static const int64_t odd[] = { 0, 1, 2, 3, -1, 7, 64, 1 << 20,
+                                           INT32_MAX, INT64_MAX };
+            kiln_program_t *p = kiln_program_decode (prog, plen, UINT64_MAX, &err);
+            ck_assert_msg (p, "%s", err.msg);
+            s_randf ();
+            int64_t v = odd[(s_seed >> 7) % (sizeof odd / sizeof odd[0])];
+            s_randf ();
+            if (r % 4 == 1) {
+                kiln_prog_op_t *op = &p->ops[(s_seed >> 5) % (unsigned) p->n_ops];
+                if (op->n_params) {
+                    kiln_prog_param_t *pp = &op->params[(s_seed >> 11) % (unsigned) op->n_params];
+                    if (pp->kind == KILN_PP_INT)
+                        pp->i = v;
+                    else if (pp->kind == KILN_PP_INTS && pp->n)
+                        pp->ints[(s_seed >> 13) % (unsigned) pp->n] = v;
+                    else
+                        pp->f = (double) v;
+                }
+            } else {
+                kiln_prog_tensor_t *t = &p->tensors[(s_seed >> 5) % (unsigned) p->n_tensors];
+                if (t->shape.rank && v >= 0 && v < 1 << 20) {
+                    t->shape.dims[(s_seed >> 11) % (unsigned) t->shape.rank] = v;
+                    kiln_shape_bytes (&t->shape, t->dtype, "t", &t->size, &err);
+                }
+            }
+            ck_assert (kiln_program_encode (p, &bytes, &len, &err) == 0);
+            kiln_program_destroy (&p);
+        }
+        kiln_model_t *m = kiln_rt_load (s_rt, s_resign (art, bytes, len), s_keys, &err);
+        if (bytes != mut)
+            free (bytes);
+        if (!m) {
+            refused++;
+            ck_assert (err.msg[0]);
+            if (getenv ("KILN_FUZZ_VERBOSE"))
+                printf ("refused: %s\n", strstr (err.msg, "program.kbin")
+                                          ? strstr (err.msg, "program.kbin") : err.msg);
+            continue;
+        }
+        loaded++;
+        kiln_rt_tensor_t in = { KILN_DT_FLOAT32, SH (2, 3, 16, 16), xv };
+        kiln_rt_tensor_t out = { .data = yo };
+        const kiln_manifest_t *man = kiln_model_manifest (m);
+        if (man->n_inputs == 1 && man->n_outputs == 1)
+            kiln_model_run (m, &in, 1, &out, 1, &err);
+        kiln_model_destroy (&m);
+    }
+    ck_assert (refused > 0);
+    printf ("program mutations: %d refused, %d loaded and ran\n", refused, loaded);
+    free (xv);
+    free (mut);
+    kiln_artifact_destroy (&art);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+static Suite *
+s_suite (void)
+{
+    Suite *s = suite_create ("runtime");
+    TCase *tc = tcase_create ("runtime");
+    tcase_set_timeout (tc, 120);
+    tcase_add_checked_fixture (tc, setup, teardown);
+    tcase_add_test (tc, test_conv2d_matches_direct_convolution);
+    tcase_add_test (tc, test_conv1d_matches_direct_convolution);
+    tcase_add_test (tc, test_gemm_matches_naive_product);
+    tcase_add_test (tc, test_matmul_batched_and_broadcast_matches_naive_product);
+    tcase_add_test (tc, test_binary_ops_broadcast_like_numpy);
+    tcase_add_test (tc, test_maxpool_with_pads_strides_dilations_ceil_matches_naive);
+    tcase_add_test (tc, test_global_average_pool_matches_mean);
+    tcase_add_test (tc, test_small_cnn_matches_reference_and_reuses_memory);
+    tcase_add_test (tc, test_views_alias_or_copy_with_same_result);
+    tcase_add_test (tc, test_seed_function_two_x_plus_y);
+    tcase_add_test (tc, test_run_refuses_wrong_input_shape_and_dtype_naming_the_input);
+    tcase_add_test (tc, test_load_refuses_tampered_program_naming_the_member);
+    tcase_add_test (tc, test_load_refuses_malformed_programs_under_a_valid_signature);
+    tcase_add_test (tc, test_mutated_programs_never_crash_the_runtime);
+    suite_add_tcase (s, tc);
+    return s;
+}
+
+int
+main (void)
+{
+    /* Each test's directory goes under one root removed here, so that a
+     * failed test (whose teardown Check does not run) leaves nothing. */
+    kiln_err_t err;
+    char *root = kiln_mkdtemp ("kiln-test-runtime-", &err);
+    if (!root) {
+        fprintf (stderr, "test_runtime: %s\n", err.msg);
+        return EXIT_FAILURE;
+    }
+    setenv ("TMPDIR", root, 1);
+    SRunner *sr = srunner_create (s_suite ());
+    srunner_run_all (sr, CK_NORMAL);
+    int failed = srunner_ntests_failed (sr);
+    srunner_free (sr);
+    kiln_rm_rf (root);
+    free (root);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
