@@ -15,6 +15,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -912,6 +913,58 @@ START_TEST (test_seed_function_two_x_plus_y)
 }
 END_TEST
 
+/* Runs of one model from several threads are serialised on its arena:
+ * every thread gets the answer a lone run gives. */
+typedef struct {
+    kiln_model_t *m;
+    const float *x;
+    const float *want;
+    int bad;
+} s_thread_arg_t;
+
+static void *
+s_runner (void *arg)
+{
+    s_thread_arg_t *a = arg;
+    for (int i = 0; i < 25; i++) {
+        float y[20];
+        kiln_rt_tensor_t in = { KILN_DT_FLOAT32, SH (2, 3, 16, 16), (void *) a->x };
+        kiln_rt_tensor_t out = { .data = y };
+        kiln_err_t err = { 0 };
+        if (kiln_model_run (a->m, &in, 1, &out, 1, &err) != 0
+            || memcmp (y, a->want, sizeof y) != 0)
+            a->bad++;
+    }
+    return NULL;
+}
+
+START_TEST (test_concurrent_runs_of_one_model_agree)
+{
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    kiln_model_t *m = s_build (g, NULL, NULL);
+    float *xs[4], *want[4];
+    for (int i = 0; i < 4; i++) {
+        xs[i] = s_rand (2 * 3 * 16 * 16);
+        want[i] = s_run1 (m, xs[i], SH (2, 10));
+    }
+    pthread_t th[4];
+    s_thread_arg_t args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (s_thread_arg_t) { m, xs[i], want[i], 0 };
+        ck_assert (pthread_create (&th[i], NULL, s_runner, &args[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join (th[i], NULL);
+        ck_assert_int_eq (args[i].bad, 0);
+        free (xs[i]);
+        free (want[i]);
+    }
+    kiln_model_destroy (&m);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
 /* --- refusals ------------------------------------------------------- */
 
 START_TEST (test_run_refuses_wrong_input_shape_and_dtype_naming_the_input)
@@ -1259,6 +1312,7 @@ s_suite (void)
     tcase_add_test (tc, test_small_cnn_matches_reference_and_reuses_memory);
     tcase_add_test (tc, test_views_alias_or_copy_with_same_result);
     tcase_add_test (tc, test_seed_function_two_x_plus_y);
+    tcase_add_test (tc, test_concurrent_runs_of_one_model_agree);
     tcase_add_test (tc, test_run_refuses_wrong_input_shape_and_dtype_naming_the_input);
     tcase_add_test (tc, test_load_refuses_tampered_program_naming_the_member);
     tcase_add_test (tc, test_load_refuses_malformed_programs_under_a_valid_signature);
