@@ -226,3 +226,91 @@ kiln_mpk_pack_kv_bin (msgpack_packer *pk, const char *key, const void *data,
     msgpack_pack_bin (pk, len);
     msgpack_pack_bin_body (pk, data, len);
 }
+
+int
+kiln_mpk_check (const uint8_t *data, size_t len, int max_depth,
+                size_t max_objects, const char *what, size_t *used,
+                kiln_err_t *err)
+{
+    /* Elements still due at each open container; depth is bounded by the
+     * caller, so the stack lives on the heap only when it is deep. */
+    uint64_t stack[64];
+    if (max_depth < 0 || max_depth >= (int) (sizeof stack / sizeof stack[0]))
+        return kiln_error (err, KILN_EINVAL, "%s: nesting bound %d is out of range",
+                           what, max_depth);
+    int depth = 0;
+    size_t off = 0, objects = 0;
+    stack[0] = 1;
+    while (depth >= 0) {
+        if (stack[depth] == 0) {
+            depth--;
+            continue;
+        }
+        stack[depth]--;
+        if (off >= len)
+            return kiln_error (err, KILN_EFORMAT, "%s: truncated msgpack (%zu bytes)",
+                               what, len);
+        if (++objects > max_objects)
+            return kiln_error (err, KILN_ELIMIT, "%s: more than %zu msgpack objects",
+                               what, max_objects);
+        uint8_t b = data[off++];
+        int lenbytes = 0;       /* big-endian length/count after the type byte */
+        uint64_t skip = 0;      /* payload bytes that follow */
+        uint64_t items = 0;     /* contained objects */
+        bool container = false, map = false, sized = false;
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+            ;
+        else if (b <= 0x8f) { container = map = true; items = b & 0x0f; }
+        else if (b <= 0x9f) { container = true; items = b & 0x0f; }
+        else if (b <= 0xbf) skip = b & 0x1f;
+        else {
+            switch (b) {
+            case 0xc4: case 0xd9: lenbytes = 1; sized = true; break;
+            case 0xc5: case 0xda: lenbytes = 2; sized = true; break;
+            case 0xc6: case 0xdb: lenbytes = 4; sized = true; break;
+            case 0xca: case 0xce: case 0xd2: skip = 4; break;
+            case 0xcb: case 0xcf: case 0xd3: skip = 8; break;
+            case 0xcc: case 0xd0: skip = 1; break;
+            case 0xcd: case 0xd1: skip = 2; break;
+            case 0xdc: lenbytes = 2; container = true; break;
+            case 0xdd: lenbytes = 4; container = true; break;
+            case 0xde: lenbytes = 2; container = map = true; break;
+            case 0xdf: lenbytes = 4; container = map = true; break;
+            default:
+                return kiln_error (err, KILN_EFORMAT,
+                                   "%s: invalid msgpack type byte 0x%02x at offset %zu",
+                                   what, b, off - 1);
+            }
+        }
+        if ((size_t) lenbytes > len - off)
+            return kiln_error (err, KILN_EFORMAT, "%s: truncated msgpack (%zu bytes)",
+                               what, len);
+        uint64_t n = 0;
+        for (int i = 0; i < lenbytes; i++)
+            n = n << 8 | data[off + i];
+        off += (size_t) lenbytes;
+        if (sized)
+            skip = n;
+        else if (lenbytes)
+            items = n;
+        if (skip > len - off)
+            return kiln_error (err, KILN_EFORMAT, "%s: truncated msgpack (%zu bytes)",
+                               what, len);
+        off += (size_t) skip;
+        if (container && items > 0) {
+            if (map)
+                items *= 2;
+            if (items > len - off)
+                return kiln_error (err, KILN_EFORMAT,
+                                   "%s: container at offset %zu claims %llu elements but only %zu bytes remain",
+                                   what, off, (unsigned long long) items, len - off);
+            if (depth + 1 > max_depth)
+                return kiln_error (err, KILN_EFORMAT, "%s: msgpack nested more than %d deep",
+                                   what, max_depth);
+            stack[++depth] = items;
+        }
+    }
+    if (used)
+        *used = off;
+    return 0;
+}

@@ -52,6 +52,19 @@ int kiln_mpk_get_array (const msgpack_object *map, const char *key,
 int kiln_mpk_get_map (const msgpack_object *map, const char *key,
                       const msgpack_object **out, kiln_err_t *err);
 
+/* Walk one msgpack object at data[0..len) without allocating, before
+ * handing the bytes to msgpack-c: msgpack-c allocates a container's
+ * element array as soon as it reads the header, so a five-byte input
+ * claiming 2^32 elements would make it reserve gigabytes.  Checks that
+ * the object is complete, that no container claims more elements than
+ * there are bytes left (each element takes at least one byte), that it
+ * nests at most `max_depth` deep and holds at most `max_objects` objects.
+ * Extension types are refused: kiln uses none.  *used (may be NULL) gets
+ * the object's length; `what` names the input in errors. */
+int kiln_mpk_check (const uint8_t *data, size_t len, int max_depth,
+                    size_t max_objects, const char *what, size_t *used,
+                    kiln_err_t *err);
+
 /* Integer value of an object (any int type); -KILN_EFORMAT if not int. */
 int kiln_mpk_as_i64 (const msgpack_object *obj, int64_t *out);
 /* Compare a msgpack string object with a C string. */

@@ -928,81 +928,6 @@ s_decode_root (const msgpack_object *root, kiln_program_t *p, kiln_err_t *err)
     return 0;
 }
 
-/* msgpack-c allocates every array and map at the size its header
- * declares, before reading the elements: a 6-byte input can ask for
- * gigabytes.  So walk the encoding first and refuse any container that
- * declares more elements than there are bytes left (each element takes at
- * least one), and any string, binary or extension longer than the rest. */
-static int
-s_mpk_bounded (const uint8_t *d, size_t len, kiln_err_t *err)
-{
-    uint64_t pending = 1;       /* objects still to read */
-    size_t pos = 0;
-    while (pending > 0) {
-        if (pos >= len)
-            return kiln_error (err, KILN_EFORMAT, "program is truncated");
-        uint8_t b = d[pos];
-        size_t head = 1;        /* bytes of header */
-        uint64_t body = 0;      /* bytes of payload */
-        uint64_t items = 0;     /* contained objects */
-        size_t lenbytes = 0;    /* big-endian length field after the tag */
-        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
-            ;
-        else if (b >= 0x80 && b <= 0x8f)
-            items = 2u * (b & 0x0f);
-        else if (b >= 0x90 && b <= 0x9f)
-            items = b & 0x0f;
-        else if (b >= 0xa0 && b <= 0xbf)
-            body = b & 0x1f;
-        else {
-            switch (b) {
-            case 0xc4: case 0xd9: lenbytes = 1; break;      /* bin8, str8 */
-            case 0xc5: case 0xda: lenbytes = 2; break;
-            case 0xc6: case 0xdb: lenbytes = 4; break;
-            case 0xc7: lenbytes = 1; body = 1; break;       /* ext: + type */
-            case 0xc8: lenbytes = 2; body = 1; break;
-            case 0xc9: lenbytes = 4; body = 1; break;
-            case 0xca: body = 4; break;
-            case 0xcb: body = 8; break;
-            case 0xcc: case 0xd0: body = 1; break;
-            case 0xcd: case 0xd1: body = 2; break;
-            case 0xce: case 0xd2: body = 4; break;
-            case 0xcf: case 0xd3: body = 8; break;
-            case 0xd4: body = 2; break;                     /* fixext */
-            case 0xd5: body = 3; break;
-            case 0xd6: body = 5; break;
-            case 0xd7: body = 9; break;
-            case 0xd8: body = 17; break;
-            case 0xdc: case 0xde: lenbytes = 2; break;      /* array16, map16 */
-            case 0xdd: case 0xdf: lenbytes = 4; break;
-            default:
-                return kiln_error (err, KILN_EFORMAT, "program has an invalid "
-                                   "msgpack byte 0x%02x at %zu", b, pos);
-            }
-            if (lenbytes > len - pos - 1)
-                return kiln_error (err, KILN_EFORMAT, "program is truncated");
-            uint64_t n = 0;
-            for (size_t i = 0; i < lenbytes; i++)
-                n = n << 8 | d[pos + 1 + i];
-            head += lenbytes;
-            if (b == 0xdc || b == 0xdd)
-                items = n;
-            else if (b == 0xde || b == 0xdf)
-                items = 2 * n;
-            else if (lenbytes)
-                body += n;
-        }
-        if (head > len - pos || body > len - pos - head)
-            return kiln_error (err, KILN_EFORMAT, "program is truncated");
-        pos += head + (size_t) body;
-        pending = pending - 1 + items;
-        if (pending > len - pos)
-            return kiln_error (err, KILN_EFORMAT, "program declares more "
-                               "elements than it has bytes");
-    }
-    return 0;
-}
-
 kiln_program_t *
 kiln_program_decode (const uint8_t *data, size_t len, uint64_t weights_len,
                      kiln_err_t *err)
@@ -1012,7 +937,7 @@ kiln_program_decode (const uint8_t *data, size_t len, uint64_t weights_len,
         kiln_error (err, KILN_ENOMEM, "out of memory");
         return NULL;
     }
-    if (s_mpk_bounded (data, len, err)) {
+    if (kiln_mpk_check (data, len, 32, len, "program", NULL, err)) {
         kiln_program_destroy (&p);
         return NULL;
     }

@@ -581,75 +581,6 @@ done:
 
 /* --- decoding -------------------------------------------------------------- */
 
-static uint64_t
-s_be (const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-/* Walk one msgpack object at buf[*pos] without allocating, so that a
- * header cannot make the unpacker reserve memory for containers it does
- * not hold: every container's count must fit in the bytes that remain
- * (each element takes at least one), nesting is at most
- * KILN_PROTO_MAX_DEPTH and the number of objects at most
- * KILN_PROTO_MAX_OBJECTS.  Extension types are refused: kiln uses none. */
-static int
-s_walk (const uint8_t *buf, size_t len, size_t *pos, int depth, size_t *objects)
-{
-    if (depth > KILN_PROTO_MAX_DEPTH || *pos >= len
-        || ++*objects > KILN_PROTO_MAX_OBJECTS)
-        return -1;
-    uint8_t b = buf[(*pos)++];
-    uint64_t skip = 0, items = 0;
-    int lenbytes = 0;      /* big-endian length that follows the type byte */
-    int itembytes = 0;     /* big-endian count that follows the type byte */
-    bool map = false;
-    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
-        return 0;
-    else if ((b & 0xf0) == 0x80) { items = b & 0x0f; map = true; }
-    else if ((b & 0xf0) == 0x90)   items = b & 0x0f;
-    else if ((b & 0xe0) == 0xa0)   skip = b & 0x1f;
-    else switch (b) {
-        case 0xc4: case 0xd9: lenbytes = 1; break;
-        case 0xc5: case 0xda: lenbytes = 2; break;
-        case 0xc6: case 0xdb: lenbytes = 4; break;
-        case 0xca: case 0xce: case 0xd2: skip = 4; break;
-        case 0xcb: case 0xcf: case 0xd3: skip = 8; break;
-        case 0xcc: case 0xd0: skip = 1; break;
-        case 0xcd: case 0xd1: skip = 2; break;
-        case 0xdc: itembytes = 2; break;
-        case 0xdd: itembytes = 4; break;
-        case 0xde: itembytes = 2; map = true; break;
-        case 0xdf: itembytes = 4; map = true; break;
-        default: return -1;     /* 0xc1 (never used) and extension types */
-    }
-    int nb = lenbytes ? lenbytes : itembytes;
-    if (nb) {
-        if ((size_t) nb > len - *pos)
-            return -1;
-        uint64_t v = s_be (buf + *pos, nb);
-        *pos += (size_t) nb;
-        if (lenbytes)
-            skip = v;
-        else
-            items = v;
-    }
-    if (skip > len - *pos)
-        return -1;
-    *pos += (size_t) skip;
-    if (map)
-        items *= 2;
-    if (items > len - *pos)
-        return -1;
-    for (uint64_t i = 0; i < items; i++)
-        if (s_walk (buf, len, pos, depth + 1, objects) != 0)
-            return -1;
-    return 0;
-}
-
 /* Copy at most `size`-1 printable bytes of s[0..n) into buf, for quoting
  * a peer's string in an error message. */
 static const char *
@@ -799,8 +730,8 @@ kiln_msg_decode (zmsg_t **raw_p, uint64_t *req_id, kiln_err_t *err)
                     KILN_PROTO_MAX_HEADER_BYTES);
         goto fail;
     }
-    size_t pos = 0, objects = 0;
-    if (len == 0 || s_walk (data, len, &pos, 0, &objects) != 0 || pos != len) {
+    size_t pos = 0;
+    if (len == 0 || kiln_mpk_check (data, len, KILN_PROTO_MAX_DEPTH, KILN_PROTO_MAX_OBJECTS, "header", &pos, NULL) != 0 || pos != len) {
         kiln_error (err, KILN_EFORMAT,
                     "header is not one well-formed msgpack object (%zu bytes)", len);
         goto fail;
@@ -907,10 +838,10 @@ static uint64_t
 s_peek_req_id (zframe_t *hdr)
 {
     const uint8_t *data = zframe_data (hdr);
-    size_t len = zframe_size (hdr), pos = 0, objects = 0, off = 0;
+    size_t len = zframe_size (hdr), pos = 0, off = 0;
     uint64_t id = 0;
     if (len == 0 || len > KILN_PROTO_MAX_HEADER_BYTES
-        || s_walk (data, len, &pos, 0, &objects) != 0)
+        || kiln_mpk_check (data, len, KILN_PROTO_MAX_DEPTH, KILN_PROTO_MAX_OBJECTS, "header", &pos, NULL) != 0)
         return 0;
     msgpack_unpacked up;
     msgpack_unpacked_init (&up);

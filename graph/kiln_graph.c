@@ -803,102 +803,6 @@ s_be (const uint8_t *p, int n)
     return v;
 }
 
-/* Walk one msgpack object at data[0..len) without allocating: check that
- * it is complete, nests at most S_MAX_DEPTH deep, and that no container
- * claims more elements than there are bytes left (each element takes at
- * least one).  msgpack-c allocates a container's element array as soon as
- * it reads the header, so without this walk a five-byte input claiming
- * 2^32 elements would make it reserve gigabytes.  *used gets the
- * object's length. */
-static int
-s_mpk_check (const uint8_t *data, size_t len, size_t *used, kiln_err_t *err)
-{
-    uint64_t left[S_MAX_DEPTH + 1];     /* elements still due at each level */
-    int depth = 0;
-    size_t off = 0;
-    left[0] = 1;
-    while (depth >= 0) {
-        if (left[depth] == 0) {
-            depth--;
-            continue;
-        }
-        left[depth]--;
-        if (off >= len)
-            goto truncated;
-        uint8_t b = data[off++];
-        int hdr = 0;            /* length-field bytes after the type byte */
-        uint64_t fixed = 0;     /* payload bytes that follow regardless */
-        int kind = 0;           /* 0 scalar, 1 bytes of length field, 2 array, 3 map */
-        uint64_t count = 0;
-        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
-            kind = 0;
-        else if (b <= 0x8f) {
-            kind = 3;
-            count = b & 0x0f;
-        }
-        else if (b <= 0x9f) {
-            kind = 2;
-            count = b & 0x0f;
-        }
-        else if (b <= 0xbf)
-            fixed = b & 0x1f;
-        else {
-            switch (b) {
-            case 0xc4: case 0xd9: kind = 1; hdr = 1; break;
-            case 0xc5: case 0xda: kind = 1; hdr = 2; break;
-            case 0xc6: case 0xdb: kind = 1; hdr = 4; break;
-            case 0xc7: kind = 1; hdr = 1; fixed = 1; break;
-            case 0xc8: kind = 1; hdr = 2; fixed = 1; break;
-            case 0xc9: kind = 1; hdr = 4; fixed = 1; break;
-            case 0xca: fixed = 4; break;
-            case 0xcb: fixed = 8; break;
-            case 0xcc: case 0xd0: fixed = 1; break;
-            case 0xcd: case 0xd1: fixed = 2; break;
-            case 0xce: case 0xd2: fixed = 4; break;
-            case 0xcf: case 0xd3: fixed = 8; break;
-            case 0xd4: fixed = 2; break;
-            case 0xd5: fixed = 3; break;
-            case 0xd6: fixed = 5; break;
-            case 0xd7: fixed = 9; break;
-            case 0xd8: fixed = 17; break;
-            case 0xdc: kind = 2; hdr = 2; break;
-            case 0xdd: kind = 2; hdr = 4; break;
-            case 0xde: kind = 3; hdr = 2; break;
-            case 0xdf: kind = 3; hdr = 4; break;
-            default:
-                return kiln_error (err, KILN_EFORMAT, "invalid msgpack type byte 0x%02x at offset %zu",
-                                   b, off - 1);
-            }
-        }
-        if ((size_t) hdr > len - off)
-            goto truncated;
-        uint64_t n = s_be (data + off, hdr);
-        off += (size_t) hdr;
-        if (kind == 1)
-            fixed += n;
-        else if (kind == 2)
-            count = hdr ? n : count;
-        else if (kind == 3)
-            count = 2 * (hdr ? n : count);
-        if (fixed > len - off)
-            goto truncated;
-        off += (size_t) fixed;
-        if (kind >= 2 && count > 0) {
-            if (count > len - off)
-                return kiln_error (err, KILN_EFORMAT,
-                                   "container at offset %zu claims %llu elements but only %zu bytes remain",
-                                   off, (unsigned long long) count, len - off);
-            if (depth + 1 > S_MAX_DEPTH)
-                return kiln_error (err, KILN_EFORMAT, "msgpack nested more than %d deep",
-                                   S_MAX_DEPTH);
-            left[++depth] = count;
-        }
-    }
-    *used = off;
-    return 0;
-truncated:
-    return kiln_error (err, KILN_EFORMAT, "truncated msgpack (%zu bytes)", len);
-}
 
 /* An integer field within lo..hi. */
 static int
@@ -1229,7 +1133,7 @@ kiln_graph_decode (const uint8_t *data, size_t len, kiln_err_t *err)
         goto err;
     }
     size_t used = 0;
-    if (s_mpk_check (data, len, &used, err) != 0)
+    if (kiln_mpk_check (data, len, S_MAX_DEPTH, len, "graph structure", &used, err) != 0)
         goto err;
     if (used != len) {
         kiln_error (err, KILN_EFORMAT, "%zu trailing bytes after the graph structure",

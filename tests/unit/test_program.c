@@ -187,7 +187,7 @@ START_TEST (test_program_decode_refuses_oversized_declarations_cheaply)
      * msgpack-c would try to allocate room for them. */
     const uint8_t huge[] = { 0xdd, 0xff, 0xff, 0xff, 0xf0, 0x01 };
     ck_assert (kiln_program_decode (huge, sizeof huge, 0, &err) == NULL);
-    ck_assert_msg (strstr (err.msg, "more elements than"), "%s", err.msg);
+    ck_assert_msg (strstr (err.msg, "claims 4294967280 elements"), "%s", err.msg);
     const uint8_t str[] = { 0xdb, 0x7f, 0xff, 0xff, 0xff, 'a' };
     ck_assert (kiln_program_decode (str, sizeof str, 0, &err) == NULL);
     ck_assert (strstr (err.msg, "truncated"));
