@@ -74,7 +74,80 @@
     X (GEMM,           "gemm",            2, 3, 1)         \
     X (CONV2D,         "conv2d",          2, 3, 1)         \
     X (MAXPOOL2D,      "maxpool2d",       1, 1, 1)         \
-    X (GLOBAL_AVGPOOL, "global_avgpool",  1, 1, 1)
+    X (GLOBAL_AVGPOOL, "global_avgpool",  1, 1, 1)         \
+    KILN_KERNELS_MATH (X)                                         \
+    KILN_KERNELS_SHAPE (X)
+
+/* The math kernels (runtime/kiln_kernels_math.c). */
+#define KILN_KERNELS_MATH(X)                                       \
+    X (NEG,                "neg",                1, 1, 1)          \
+    X (ABS,                "abs",                1, 1, 1)          \
+    X (SQRT,               "sqrt",               1, 1, 1)          \
+    X (RECIPROCAL,         "reciprocal",         1, 1, 1)          \
+    X (EXP,                "exp",                1, 1, 1)          \
+    X (LOG,                "log",                1, 1, 1)          \
+    X (FLOOR,              "floor",              1, 1, 1)          \
+    X (CEIL,               "ceil",               1, 1, 1)          \
+    X (ERF,                "erf",                1, 1, 1)          \
+    X (TANH,               "tanh",               1, 1, 1)          \
+    X (SIGMOID,            "sigmoid",            1, 1, 1)          \
+    X (SOFTPLUS,           "softplus",           1, 1, 1)          \
+    X (SOFTSIGN,           "softsign",           1, 1, 1)          \
+    X (HARD_SWISH,         "hard_swish",         1, 1, 1)          \
+    X (LEAKY_RELU,         "leaky_relu",         1, 1, 1)          \
+    X (ELU,                "elu",                1, 1, 1)          \
+    X (SELU,               "selu",               1, 1, 1)          \
+    X (CELU,               "celu",               1, 1, 1)          \
+    X (HARD_SIGMOID,       "hard_sigmoid",       1, 1, 1)          \
+    X (CLIP,               "clip",               1, 3, 1)          \
+    X (NOT,                "not",                1, 1, 1)          \
+    X (CAST,               "cast",               1, 1, 1)          \
+    X (POW,                "pow",                2, 2, 1)          \
+    X (PRELU,              "prelu",              2, 2, 1)          \
+    X (MAX,                "max",                1, 8, 1)          \
+    X (MIN,                "min",                1, 8, 1)          \
+    X (SUM,                "sum",                1, 8, 1)          \
+    X (MEAN,               "mean",               1, 8, 1)          \
+    X (EQUAL,              "equal",              2, 2, 1)          \
+    X (LESS,               "less",               2, 2, 1)          \
+    X (GREATER,            "greater",            2, 2, 1)          \
+    X (LESS_EQUAL,         "less_equal",         2, 2, 1)          \
+    X (GREATER_EQUAL,      "greater_equal",      2, 2, 1)          \
+    X (AND,                "and",                2, 2, 1)          \
+    X (OR,                 "or",                 2, 2, 1)          \
+    X (XOR,                "xor",                2, 2, 1)          \
+    X (WHERE,              "where",              3, 3, 1)          \
+    X (REDUCE_SUM,         "reduce_sum",         1, 1, 1)          \
+    X (REDUCE_MEAN,        "reduce_mean",        1, 1, 1)          \
+    X (REDUCE_MAX,         "reduce_max",         1, 1, 1)          \
+    X (REDUCE_MIN,         "reduce_min",         1, 1, 1)          \
+    X (REDUCE_PROD,        "reduce_prod",        1, 1, 1)          \
+    X (REDUCE_L1,          "reduce_l1",          1, 1, 1)          \
+    X (REDUCE_L2,          "reduce_l2",          1, 1, 1)          \
+    X (REDUCE_SUM_SQUARE,  "reduce_sum_square",  1, 1, 1)          \
+    X (REDUCE_LOG_SUM,     "reduce_log_sum",     1, 1, 1)          \
+    X (REDUCE_LOG_SUM_EXP, "reduce_log_sum_exp", 1, 1, 1)          \
+    X (ARGMAX,             "argmax",             1, 1, 1)          \
+    X (ARGMIN,             "argmin",             1, 1, 1)          \
+    X (SOFTMAX,            "softmax",            1, 1, 1)          \
+    X (LOG_SOFTMAX,        "log_softmax",        1, 1, 1)          \
+    X (BATCH_NORM,         "batch_norm",         5, 5, 1)          \
+    X (INSTANCE_NORM,      "instance_norm",      3, 3, 1)          \
+    X (LAYER_NORM,         "layer_norm",         2, 3, 1)          \
+    X (LAYER_NORM_STATS,   "layer_norm_stats",   2, 3, 3)          \
+    X (LRN,                "lrn",                1, 1, 1)
+
+/* The data-movement, resize and window kernels
+ * (runtime/kiln_kernels_shape.c). */
+#define KILN_KERNELS_SHAPE(X)                                      \
+    X (STRIDED,            "strided",            1, 1, 1)          \
+    X (CONCAT,             "concat",             1, 8, 1)          \
+    X (GATHER,             "gather",             2, 2, 1)          \
+    X (PAD,                "pad",                1, 1, 1)          \
+    X (RESIZE,             "resize",             1, 1, 1)          \
+    X (CONV_TRANSPOSE2D,   "conv_transpose2d",   2, 3, 1)          \
+    X (AVGPOOL2D,          "avgpool2d",          1, 1, 1)          \
+    X (GLOBAL_MAXPOOL,     "global_maxpool",     1, 1, 1)
 
 typedef enum {
 #define KILN_K_ENUM(id, name, min_in, max_in, n_out) KILN_K_##id,

@@ -1,4 +1,6 @@
 #include "compiler/kiln_cc_lower.h"
+#include "compiler/kiln_lower_math.h"
+#include "compiler/kiln_lower_shape.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -310,6 +312,71 @@ s_numel (const kiln_shape_t *s)
     return n;
 }
 
+/* --- the same helpers for other files (kiln_cc_lower.h) ------------ */
+
+int
+kiln_cc_fail (kiln_cc_ctx_t *cx, int code, kiln_err_t *err, const char *fmt, ...)
+{
+    char msg[KILN_ERR_MSG_MAX / 2];
+    va_list ap;
+    va_start (ap, fmt);
+    vsnprintf (msg, sizeof msg, fmt, ap);
+    va_end (ap);
+    return s_fail (cx, code, err, "%s", msg);
+}
+
+const char *
+kiln_cc_tname (const kiln_cc_ctx_t *cx, int gt)
+{
+    return s_tname (cx, gt);
+}
+
+int
+kiln_cc_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+{
+    return s_operand (cx, gt, err);
+}
+
+int
+kiln_cc_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+{
+    return s_result (cx, gt, err);
+}
+
+int
+kiln_cc_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins, int n_in,
+              const int *outs, int n_out, kiln_err_t *err)
+{
+    return s_emit (cx, k, ins, n_in, outs, n_out, err);
+}
+
+int
+kiln_cc_scratch (kiln_cc_ctx_t *cx, int op, uint64_t elems, kiln_err_t *err)
+{
+    return s_scratch (cx, op, elems, err);
+}
+
+int
+kiln_cc_expect_shape (kiln_cc_ctx_t *cx, int gt, const kiln_shape_t *want,
+                      kiln_err_t *err)
+{
+    return s_expect_shape (cx, gt, want, err);
+}
+
+int
+kiln_cc_temp (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
+              kiln_err_t *err)
+{
+    uint64_t bytes;
+    int rc = kiln_shape_bytes (shape, dt, "temporary", &bytes, err);
+    if (rc)
+        return rc;
+    int s = s_storage_new (cx, false, -1, bytes, cx->prog->n_ops, err);
+    if (s < 0)
+        return s;
+    return s_ptensor (cx, dt, shape, KILN_TK_TEMP, s, err);
+}
+
 /* --- views: Identity, Reshape, Flatten ------------------------------- */
 
 /* A view changes the shape, never the bytes.  From -O1 on, the output
@@ -352,6 +419,13 @@ s_lower_view (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     return op < 0 ? op : 0;
 }
 
+int
+kiln_cc_lower_view (kiln_cc_ctx_t *cx, const kiln_node_t *node,
+                    kiln_kernel_t k, kiln_err_t *err)
+{
+    return s_lower_view (cx, node, k, err);
+}
+
 /* --- elementwise ---------------------------------------------------- */
 
 /* numpy broadcasting of a and b into out; false when incompatible. */
@@ -379,46 +453,6 @@ s_pad_dims (const kiln_shape_t *s, int r, int64_t *out)
         int j = i - (r - s->rank);
         out[i] = j >= 0 ? s->dims[j] : 1;
     }
-}
-
-static int
-s_lower_binary (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
-                kiln_err_t *err)
-{
-    int a = s_in (node, 0), b = s_in (node, 1);
-    int y = node->n_outputs > 0 ? node->outputs[0] : -1;
-    int all[3] = { a, b, y };
-    if (a < 0 || b < 0 || y < 0)
-        return s_fail (cx, KILN_ECOMPILE, err, "needs two inputs and an output");
-    int rc = s_need_f32 (cx, all, 3, err);
-    if (rc)
-        return rc;
-    kiln_shape_t bs;
-    char sa[128], sb[128];
-    if (!s_broadcast (&s_gt (cx, a)->shape, &s_gt (cx, b)->shape, &bs))
-        return s_fail (cx, KILN_ESHAPE, err, "shapes %s and %s do not broadcast",
-                       kiln_shape_str (&s_gt (cx, a)->shape, sa, sizeof sa),
-                       kiln_shape_str (&s_gt (cx, b)->shape, sb, sizeof sb));
-    if ((rc = s_expect_shape (cx, y, &bs, err)))
-        return rc;
-    int ins[2];
-    if ((ins[0] = s_operand (cx, a, err)) < 0)
-        return ins[0];
-    if ((ins[1] = s_operand (cx, b, err)) < 0)
-        return ins[1];
-    int py = s_result (cx, y, err);
-    if (py < 0)
-        return py;
-    int op = s_emit (cx, k, ins, 2, &py, 1, err);
-    if (op < 0)
-        return op;
-    int64_t da[KILN_MAX_RANK], db[KILN_MAX_RANK];
-    s_pad_dims (&s_gt (cx, a)->shape, bs.rank, da);
-    s_pad_dims (&s_gt (cx, b)->shape, bs.rank, db);
-    if ((rc = s_set_ints (cx, op, "shape_a", da, bs.rank, err))
-        || (rc = s_set_ints (cx, op, "shape_b", db, bs.rank, err)))
-        return rc;
-    return 0;
 }
 
 static int
@@ -791,16 +825,19 @@ s_lower_maxpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if (kiln_node_attr_int (node, "storage_order", 0) != 0)
         return s_fail (cx, KILN_EUNSUPPORTED, err, "storage_order 1");
     const kiln_shape_t *sx = &s_gt (cx, x)->shape;
-    if (sx->rank != 4)
-        return s_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 2-D is "
-                       "supported)", sx->rank - 2);
-    s_window_t w = { .ns = 2, .in = { sx->dims[2], sx->dims[3] } };
+    if (sx->rank != 3 && sx->rank != 4)
+        return s_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 1-D and "
+                       "2-D are supported)", sx->rank - 2);
+    /* A 1-D pool is a 2-D one of height 1 (s_set_window). */
+    s_window_t w = { .ns = sx->rank - 2 };
     const kiln_attr_t *ks = kiln_node_attr (node, "kernel_shape");
-    if (!ks || ks->kind != KILN_ATTR_INTS || ks->n != 2)
-        return s_fail (cx, KILN_ECOMPILE, err, "kernel_shape must hold 2 "
-                       "integers");
-    w.kernel[0] = ks->ints[0];
-    w.kernel[1] = ks->ints[1];
+    if (!ks || ks->kind != KILN_ATTR_INTS || ks->n != (size_t) w.ns)
+        return s_fail (cx, KILN_ECOMPILE, err, "kernel_shape must hold %d "
+                       "integers", w.ns);
+    for (int i = 0; i < w.ns; i++) {
+        w.in[i] = sx->dims[2 + i];
+        w.kernel[i] = ks->ints[i];
+    }
     bool ceil_mode = kiln_node_attr_int (node, "ceil_mode", 0) != 0;
     s_window_t wf = w;
     if ((rc = s_resolve_window (cx, node, &wf, false, err))
@@ -810,10 +847,10 @@ s_lower_maxpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
      * end padding, ONNX's reference does not: accept either, as the
      * runtime does (every window is clamped to the input). */
     const kiln_shape_t *sy = &s_gt (cx, y)->shape;
-    kiln_shape_t out = { .rank = 4, .dims = { sx->dims[0], sx->dims[1],
-                                              w.out[0], w.out[1] } };
-    for (int i = 0; ceil_mode && i < 2; i++)
-        if (sy->rank == 4 && sy->dims[2 + i] >= wf.out[i]
+    kiln_shape_t out = { .rank = sx->rank, .dims = { sx->dims[0], sx->dims[1],
+                                                     w.out[0], w.out[1] } };
+    for (int i = 0; ceil_mode && i < w.ns; i++)
+        if (sy->rank == sx->rank && sy->dims[2 + i] >= wf.out[i]
             && sy->dims[2 + i] <= w.out[i])
             out.dims[2 + i] = sy->dims[2 + i];
     if ((rc = s_expect_shape (cx, y, &out, err)))
@@ -865,10 +902,67 @@ s_lower_gap (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
 /* --- the table ------------------------------------------------------ */
 
 static const kiln_cc_lowering_t s_lowerings[] = {
-    { "Add",               s_lower_binary,  KILN_K_ADD },
-    { "Sub",               s_lower_binary,  KILN_K_SUB },
-    { "Mul",               s_lower_binary,  KILN_K_MUL },
-    { "Div",               s_lower_binary,  KILN_K_DIV },
+    { "Add",               kiln_lower_math_arith,  KILN_K_ADD },
+    { "Sub",               kiln_lower_math_arith,  KILN_K_SUB },
+    { "Mul",               kiln_lower_math_arith,  KILN_K_MUL },
+    { "Div",               kiln_lower_math_arith,  KILN_K_DIV },
+    /* the math ops: compiler/kiln_lower_math.c */
+    { "Neg",               kiln_lower_math_unary, KILN_K_NEG },
+    { "Abs",               kiln_lower_math_unary, KILN_K_ABS },
+    { "Sqrt",              kiln_lower_math_unary, KILN_K_SQRT },
+    { "Reciprocal",        kiln_lower_math_unary, KILN_K_RECIPROCAL },
+    { "Exp",               kiln_lower_math_unary, KILN_K_EXP },
+    { "Log",               kiln_lower_math_unary, KILN_K_LOG },
+    { "Floor",             kiln_lower_math_unary, KILN_K_FLOOR },
+    { "Ceil",              kiln_lower_math_unary, KILN_K_CEIL },
+    { "Erf",               kiln_lower_math_unary, KILN_K_ERF },
+    { "Tanh",              kiln_lower_math_unary, KILN_K_TANH },
+    { "Sigmoid",           kiln_lower_math_unary, KILN_K_SIGMOID },
+    { "Softplus",          kiln_lower_math_unary, KILN_K_SOFTPLUS },
+    { "Softsign",          kiln_lower_math_unary, KILN_K_SOFTSIGN },
+    { "HardSwish",         kiln_lower_math_unary, KILN_K_HARD_SWISH },
+    { "LeakyRelu",         kiln_lower_math_unary, KILN_K_LEAKY_RELU },
+    { "Elu",               kiln_lower_math_unary, KILN_K_ELU },
+    { "Selu",              kiln_lower_math_unary, KILN_K_SELU },
+    { "Celu",              kiln_lower_math_unary, KILN_K_CELU },
+    { "HardSigmoid",       kiln_lower_math_unary, KILN_K_HARD_SIGMOID },
+    { "Not",               kiln_lower_math_unary, KILN_K_NOT },
+    { "Cast",              kiln_lower_math_cast, KILN_K_CAST },
+    { "CastLike",          kiln_lower_math_cast, KILN_K_CAST },
+    { "PRelu",             kiln_lower_math_broadcast, KILN_K_PRELU },
+    { "Clip",              kiln_lower_math_clip, KILN_K_CLIP },
+    { "Pow",               kiln_lower_math_broadcast, KILN_K_POW },
+    { "Max",               kiln_lower_math_broadcast, KILN_K_MAX },
+    { "Min",               kiln_lower_math_broadcast, KILN_K_MIN },
+    { "Sum",               kiln_lower_math_broadcast, KILN_K_SUM },
+    { "Mean",              kiln_lower_math_broadcast, KILN_K_MEAN },
+    { "Equal",             kiln_lower_math_broadcast, KILN_K_EQUAL },
+    { "Less",              kiln_lower_math_broadcast, KILN_K_LESS },
+    { "Greater",           kiln_lower_math_broadcast, KILN_K_GREATER },
+    { "LessOrEqual",       kiln_lower_math_broadcast, KILN_K_LESS_EQUAL },
+    { "GreaterOrEqual",    kiln_lower_math_broadcast, KILN_K_GREATER_EQUAL },
+    { "And",               kiln_lower_math_broadcast, KILN_K_AND },
+    { "Or",                kiln_lower_math_broadcast, KILN_K_OR },
+    { "Xor",               kiln_lower_math_broadcast, KILN_K_XOR },
+    { "Where",             kiln_lower_math_broadcast, KILN_K_WHERE },
+    { "Softmax",           kiln_lower_math_softmax, KILN_K_SOFTMAX },
+    { "LogSoftmax",        kiln_lower_math_softmax, KILN_K_LOG_SOFTMAX },
+    { "ReduceSum",         kiln_lower_math_reduce, KILN_K_REDUCE_SUM },
+    { "ReduceMean",        kiln_lower_math_reduce, KILN_K_REDUCE_MEAN },
+    { "ReduceMax",         kiln_lower_math_reduce, KILN_K_REDUCE_MAX },
+    { "ReduceMin",         kiln_lower_math_reduce, KILN_K_REDUCE_MIN },
+    { "ReduceProd",        kiln_lower_math_reduce, KILN_K_REDUCE_PROD },
+    { "ReduceL1",          kiln_lower_math_reduce, KILN_K_REDUCE_L1 },
+    { "ReduceL2",          kiln_lower_math_reduce, KILN_K_REDUCE_L2 },
+    { "ReduceSumSquare",   kiln_lower_math_reduce, KILN_K_REDUCE_SUM_SQUARE },
+    { "ReduceLogSum",      kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM },
+    { "ReduceLogSumExp",   kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM_EXP },
+    { "ArgMax",            kiln_lower_math_arg, KILN_K_ARGMAX },
+    { "ArgMin",            kiln_lower_math_arg, KILN_K_ARGMIN },
+    { "BatchNormalization", kiln_lower_math_norm, KILN_K_BATCH_NORM },
+    { "InstanceNormalization", kiln_lower_math_norm, KILN_K_INSTANCE_NORM },
+    { "LayerNormalization", kiln_lower_math_norm, KILN_K_LAYER_NORM },
+    { "LRN",               kiln_lower_math_norm, KILN_K_LRN },
     { "Relu",              s_lower_unary,   KILN_K_RELU },
     { "MatMul",            s_lower_matmul,  KILN_K_MATMUL },
     { "Gemm",              s_lower_gemm,    KILN_K_GEMM },
@@ -878,6 +972,24 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "Flatten",           s_lower_view,    KILN_K_COPY },
     { "Reshape",           s_lower_view,    KILN_K_COPY },
     { "Identity",          s_lower_view,    KILN_K_COPY },
+    /* shape, data movement and windows: compiler/kiln_lower_shape.c */
+    { "Squeeze",           s_lower_view,    KILN_K_COPY },
+    { "Unsqueeze",         s_lower_view,    KILN_K_COPY },
+    { "Transpose",         kiln_lower_shape_strided, KILN_K_STRIDED },
+    { "Slice",             kiln_lower_shape_strided, KILN_K_STRIDED },
+    { "Expand",            kiln_lower_shape_strided, KILN_K_STRIDED },
+    { "Tile",              kiln_lower_shape_strided, KILN_K_STRIDED },
+    { "DepthToSpace",      kiln_lower_shape_strided, KILN_K_STRIDED },
+    { "SpaceToDepth",      kiln_lower_shape_strided, KILN_K_STRIDED },
+    { "Split",             kiln_lower_shape_split, KILN_K_STRIDED },
+    { "Concat",            kiln_lower_shape_concat, KILN_K_CONCAT },
+    { "Gather",            kiln_lower_shape_gather, KILN_K_GATHER },
+    { "Pad",               kiln_lower_shape_pad, KILN_K_PAD },
+    { "Resize",            kiln_lower_shape_resize, KILN_K_RESIZE },
+    { "Einsum",            kiln_lower_shape_einsum, KILN_K_MATMUL },
+    { "ConvTranspose",     kiln_lower_shape_conv_transpose, KILN_K_CONV_TRANSPOSE2D },
+    { "AveragePool",       kiln_lower_shape_avgpool, KILN_K_AVGPOOL2D },
+    { "GlobalMaxPool",     kiln_lower_shape_global_pool, KILN_K_GLOBAL_MAXPOOL },
 };
 
 const kiln_cc_lowering_t *

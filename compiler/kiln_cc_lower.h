@@ -70,6 +70,39 @@ typedef struct kiln_cc_lowering {
  * support it. */
 const kiln_cc_lowering_t *kiln_cc_lowering_find (const char *op);
 
+/* --- helpers for lowering functions in other files ------------------
+ * (kiln_lower_math.c and the like); the same ones the lowerings of
+ * kiln_cc_lower.c use.  Each returns a negative code with `err` filled in
+ * on failure. */
+
+/* Fail with "node 'name' (Op): <message>". */
+int kiln_cc_fail (kiln_cc_ctx_t *cx, int code, kiln_err_t *err,
+                  const char *fmt, ...) __attribute__ ((format (printf, 4, 5)));
+/* Graph tensor gt's name, "(unnamed)" when it has none. */
+const char *kiln_cc_tname (const kiln_cc_ctx_t *cx, int gt);
+/* The program tensor for graph tensor gt read by the node being lowered
+ * (a graph input, a weight, or an earlier node's result). */
+int kiln_cc_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err);
+/* A new arena tensor for graph tensor gt, written by the next op. */
+int kiln_cc_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err);
+/* Emit an op (recording its reads for the planner); returns its index. */
+int kiln_cc_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins,
+                  int n_in, const int *outs, int n_out, kiln_err_t *err);
+/* Give op `op` a float32 workspace of `elems` elements. */
+int kiln_cc_scratch (kiln_cc_ctx_t *cx, int op, uint64_t elems,
+                     kiln_err_t *err);
+/* The inferred shape of graph tensor gt must be `want`. */
+int kiln_cc_expect_shape (kiln_cc_ctx_t *cx, int gt, const kiln_shape_t *want,
+                          kiln_err_t *err);
+/* A new arena tensor no graph tensor stands for (an output the graph
+ * does not use), written by the next op. */
+int kiln_cc_temp (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
+                  kiln_err_t *err);
+/* Lower output 0 of `node` as a view of its input 0 (an alias from -O1,
+ * a copy at -O0). */
+int kiln_cc_lower_view (kiln_cc_ctx_t *cx, const kiln_node_t *node,
+                        kiln_kernel_t k, kiln_err_t *err);
+
 /* Set up `cx` for graph `g`; release with kiln_cc_ctx_release. */
 int kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
                       const kiln_cc_options_t *opts, kiln_err_t *err);

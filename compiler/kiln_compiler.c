@@ -9,6 +9,7 @@
 #include "common/kiln_program.h"
 #include "compiler/kiln_cc_lower.h"
 #include "compiler/kiln_cc_plan.h"
+#include "graph/kiln_fold.h"
 
 /* --- target and arguments ------------------------------------------- */
 
@@ -103,11 +104,14 @@ kiln_cc_parse_args (const char *args, kiln_cc_options_t *opts, kiln_err_t *err)
  * runs, so that the error is the same whether or not the graph library
  * knows the op. */
 static int
-s_check_ops (const kiln_graph_t *g, kiln_err_t *err)
+s_check_ops (const kiln_graph_t *g, bool before_fold, kiln_err_t *err)
 {
     for (int i = 0; i < g->n_nodes; i++) {
         const kiln_node_t *n = &g->nodes[i];
         if (kiln_cc_lowering_find (n->op))
+            continue;
+        /* Shape, Range and the like may fold away. */
+        if (before_fold && kiln_graph_fold_evaluates (n->op))
             continue;
         if (n->name && n->name[0])
             return kiln_error (err, KILN_EUNSUPPORTED, "node '%s' (%s): operator "
@@ -175,17 +179,26 @@ kiln_cc_compile_ex (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats,
                     kiln_err_t *err)
 {
     kiln_cc_options_t opts;
-    char norm[KILN_MAX_ARGS_BYTES], digest[KILN_HEX_LEN];
+    char norm[KILN_MAX_ARGS_BYTES], digest[KILN_HEX_LEN], given[KILN_HEX_LEN];
     if (kiln_cc_parse_args (args, &opts, err)
-        || kiln_args_normalize (args ? args : "", norm, sizeof norm, err)
-        || s_check_ops (g, err)
-        || kiln_graph_validate (g, err))
+        || kiln_args_normalize (args ? args : "", norm, sizeof norm, err))
         return NULL;
     if (!kiln_graph_complete (g)) {
         kiln_error (err, KILN_ECOMPILE, "the graph is missing weight data");
         return NULL;
     }
-    if (kiln_graph_digest (g, digest, err))
+    /* The manifest names the graph that was submitted.  Folding (which
+     * also validates) changes nothing in an imported graph, which the
+     * importer folded already; when it does change a graph, the digest
+     * is the one taken before, which is what the broker computed. */
+    if (s_check_ops (g, true, err) || kiln_graph_digest (g, given, err))
+        return NULL;
+    int folded = kiln_graph_fold (g, err);
+    if (folded < 0 || s_check_ops (g, false, err) || kiln_graph_validate (g, err))
+        return NULL;
+    if (folded > 0)
+        memcpy (digest, given, sizeof digest);
+    else if (kiln_graph_digest (g, digest, err))
         return NULL;
 
     kiln_cc_ctx_t cx;

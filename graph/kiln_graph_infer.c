@@ -15,6 +15,8 @@
  * specification.
  */
 #include "graph/kiln_graph.h"
+#include "graph/kiln_infer.h"
+#include "graph/kiln_infer_math.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,24 +25,13 @@
 
 /* Room for "node '<name>' (<op>)" and similar labels. */
 #define S_LABEL_MAX (KILN_MAX_NAME + KILN_MAX_OP_NAME + 32)
-#define S_SHAPE_MAX 160
+#define S_SHAPE_MAX KILN_INFER_SHAPE_MAX
 
-typedef struct {
-    kiln_dtype_t dtype;
-    kiln_shape_t shape;
-} s_type_t;
-
-typedef struct {
-    const kiln_graph_t *g;
-    const kiln_node_t *node;
-    const char *label;          /* "node 'conv1' (Conv)" */
-    const s_type_t *const *in;  /* type of each input, NULL when absent */
-    int n_in;
-    s_type_t *const *out;       /* where each output's type goes */
-    kiln_err_t *err;
-} s_ctx_t;
-
-typedef int (*s_infer_fn) (s_ctx_t *ctx);
+/* The types are kiln_infer.h's, so that infer functions in other files
+ * of graph/ can sit in the op table. */
+typedef kiln_infer_type_t s_type_t;
+typedef kiln_infer_ctx_t s_ctx_t;
+typedef kiln_infer_fn s_infer_fn;
 
 typedef struct {
     const char *op;             /* ONNX op type */
@@ -254,30 +245,91 @@ s_broadcast (s_ctx_t *ctx, const kiln_shape_t *a, int ia, const kiln_shape_t *b,
     return 0;
 }
 
-/* --- elementwise --------------------------------------------------- */
+/* --- the same helpers for other files (kiln_infer.h) ---------------- */
 
-/* Add, Sub, Mul, Div: float32, numpy broadcasting. */
-static int
-s_infer_binary (s_ctx_t *ctx)
+int
+kiln_infer_fail (kiln_infer_ctx_t *ctx, int code, const char *fmt, ...)
 {
-    const s_type_t *a = s_in (ctx, 0), *b = s_in (ctx, 1);
-    if (a->dtype != b->dtype) {
-        char na[KILN_MAX_NAME + 16], nb[KILN_MAX_NAME + 16];
-        return s_fail (ctx, KILN_ESHAPE, "%s is %s but %s is %s",
-                       s_in_name (ctx, 0, na, sizeof na), kiln_dtype_name (a->dtype),
-                       s_in_name (ctx, 1, nb, sizeof nb), kiln_dtype_name (b->dtype));
-    }
-    int rc = s_want_float (ctx, 0);
-    if (rc)
-        return rc;
-    kiln_shape_t shape;
-    rc = s_broadcast (ctx, &a->shape, 0, &b->shape, 1, &shape);
-    if (rc)
-        return rc;
-    s_out (ctx, 0)->dtype = a->dtype;
-    s_out (ctx, 0)->shape = shape;
-    return 0;
+    char msg[KILN_ERR_MSG_MAX];
+    va_list ap;
+    va_start (ap, fmt);
+    vsnprintf (msg, sizeof msg, fmt, ap);
+    va_end (ap);
+    return kiln_error (ctx->err, code, "%s: %s", ctx->label, msg);
 }
+
+const kiln_infer_type_t *
+kiln_infer_in (kiln_infer_ctx_t *ctx, int i)
+{
+    return s_in (ctx, i);
+}
+
+kiln_infer_type_t *
+kiln_infer_out (kiln_infer_ctx_t *ctx, int i)
+{
+    return s_out (ctx, i);
+}
+
+const char *
+kiln_infer_in_name (kiln_infer_ctx_t *ctx, int i, char *buf, size_t size)
+{
+    return s_in_name (ctx, i, buf, size);
+}
+
+const char *
+kiln_infer_shape_str (const kiln_shape_t *shape, char *buf)
+{
+    return s_shape (shape, buf);
+}
+
+int
+kiln_infer_want_float (kiln_infer_ctx_t *ctx, int i)
+{
+    return s_want_float (ctx, i);
+}
+
+int
+kiln_infer_want_rank (kiln_infer_ctx_t *ctx, int i, int lo, int hi)
+{
+    return s_want_rank (ctx, i, lo, hi);
+}
+
+int
+kiln_infer_attr (kiln_infer_ctx_t *ctx, const char *name, kiln_attr_kind_t kind,
+                 const kiln_attr_t **out)
+{
+    return s_attr (ctx, name, kind, out);
+}
+
+int
+kiln_infer_attr_int (kiln_infer_ctx_t *ctx, const char *name, int64_t fallback,
+                     int64_t lo, int64_t hi, int64_t *v)
+{
+    return s_attr_int (ctx, name, fallback, lo, hi, v);
+}
+
+int
+kiln_infer_attr_ints (kiln_infer_ctx_t *ctx, const char *name, int count,
+                      int64_t lo, int64_t hi, int64_t *v, bool *present)
+{
+    return s_attr_ints (ctx, name, count, lo, hi, v, present);
+}
+
+int
+kiln_infer_broadcast (kiln_infer_ctx_t *ctx, const kiln_shape_t *a, int ia,
+                      const kiln_shape_t *b, int ib, kiln_shape_t *out)
+{
+    return s_broadcast (ctx, a, ia, b, ib, out);
+}
+
+int
+kiln_infer_dim_product (kiln_infer_ctx_t *ctx, const int64_t *dims, int from,
+                        int to, int64_t *out)
+{
+    return s_dim_product (ctx, dims, from, to, out);
+}
+
+/* --- elementwise --------------------------------------------------- */
 
 static int
 s_infer_relu (s_ctx_t *ctx)
@@ -711,19 +763,92 @@ s_infer_reshape (s_ctx_t *ctx)
  * into weights. */
 static const s_op_t s_ops[] = {
     /* op                   in      out   infer */
-    { "Add",                2, 2,   1, 1, s_infer_binary },
+    { "Abs",               1, 1,   1, 1, kiln_infer_neg_abs },
+    { "Add",                2, 2,   1, 1, kiln_infer_arith },
+    { "And",               2, 2,   1, 1, kiln_infer_logical },
+    { "ArgMax",            1, 1,   1, 1, kiln_infer_arg },
+    { "ArgMin",            1, 1,   1, 1, kiln_infer_arg },
+    { "AveragePool",        1, 1,   1, 1, s_infer_maxpool },
+    { "BatchNormalization", 5, 5,   1, 5, kiln_infer_batch_norm },
+    { "Cast",              1, 1,   1, 1, kiln_infer_cast },
+    { "CastLike",          2, 2,   1, 1, kiln_infer_cast },
+    { "Ceil",              1, 1,   1, 1, kiln_infer_float_unary },
+    { "Celu",              1, 1,   1, 1, kiln_infer_float_unary },
+    { "Clip",              1, 3,   1, 1, kiln_infer_clip },
+    { "Concat",             1, KILN_MAX_NODE_IO, 1, 1, kiln_infer_concat },
     { "Conv",               2, 3,   1, 1, s_infer_conv },
-    { "Div",                2, 2,   1, 1, s_infer_binary },
+    { "ConvTranspose",      2, 3,   1, 1, kiln_infer_conv_transpose },
+    { "DepthToSpace",       1, 1,   1, 1, kiln_infer_depth_to_space },
+    { "Div",                2, 2,   1, 1, kiln_infer_arith },
+    { "Einsum",             1, KILN_MAX_NODE_IO, 1, 1, kiln_infer_einsum },
+    { "Elu",               1, 1,   1, 1, kiln_infer_float_unary },
+    { "Equal",             2, 2,   1, 1, kiln_infer_compare },
+    { "Erf",               1, 1,   1, 1, kiln_infer_float_unary },
+    { "Exp",               1, 1,   1, 1, kiln_infer_float_unary },
+    { "Expand",             2, 2,   1, 1, kiln_infer_expand },
     { "Flatten",            1, 1,   1, 1, s_infer_flatten },
+    { "Floor",             1, 1,   1, 1, kiln_infer_float_unary },
+    { "Gather",             2, 2,   1, 1, kiln_infer_gather },
     { "Gemm",               2, 3,   1, 1, s_infer_gemm },
     { "GlobalAveragePool",  1, 1,   1, 1, s_infer_global_pool },
+    { "GlobalMaxPool",      1, 1,   1, 1, s_infer_global_pool },
+    { "Greater",           2, 2,   1, 1, kiln_infer_compare },
+    { "GreaterOrEqual",    2, 2,   1, 1, kiln_infer_compare },
+    { "HardSigmoid",       1, 1,   1, 1, kiln_infer_float_unary },
+    { "HardSwish",         1, 1,   1, 1, kiln_infer_float_unary },
     { "Identity",           1, 1,   1, 1, s_infer_identity },
+    { "InstanceNormalization", 3, 3,   1, 1, kiln_infer_instance_norm },
+    { "LRN",               1, 1,   1, 1, kiln_infer_lrn },
+    { "LayerNormalization", 2, 3,   1, 3, kiln_infer_layer_norm },
+    { "LeakyRelu",         1, 1,   1, 1, kiln_infer_float_unary },
+    { "Less",              2, 2,   1, 1, kiln_infer_compare },
+    { "LessOrEqual",       2, 2,   1, 1, kiln_infer_compare },
+    { "Log",               1, 1,   1, 1, kiln_infer_float_unary },
+    { "LogSoftmax",        1, 1,   1, 1, kiln_infer_softmax },
     { "MatMul",             2, 2,   1, 1, s_infer_matmul },
+    { "Max",               1, KILN_MAX_NODE_IO,   1, 1, kiln_infer_variadic },
     { "MaxPool",            1, 1,   1, 2, s_infer_maxpool },
-    { "Mul",                2, 2,   1, 1, s_infer_binary },
+    { "Mean",              1, KILN_MAX_NODE_IO,   1, 1, kiln_infer_variadic },
+    { "Min",               1, KILN_MAX_NODE_IO,   1, 1, kiln_infer_variadic },
+    { "Mul",                2, 2,   1, 1, kiln_infer_arith },
+    { "Neg",               1, 1,   1, 1, kiln_infer_neg_abs },
+    { "Not",               1, 1,   1, 1, kiln_infer_not },
+    { "Or",                2, 2,   1, 1, kiln_infer_logical },
+    { "PRelu",             2, 2,   1, 1, kiln_infer_prelu },
+    { "Pad",                1, 4,   1, 1, kiln_infer_pad },
+    { "Pow",               2, 2,   1, 1, kiln_infer_pow },
+    { "Reciprocal",        1, 1,   1, 1, kiln_infer_float_unary },
+    { "ReduceL1",          1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceL2",          1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceLogSum",      1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceLogSumExp",   1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceMax",         1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceMean",        1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceMin",         1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceProd",        1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceSum",         1, 2,   1, 1, kiln_infer_reduce },
+    { "ReduceSumSquare",   1, 2,   1, 1, kiln_infer_reduce },
     { "Relu",               1, 1,   1, 1, s_infer_relu },
     { "Reshape",            2, 2,   1, 1, s_infer_reshape },
-    { "Sub",                2, 2,   1, 1, s_infer_binary },
+    { "Resize",             1, 4,   1, 1, kiln_infer_resize },
+    { "Selu",              1, 1,   1, 1, kiln_infer_float_unary },
+    { "Sigmoid",           1, 1,   1, 1, kiln_infer_float_unary },
+    { "Slice",              1, 5,   1, 1, kiln_infer_slice },
+    { "Softmax",           1, 1,   1, 1, kiln_infer_softmax },
+    { "Softplus",          1, 1,   1, 1, kiln_infer_float_unary },
+    { "Softsign",          1, 1,   1, 1, kiln_infer_float_unary },
+    { "SpaceToDepth",       1, 1,   1, 1, kiln_infer_space_to_depth },
+    { "Split",              1, 2,   1, KILN_MAX_NODE_IO, kiln_infer_split },
+    { "Sqrt",              1, 1,   1, 1, kiln_infer_float_unary },
+    { "Squeeze",            1, 2,   1, 1, kiln_infer_squeeze },
+    { "Sub",                2, 2,   1, 1, kiln_infer_arith },
+    { "Sum",               1, KILN_MAX_NODE_IO,   1, 1, kiln_infer_variadic },
+    { "Tanh",              1, 1,   1, 1, kiln_infer_float_unary },
+    { "Tile",               2, 2,   1, 1, kiln_infer_tile },
+    { "Transpose",          1, 1,   1, 1, kiln_infer_transpose },
+    { "Unsqueeze",          1, 2,   1, 1, kiln_infer_unsqueeze },
+    { "Where",             3, 3,   1, 1, kiln_infer_where },
+    { "Xor",               2, 2,   1, 1, kiln_infer_logical },
 };
 #define S_N_OPS ((int) (sizeof s_ops / sizeof s_ops[0]))
 
@@ -744,7 +869,9 @@ s_op_find (const char *op)
 bool
 kiln_graph_op_supported (const char *op)
 {
-    return s_op_find (op) != NULL;
+    /* Ops the folding pass evaluates (Shape, Range, ...) are known too:
+     * they never reach inference unless their inputs are not constant. */
+    return s_op_find (op) != NULL || kiln_fold_op_known (op);
 }
 
 /* --- validation ---------------------------------------------------- */
@@ -896,7 +1023,8 @@ s_check_producers (const kiln_graph_t *g, int *producer, uint8_t *role,
             return kiln_error (err, KILN_EINVAL, "graph input %s has an unknown shape", tn);
     }
     for (int i = 0; i < g->n_outputs; i++)
-        if (producer[g->outputs[i]] < 0)
+        /* A graph output may be a constant: folding can make it one. */
+        if (producer[g->outputs[i]] < 0 && g->tensors[g->outputs[i]].weight < 0)
             return kiln_error (err, KILN_EINVAL, "graph output %s is not produced by any node",
                                s_tensor_name (g, g->outputs[i], tn, sizeof tn));
     for (int n = 0; n < g->n_nodes; n++) {
@@ -1096,6 +1224,8 @@ s_infer_node (const kiln_graph_t *g, int n, s_type_t *types,
                     .n_in = node->n_inputs, .out = out, .err = err };
     char range[32];
     const s_op_t *op = s_op_find (node->op);
+    if (!op && kiln_fold_op_known (node->op))
+        return kiln_fold_refuse (g, n, label, err);
     if (!op)
         return kiln_error (err, KILN_EUNSUPPORTED, "%s: unsupported op '%s'", label, node->op);
     if (node->n_inputs < op->min_in || node->n_inputs > op->max_in)
@@ -1213,7 +1343,8 @@ kiln_graph_window (const kiln_graph_t *g, int n, kiln_window_t *w, kiln_err_t *e
     char label[S_LABEL_MAX];
     kiln_graph_node_label (g, n, label, sizeof label);
     bool conv = node->op && strcmp (node->op, "Conv") == 0;
-    bool pool = node->op && strcmp (node->op, "MaxPool") == 0;
+    bool pool = node->op && (strcmp (node->op, "MaxPool") == 0
+                             || strcmp (node->op, "AveragePool") == 0);
     if (!conv && !pool)
         return kiln_error (err, KILN_EINVAL, "%s has no sliding window", label);
     /* Run the inference code itself on copies of the input types, so
@@ -1241,4 +1372,37 @@ kiln_graph_window (const kiln_graph_t *g, int n, kiln_window_t *w, kiln_err_t *e
                     .out = NULL, .err = err };
     kiln_shape_t y;
     return conv ? s_conv_window (&ctx, w, &y) : s_pool_window (&ctx, w, &y);
+}
+
+/* --- node by node, for the folding pass (kiln_infer.h) -------------- */
+
+int
+kiln_infer_order (const kiln_graph_t *g, int *order, kiln_err_t *err)
+{
+    int rc = s_check_structure (g, err);
+    if (rc)
+        return rc;
+    size_t nt = (size_t) g->n_tensors + 1;
+    int *producer = malloc (nt * sizeof *producer);
+    uint8_t *role = calloc (nt, sizeof *role);
+    if (!producer || !role)
+        rc = kiln_error (err, KILN_ENOMEM, "out of memory sorting the graph");
+    else if (!(rc = s_check_producers (g, producer, role, err)))
+        rc = s_toposort (g, producer, order, err);
+    free (producer);
+    free (role);
+    return rc;
+}
+
+int
+kiln_infer_node (const kiln_graph_t *g, int n, kiln_infer_type_t *types,
+                 kiln_err_t *err)
+{
+    const s_type_t **ins = malloc (KILN_MAX_NODE_IO * sizeof *ins);
+    s_type_t **outs = malloc (KILN_MAX_NODE_IO * sizeof *outs);
+    int rc = ins && outs ? s_infer_node (g, n, types, ins, outs, err)
+                         : kiln_error (err, KILN_ENOMEM, "out of memory inferring shapes");
+    free (ins);
+    free (outs);
+    return rc;
 }

@@ -23,6 +23,7 @@
 
 #include "common/kiln_fs.h"
 #include "common/kiln_limits.h"
+#include "graph/kiln_fold.h"
 #include "onnx.pb-c.h"
 
 /* ONNX raw_data is little-endian, as are kiln's weight blobs (the npy
@@ -417,7 +418,19 @@ s_check_ops (const Onnx__GraphProto *graph, kiln_err_t *err)
             memcpy (msg + len, item, (size_t) m + 1);
             len += (size_t) m;
         }
-        rc = kiln_error (err, KILN_EUNSUPPORTED, "%s", msg);
+        /* Say why for the ops kiln refuses by design. */
+        bool control = false, data = false;
+        for (size_t k = 0; k < n_counts; k++) {
+            control |= s_streq (counts[k].op, "If") || s_streq (counts[k].op, "Loop")
+                       || s_streq (counts[k].op, "Scan");
+            data |= kiln_graph_op_data_dependent (counts[k].op);
+        }
+        rc = kiln_error (err, KILN_EUNSUPPORTED, "%s%s%s", msg,
+                         control ? "; If, Loop and Scan are control flow, and kiln compiles "
+                                   "straight-line graphs" : "",
+                         data ? "; NonZero, Unique and the like give outputs whose shape "
+                                "depends on run-time values, and kiln compiles for fixed "
+                                "shapes" : "");
     }
 err:
     zhashx_destroy (&seen);
@@ -774,6 +787,47 @@ s_add_constant (importer_t *imp, Onnx__NodeProto *node, const char *label, kiln_
     return rc < 0 ? rc : 0;
 }
 
+/* ConstantOfShape's `value`, a one-element TENSOR attribute, becomes two
+ * plain attributes: `value_dtype` (the ONNX data type) and `value` (an
+ * int for integer and bool types, a float otherwise), so that the IR
+ * needs no tensor-valued attributes (docs/graph-format.md). */
+static int
+s_add_fill_value (kiln_graph_t *g, int n, const char *label, Onnx__TensorProto *t,
+                  kiln_err_t *err)
+{
+    kiln_dtype_t dt;
+    kiln_shape_t shape;
+    uint8_t *data = NULL;
+    uint64_t size;
+    int rc = s_tensor_data (t, "value", &dt, &shape, &data, &size, err);
+    if (rc)
+        return kiln_error_prefix (err, "%s", label);
+    if (size != kiln_dtype_size (dt)) {
+        free (data);
+        return kiln_error (err, KILN_EFORMAT, "%s: attribute 'value' must hold one element", label);
+    }
+    double f = 0.0;
+    int64_t i = 0;
+    bool is_float = true;
+    switch (dt) {
+    case KILN_DT_FLOAT32: { float x; memcpy (&x, data, 4); f = x; break; }
+    case KILN_DT_FLOAT64: memcpy (&f, data, 8); break;
+    case KILN_DT_INT64: memcpy (&i, data, 8); is_float = false; break;
+    case KILN_DT_INT32: { int32_t x; memcpy (&x, data, 4); i = x; is_float = false; break; }
+    case KILN_DT_INT8: i = (int8_t) data[0]; is_float = false; break;
+    case KILN_DT_UINT8: case KILN_DT_BOOL: i = data[0]; is_float = false; break;
+    default:
+        free (data);
+        return kiln_error (err, KILN_EUNSUPPORTED, "%s: attribute 'value' is %s", label,
+                           kiln_dtype_name (dt));
+    }
+    free (data);
+    if ((rc = kiln_node_set_int (g, n, "value_dtype", dt, err)))
+        return rc;
+    return is_float ? kiln_node_set_float (g, n, "value", f, err)
+                    : kiln_node_set_int (g, n, "value", i, err);
+}
+
 /* Copy one attribute onto kiln node `n`. */
 static int
 s_add_attr (kiln_graph_t *g, int n, const char *label, const Onnx__AttributeProto *a,
@@ -831,6 +885,10 @@ s_add_attr (kiln_graph_t *g, int n, const char *label, const Onnx__AttributeProt
         free (v);
         return rc;
     }
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR:
+        if (s_streq (g->nodes[n].op, "ConstantOfShape") && s_streq (name, "value") && a->t)
+            return s_add_fill_value (g, n, label, a->t, err);
+        /* fall through */
     default:
         return kiln_error (err, KILN_EUNSUPPORTED,
                            "%s: attribute '%s' has type %s, which kiln does not support",
@@ -878,8 +936,20 @@ s_add_node (importer_t *imp, const Onnx__NodeProto *node, const char *label, kil
         return 0;                                /* Constant: a weight already */
     int inputs[KILN_MAX_NODE_IO], outputs[KILN_MAX_NODE_IO];
 
-    /* A rewritten op (Dropout) keeps only its data input: the ratio and
-     * training mode do not matter at inference. */
+    /* A rewritten op (Dropout) keeps only its data input: the ratio does
+     * not matter at inference.  A training_mode input (opset 12 on) must
+     * be a constant false: in training mode Dropout drops elements, and
+     * passing them through would be a wrong answer. */
+    if (handled && node->n_input > 2 && *s_str (node->input[2])) {
+        int tm = s_lookup (imp, s_str (node->input[2]));
+        const kiln_tensor_t *t = tm >= 0 ? &imp->g->tensors[tm] : NULL;
+        const kiln_weight_t *w = t && t->weight >= 0 ? &imp->g->weights[t->weight] : NULL;
+        if (!w || !w->data || w->size != 1 || w->data[0] != 0)
+            return kiln_error (err, KILN_EUNSUPPORTED,
+                               "%s: training_mode '%s' is not a constant false; kiln "
+                               "compiles Dropout for inference only", label,
+                               s_str (node->input[2]));
+    }
     size_t n_in = handled && node->n_input > 1 ? 1 : node->n_input;
     for (size_t j = 0; j < n_in; j++) {
         const char *in = s_str (node->input[j]);
@@ -1003,7 +1073,9 @@ s_import_model (Onnx__ModelProto *model, kiln_err_t *err)
         if ((rc = kiln_graph_add_output (imp.g, t, err)))
             goto err;
     }
-    if ((rc = kiln_graph_validate (imp.g, err)))
+    /* Folding validates too; before it, Shape-computed reshape targets
+     * are not constants yet (graph/kiln_fold.h). */
+    if ((rc = kiln_graph_fold (imp.g, err)) < 0)
         goto err;
     zhashx_destroy (&imp.names);
     return imp.g;

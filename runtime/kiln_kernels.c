@@ -109,6 +109,9 @@ static int
 s_prepare_binary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                   kiln_err_t *err)
 {
+    /* Other dtypes have their loops in kiln_kernels_math.c. */
+    if (s_t (p, plan->out)->dtype != KILN_DT_FLOAT32)
+        return kiln_kmath_prepare_arith (p, op, plan, err);
     int rc = s_need_f32 (p, plan, err);
     if (rc)
         return rc;
@@ -659,9 +662,9 @@ s_prepare_MAXPOOL2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         || (rc = kiln_prog_op_int (op, "ceil_mode", &ceil_mode, err)))
         return rc;
     const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
-    if (tx->shape.rank != 4 || ty->shape.rank != 4)
-        return kiln_error (err, KILN_EFORMAT, "X and Y must have rank 4");
-    const int64_t *x = tx->shape.dims, *y = ty->shape.dims;
+    int64_t x[4], y[4];         /* a rank-3 (1-D) pool reads as height 1 */
+    if (!s_nchw (tx, x) || !s_nchw (ty, y) || tx->shape.rank != ty->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X and Y must both have rank 3 or both rank 4");
     if (x[0] != y[0] || x[1] != y[1])
         return kiln_error (err, KILN_EFORMAT, "X and Y differ in N or C");
     /* With ceil_mode, frameworks differ on whether a last window that
@@ -759,6 +762,42 @@ s_run_GLOBAL_AVGPOOL (const kiln_kplan_t *plan, void *const *data)
     }
 }
 
+/* --- kernels of kiln_kernels_math.c ----------------------------------- */
+
+/* Their prepare sets plan->run, so the table's run is never reached. */
+#define S_MATH_KERNEL(id)                                                     \
+    static int                                                                \
+    s_prepare_##id (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, \
+                    kiln_err_t *err)                                          \
+    {                                                                         \
+        return kiln_kmath_prepare (p, op, plan, err);                         \
+    }                                                                         \
+    static void                                                               \
+    s_run_##id (const kiln_kplan_t *plan, void *const *data)                  \
+    {                                                                         \
+        plan->run (plan, data);                                               \
+    }
+KILN_KMATH_KERNELS (S_MATH_KERNEL)
+#undef S_MATH_KERNEL
+
+/* --- kernels of kiln_kernels_shape.c ---------------------------------- */
+
+/* Their prepare sets plan->run too. */
+#define S_SHAPE_KERNEL(id)                                                    \
+    static int                                                                \
+    s_prepare_##id (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, \
+                    kiln_err_t *err)                                          \
+    {                                                                         \
+        return kiln_kshape_prepare (p, op, plan, err);                        \
+    }                                                                         \
+    static void                                                               \
+    s_run_##id (const kiln_kplan_t *plan, void *const *data)                  \
+    {                                                                         \
+        plan->run (plan, data);                                               \
+    }
+KILN_KSHAPE_KERNELS (S_SHAPE_KERNEL)
+#undef S_SHAPE_KERNEL
+
 /* --- the table ------------------------------------------------------ */
 
 static const struct {
@@ -795,5 +834,8 @@ kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
 void
 kiln_kernel_run (const kiln_kplan_t *plan, void *const *data)
 {
-    s_table[plan->kernel].run (plan, data);
+    if (plan->run)
+        plan->run (plan, data);
+    else
+        s_table[plan->kernel].run (plan, data);
 }

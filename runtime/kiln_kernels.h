@@ -11,9 +11,11 @@
  * range.  The table in kiln_kernels.c is built from KILN_KERNELS, so a
  * kernel added to the format without an implementation does not compile.
  *
- * All compute kernels are float32; matrix products go through
+ * The compute kernels here are float32; matrix products go through
  * cblas_sgemm (OpenBLAS), convolutions through im2col + sgemm (a 1x1,
- * stride-1, unpadded convolution multiplies the input in place).
+ * stride-1, unpadded convolution multiplies the input in place).  The
+ * math kernels (kiln_kernels_math.c; add/sub/mul/div on other dtypes
+ * too) dispatch on their operands' dtypes at prepare time.
  */
 #ifndef KILN_KERNELS_H
 #define KILN_KERNELS_H
@@ -22,9 +24,14 @@
 #include <stdint.h>
 
 #include "common/kiln_program.h"
+#include "runtime/kiln_kernels_math.h"
+#include "runtime/kiln_kernels_shape.h"
 
 typedef struct kiln_kplan {
     kiln_kernel_t kernel;
+    /* When set (by prepare), runs instead of the table's run: a variant
+     * for the operands' dtypes (kiln_kernels_math.c). */
+    void (*run) (const struct kiln_kplan *plan, void *const *data);
     int in[KILN_PROG_MAX_OP_IO];    /* operand tensor indices */
     int n_in;
     int out;                        /* result tensor index */
@@ -68,6 +75,8 @@ typedef struct kiln_kplan {
         struct {                    /* global_avgpool */
             int64_t planes, spatial;
         } gap;
+        kiln_kmath_plan_t math;     /* kiln_kernels_math.h */
+        kiln_kshape_plan_t shape;   /* kiln_kernels_shape.h */
     } u;
 } kiln_kplan_t;
 

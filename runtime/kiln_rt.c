@@ -1,16 +1,21 @@
 #include "runtime/kiln_rt.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/kiln_program.h"
+#include "runtime/kiln_cores.h"
 #include "runtime/kiln_kernels.h"
+#include "runtime/kiln_rt_priv.h"
 
 struct kiln_rt {
-    int n_loaded;                   /* models loaded so far (placement later) */
+    _Atomic unsigned n_loaded;      /* models placed round-robin so far */
+    kiln_cores_t *cores;            /* execution cores (kiln_cores.h) */
+    _Atomic int refs;               /* the creator's, plus one per model */
 };
 
 struct kiln_model {
@@ -22,24 +27,70 @@ struct kiln_model {
     uint8_t *weights_copy;          /* aligned copy when the member is not */
     void **data;                    /* address of each tensor */
     pthread_mutex_t lock;           /* one run at a time: the arena is shared */
+    kiln_rt_t *rt;                  /* holds a reference */
+    int core;                       /* where its runs execute */
 };
 
 kiln_rt_t *
 kiln_rt_new (kiln_err_t *err)
 {
     kiln_rt_t *self = calloc (1, sizeof *self);
-    if (!self)
+    if (!self) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
+        return NULL;
+    }
+    self->cores = kiln_cores_new (getenv ("KILN_RT_VISIBLE_CORES"),
+                                  getenv ("KILN_RT_NUM_CORES"), err);
+    if (!self->cores) {
+        free (self);
+        return NULL;
+    }
+    atomic_init (&self->n_loaded, 0);
+    atomic_init (&self->refs, 1);
     return self;
+}
+
+/* Drop one reference; the last one joins the cores and frees. */
+static void
+s_rt_unref (kiln_rt_t *self)
+{
+    if (self && atomic_fetch_sub (&self->refs, 1) == 1) {
+        kiln_cores_destroy (&self->cores);
+        free (self);
+    }
 }
 
 void
 kiln_rt_destroy (kiln_rt_t **self_p)
 {
     if (self_p && *self_p) {
-        free (*self_p);
+        s_rt_unref (*self_p);
         *self_p = NULL;
     }
+}
+
+int
+kiln_rt_num_cores (const kiln_rt_t *rt)
+{
+    return rt ? kiln_cores_count (rt->cores) : 0;
+}
+
+int
+kiln_rt_core_cpu (const kiln_rt_t *rt, int core)
+{
+    return rt ? kiln_cores_cpu (rt->cores, core) : -1;
+}
+
+int
+kiln_model_core (const kiln_model_t *m)
+{
+    return m ? m->core : -1;
+}
+
+kiln_cores_t *
+kiln_model_cores (const kiln_model_t *m)
+{
+    return m->rt->cores;
 }
 
 void
@@ -55,6 +106,7 @@ kiln_model_destroy (kiln_model_t **self_p)
     free (m->weights_copy);
     kiln_program_destroy (&m->prog);
     kiln_artifact_destroy (&m->art);
+    s_rt_unref (m->rt);
     free (m);
     *self_p = NULL;
 }
@@ -173,9 +225,21 @@ kiln_model_t *
 kiln_rt_load (kiln_rt_t *rt, const char *path, const char *keyring_dir,
               kiln_err_t *err)
 {
+    return kiln_rt_load_on (rt, path, keyring_dir, -1, err);
+}
+
+kiln_model_t *
+kiln_rt_load_on (kiln_rt_t *rt, const char *path, const char *keyring_dir,
+                 int core, kiln_err_t *err)
+{
     if (!rt || !path || !keyring_dir) {
         kiln_error (err, KILN_EINVAL, "kiln_rt_load needs a runtime, a path "
                     "and a keyring");
+        return NULL;
+    }
+    if (core < -1 || core >= kiln_rt_num_cores (rt)) {
+        kiln_error (err, KILN_EINVAL, "no core %d: the runtime has %d (0..%d)",
+                    core, kiln_rt_num_cores (rt), kiln_rt_num_cores (rt) - 1);
         return NULL;
     }
     /* Nothing of the artifact is looked at before its signature and every
@@ -196,7 +260,13 @@ kiln_rt_load (kiln_rt_t *rt, const char *path, const char *keyring_dir,
         kiln_model_destroy (&m);
         return NULL;
     }
-    rt->n_loaded++;
+    /* Placed only once loaded, so that a failed load takes no turn; a
+     * model placed on a given core takes none either. */
+    m->core = core >= 0 ? core
+                        : (int) (atomic_fetch_add (&rt->n_loaded, 1)
+                                 % (unsigned) kiln_rt_num_cores (rt));
+    m->rt = rt;
+    atomic_fetch_add (&rt->refs, 1);
     return m;
 }
 
@@ -226,8 +296,9 @@ s_check_tensor (const char *what, const kiln_io_t *io,
 }
 
 int
-kiln_model_run (kiln_model_t *m, const kiln_rt_tensor_t *inputs, int n_inputs,
-                kiln_rt_tensor_t *outputs, int n_outputs, kiln_err_t *err)
+kiln_model_run_here (kiln_model_t *m, const kiln_rt_tensor_t *inputs,
+                     int n_inputs, kiln_rt_tensor_t *outputs, int n_outputs,
+                     kiln_err_t *err)
 {
     const kiln_manifest_t *man = kiln_model_manifest (m);
     const kiln_program_t *p = m->prog;

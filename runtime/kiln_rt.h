@@ -7,6 +7,11 @@
  * runtime links neither the graph IR nor the compiler: it reads the
  * program the compiler emitted (docs/program-format.md) and runs it with
  * its own CPU kernels.
+ *
+ * A runtime owns execution cores (runtime/kiln_cores.h): each model is
+ * placed on one, round-robin, and every run of it executes on that core's
+ * pinned thread; kiln_model_run_batched spreads a batch of any size over
+ * replicas on several cores (dynamic batching).
  */
 #ifndef KILN_RT_H
 #define KILN_RT_H
@@ -29,15 +34,35 @@ typedef struct kiln_rt_tensor {
     void *data;
 } kiln_rt_tensor_t;
 
-/* Create a runtime.  Caller owns it; destroy after its models. */
+/* Create a runtime with its execution cores: the CPUs listed in
+ * KILN_RT_VISIBLE_CORES ("0-3", "0,2"), the first KILN_RT_NUM_CORES of
+ * them, by default every CPU the process may run on; a bad value is an
+ * error.  Caller owns it.  Each model holds a reference to its runtime,
+ * so models and runtime may be destroyed in any order. */
 kiln_rt_t *kiln_rt_new (kiln_err_t *err);
 void kiln_rt_destroy (kiln_rt_t **self_p);
+
+/* Number of execution cores (>= 1), and the CPU core i's thread is pinned
+ * to (-1 when there is no core i). */
+int kiln_rt_num_cores (const kiln_rt_t *rt);
+int kiln_rt_core_cpu (const kiln_rt_t *rt, int core);
 
 /* Verify the artifact at `path` against `keyring_dir` and load it.
  * Caller owns the model. */
 kiln_model_t *kiln_rt_load (kiln_rt_t *rt, const char *path,
                             const char *keyring_dir, kiln_err_t *err);
 void kiln_model_destroy (kiln_model_t **self_p);
+
+/* Placement (seed 001): kiln_rt_load puts each model on the next core,
+ * round-robin, and all its runs execute on a thread pinned to that core,
+ * so models on different cores run concurrently.  kiln_rt_load_on puts
+ * it on core `core` (0..kiln_rt_num_cores - 1; -1: round-robin).  Caller
+ * owns the model. */
+kiln_model_t *kiln_rt_load_on (kiln_rt_t *rt, const char *path,
+                               const char *keyring_dir, int core,
+                               kiln_err_t *err);
+/* The core the model runs on. */
+int kiln_model_core (const kiln_model_t *m);
 
 /* The model's manifest (inputs, outputs, digests); owned by the model. */
 const kiln_manifest_t *kiln_model_manifest (const kiln_model_t *m);
@@ -49,5 +74,38 @@ const kiln_manifest_t *kiln_model_manifest (const kiln_model_t *m);
 int kiln_model_run (kiln_model_t *m, const kiln_rt_tensor_t *inputs,
                     int n_inputs, kiln_rt_tensor_t *outputs, int n_outputs,
                     kiln_err_t *err);
+
+/* Dynamic batching (seed 001).  The batch a model was compiled for: the
+ * size of dimension 0, which every input and output must share; an error
+ * (KILN_EUNSUPPORTED, naming the tensor) when the model cannot be batched
+ * that way. */
+int64_t kiln_model_batch_size (const kiln_model_t *m, kiln_err_t *err);
+
+/* Run inputs whose dimension 0 (the same in every input) is any size N:
+ * they are split along it into chunks of the compiled batch, the last
+ * chunk padded with zeros, the chunks run on `replicas` (models loaded
+ * from the same artifact, ideally on different cores) round-robin and
+ * concurrently, and each output joined and trimmed to N in dimension 0.
+ * `outputs[i].data` must hold the output's size with N in dimension 0;
+ * the runtime fills dtype and shape.  An input whose dtype, rank or any
+ * other dimension differs from the compiled one, or inputs that differ in
+ * dimension 0, are a KILN_ESHAPE error naming the input. */
+int kiln_model_run_batched (kiln_model_t *const *replicas, int n_replicas,
+                            const kiln_rt_tensor_t *inputs, int n_inputs,
+                            kiln_rt_tensor_t *outputs, int n_outputs,
+                            kiln_err_t *err);
+
+/* Interface of a model for bindings that cannot read kiln_manifest_t
+ * (ctypes): the number of inputs (outputs when `output`), and the name
+ * (owned by the model), dtype and shape of the i-th.  Returns its rank,
+ * or a negative error when there is no such tensor. */
+int kiln_model_io_count (const kiln_model_t *m, int output);
+int kiln_model_io (const kiln_model_t *m, int output, int i,
+                   const char **name, int *dtype,
+                   int64_t dims[KILN_MAX_RANK], kiln_err_t *err);
+/* sizeof (kiln_rt_tensor_t) and sizeof (kiln_err_t), for bindings to
+ * check their copies of the layouts against. */
+size_t kiln_rt_tensor_sizeof (void);
+size_t kiln_rt_err_sizeof (void);
 
 #endif

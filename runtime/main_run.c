@@ -15,11 +15,22 @@
 
 static const char s_usage[] =
     "usage: kiln-run ARTIFACT.kar --keyring DIR --input NAME=x.npy ...\n"
-    "                --output-dir DIR\n"
+    "                --output-dir DIR [--dynamic-batch [--replicas N]]\n"
     "\n"
     "Verify ARTIFACT.kar against the public keys in the keyring, run it once\n"
     "and write one OUTPUTNAME.npy per output into the output directory.\n"
-    "A model with a single input also takes --input x.npy.\n";
+    "A model with a single input also takes --input x.npy.\n"
+    "\n"
+    "  --dynamic-batch  inputs may have any size in dimension 0 (the same in\n"
+    "                   all): they run in chunks of the compiled batch, padded,\n"
+    "                   across replicas of the model on the runtime's cores\n"
+    "                   (KILN_RT_VISIBLE_CORES, KILN_RT_NUM_CORES), and the\n"
+    "                   outputs are joined and trimmed\n"
+    "  --replicas N     with --dynamic-batch: load the model N times, one per\n"
+    "                   core round-robin (default: one per core, at most one\n"
+    "                   per chunk)\n";
+
+#define S_MAX_REPLICAS 1024
 
 static int
 s_fail (const char *msg)
@@ -52,6 +63,8 @@ main (int argc, char **argv)
     const char *artifact = NULL, *keyring = NULL, *outdir = NULL;
     const char *specs[S_MAX_INPUTS];
     int n_specs = 0;
+    bool dynamic = false;
+    long replicas_opt = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp (a, "-h") == 0 || strcmp (a, "--help") == 0) {
@@ -59,6 +72,19 @@ main (int argc, char **argv)
             return 0;
         }
         const char **slot = NULL;
+        if (strcmp (a, "--dynamic-batch") == 0) {
+            dynamic = true;
+            continue;
+        }
+        if (strcmp (a, "--replicas") == 0) {
+            char *end = NULL;
+            replicas_opt = i + 1 < argc ? strtol (argv[++i], &end, 10) : 0;
+            if (!end || *end || replicas_opt < 1 || replicas_opt > S_MAX_REPLICAS) {
+                fprintf (stderr, "kiln-run: --replicas wants 1..%d\n", S_MAX_REPLICAS);
+                return 1;
+            }
+            continue;
+        }
         if (strcmp (a, "--keyring") == 0)
             slot = &keyring;
         else if (strcmp (a, "--output-dir") == 0)
@@ -88,13 +114,17 @@ main (int argc, char **argv)
         fputs (s_usage, stderr);
         return s_fail ("an artifact, --keyring and --output-dir are required");
     }
+    if (replicas_opt && !dynamic)
+        return s_fail ("--replicas goes with --dynamic-batch");
 
     kiln_err_t err = { 0 };
     kiln_rt_t *rt = NULL;
     kiln_model_t *model = NULL;
     kiln_npy_t *arrays = NULL;
     kiln_rt_tensor_t *ins = NULL, *outs = NULL;
-    int n_in = 0, n_out = 0, status = 1;
+    kiln_model_t *replicas[S_MAX_REPLICAS] = { NULL };
+    int n_in = 0, n_out = 0, n_replicas = 0, status = 1;
+    int64_t batch = 0, compiled_batch = 1;
     char msg[KILN_ERR_MSG_MAX + 512] = "";
 
     if (!(rt = kiln_rt_new (&err))
@@ -160,17 +190,41 @@ main (int argc, char **argv)
         ins[i].shape = arrays[i].shape;
         ins[i].data = arrays[i].data;
     }
+    if (dynamic) {
+        /* The batch is the inputs' dimension 0; kiln_model_run_batched
+         * checks that they agree and that nothing else differs. */
+        if ((compiled_batch = kiln_model_batch_size (model, &err)) < 0)
+            goto done;
+        batch = n_in > 0 && ins[0].shape.rank >= 1 ? ins[0].shape.dims[0] : 0;
+        int64_t chunks = (batch + compiled_batch - 1) / compiled_batch;
+        long want = replicas_opt ? replicas_opt : kiln_rt_num_cores (rt);
+        if (!replicas_opt && want > chunks)
+            want = chunks > 0 ? (long) chunks : 1;
+        replicas[n_replicas++] = model;
+        while (n_replicas < want)
+            if (!(replicas[n_replicas++] = kiln_rt_load (rt, artifact, keyring, &err)))
+                goto done;
+    }
     for (int i = 0; i < n_out; i++) {
         uint64_t bytes;
         if (kiln_shape_bytes (&man->outputs[i].shape, man->outputs[i].dtype,
                               man->outputs[i].name, &bytes, &err))
             goto done;
+        if (dynamic
+            && __builtin_mul_overflow (bytes / (uint64_t) compiled_batch,
+                                       (uint64_t) batch, &bytes)) {
+            snprintf (msg, sizeof msg, "a batch of %lld is too large",
+                      (long long) batch);
+            goto done;
+        }
         if (!(outs[i].data = malloc (bytes ? (size_t) bytes : 1))) {
             snprintf (msg, sizeof msg, "out of memory");
             goto done;
         }
     }
-    if (kiln_model_run (model, ins, n_in, outs, n_out, &err)
+    if ((dynamic ? kiln_model_run_batched (replicas, n_replicas, ins, n_in, outs,
+                                           n_out, &err)
+                 : kiln_model_run (model, ins, n_in, outs, n_out, &err))
         || kiln_mkdir_p (outdir, 0755, &err))
         goto done;
 
@@ -217,6 +271,8 @@ done:
     free (arrays);
     free (ins);
     free (outs);
+    for (int r = 1; r < n_replicas; r++)
+        kiln_model_destroy (&replicas[r]);
     kiln_model_destroy (&model);
     kiln_rt_destroy (&rt);
     return status;

@@ -1,8 +1,39 @@
-"""kiln — Python side of the kiln build farm.
+"""kiln — the Python side of the kiln build farm.
 
-For now this package holds `kiln.farm`, which starts a broker and workers
-on loopback (used by `make demo` and the integration tests).  The trace
-front-end (`kiln.trace`) builds on it.
+    import kiln
+    traced = kiln.trace(model, example_inputs)     # seeds 000 and 001
+    traced(x)                                      # runs the compiled code
+    traced.save("model.kar")
+    loaded = kiln.load("model.kar", keyring="/etc/kiln/keyring")
+    kiln.dynamic_batch(loaded)                     # any batch size
+    dp = kiln.DataParallel(loaded)                 # a batch over every core
+
+`kiln.trace` traces with torch.jit.trace, exports ONNX, compiles on the
+farm (broker= or $KILN_BROKER) or locally, and returns a module that runs
+on one of the runtime's execution cores, placed round-robin.  `kiln.farm`
+starts a broker and workers on this machine.  The C libraries are found
+through $KILN_LIB, the installed location, or build/lib in the source
+tree.
 """
 
-__all__ = ["farm"]
+from .errors import (CompileError, InputError, KilnError, TraceCheckError,
+                     UnsupportedOperatorError, VerifyError)
+from .parallel import DataParallel, dynamic_batch
+from ._runtime import num_cores, runtime
+from .trace import TracedModule, load, save, trace
+
+__all__ = [
+    "trace", "load", "save", "dynamic_batch", "DataParallel", "TracedModule",
+    "num_cores", "runtime", "farm",
+    "KilnError", "CompileError", "InputError", "TraceCheckError",
+    "UnsupportedOperatorError", "VerifyError",
+]
+
+
+def __getattr__(name):
+    # kiln.farm stays importable as an attribute without importing it (and
+    # its subprocess machinery) eagerly.
+    if name == "farm":
+        import importlib
+        return importlib.import_module(".farm", __name__)
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")

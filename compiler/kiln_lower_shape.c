@@ -1,0 +1,658 @@
+/*
+ * kiln_lower_shape — lowering of the shape, data-movement and window ops
+ * (see kiln_lower_shape.h).
+ */
+#include "compiler/kiln_lower_shape.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "graph/kiln_shape_ops.h"
+
+/* --- helpers ---------------------------------------------------------- */
+
+static const kiln_tensor_t *
+s_gt (const kiln_cc_ctx_t *cx, int gt)
+{
+    return &cx->g->tensors[gt];
+}
+
+static int
+s_in (const kiln_node_t *node, int i)
+{
+    return i < node->n_inputs ? node->inputs[i] : -1;
+}
+
+static bool
+s_op_is (const kiln_node_t *node, const char *op)
+{
+    return strcmp (node->op, op) == 0;
+}
+
+/* Put the node in front of an error a kiln_shape_ops function left. */
+static int
+s_prefixed (kiln_cc_ctx_t *cx, int rc, kiln_err_t *err)
+{
+    return rc ? kiln_cc_fail (cx, err->code, err, "%s", err->msg) : 0;
+}
+
+/* Row-major strides of `s` in elements. */
+static void
+s_strides (const kiln_shape_t *s, int64_t *st)
+{
+    int64_t c = 1;
+    for (int i = s->rank - 1; i >= 0; i--) {
+        st[i] = c;
+        c *= s->dims[i];
+    }
+}
+
+static int
+s_set_ints (kiln_cc_ctx_t *cx, int op, const char *name, const int64_t *v, int n,
+            kiln_err_t *err)
+{
+    return kiln_prog_op_set_ints (&cx->prog->ops[op], name, v, n, err);
+}
+
+static int
+s_set_int (kiln_cc_ctx_t *cx, int op, const char *name, int64_t v, kiln_err_t *err)
+{
+    return kiln_prog_op_set_int (&cx->prog->ops[op], name, v, err);
+}
+
+/* The node's input i as an operand, which must exist. */
+static int
+s_operand (kiln_cc_ctx_t *cx, const kiln_node_t *node, int i, kiln_err_t *err)
+{
+    int gt = s_in (node, i);
+    if (gt < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "input %d is missing", i);
+    return kiln_cc_operand (cx, gt, err);
+}
+
+/* Graph output k of the node, checked against `want`, as a new result. */
+static int
+s_result (kiln_cc_ctx_t *cx, const kiln_node_t *node, int k, const kiln_shape_t *want,
+          kiln_err_t *err)
+{
+    if (k >= node->n_outputs)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "output %d is missing", k);
+    int rc = kiln_cc_expect_shape (cx, node->outputs[k], want, err);
+    if (rc)
+        return rc;
+    return kiln_cc_result (cx, node->outputs[k], err);
+}
+
+static int
+s_need_f32 (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_err_t *err)
+{
+    for (int i = 0; i < node->n_inputs; i++) {
+        int gt = node->inputs[i];
+        if (gt >= 0 && s_gt (cx, gt)->dtype != KILN_DT_FLOAT32)
+            return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "tensor '%s' is %s; this op "
+                                 "computes in float32 only", kiln_cc_tname (cx, gt),
+                                 kiln_dtype_name (s_gt (cx, gt)->dtype));
+    }
+    return 0;
+}
+
+/* Emit Y = strided read of X: a loop nest over dims[r] reading X at
+ * offset + sum of i_k * st[k] (elements). */
+static int
+s_emit_strided (kiln_cc_ctx_t *cx, int px, int py, int r, const int64_t *dims,
+                const int64_t *st, int64_t offset, kiln_err_t *err)
+{
+    if (r > KILN_PROG_MAX_PARAM_INTS)
+        return kiln_cc_fail (cx, KILN_ELIMIT, err, "a loop nest of %d levels, more than %d", r,
+                             KILN_PROG_MAX_PARAM_INTS);
+    int op = kiln_cc_emit (cx, KILN_K_STRIDED, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    int rc;
+    if ((rc = s_set_ints (cx, op, "dims", dims, r, err))
+        || (rc = s_set_ints (cx, op, "strides", st, r, err))
+        || (rc = s_set_int (cx, op, "offset", offset, err)))
+        return rc;
+    return 0;
+}
+
+/* A permutation `perm` of X (shape xs) into program tensor py. */
+static int
+s_emit_permute (kiln_cc_ctx_t *cx, int px, const kiln_shape_t *xs, const int64_t *perm,
+                int py, kiln_err_t *err)
+{
+    int64_t xst[KILN_MAX_RANK], dims[KILN_MAX_RANK], st[KILN_MAX_RANK];
+    s_strides (xs, xst);
+    for (int i = 0; i < xs->rank; i++) {
+        dims[i] = xs->dims[perm[i]];
+        st[i] = xst[perm[i]];
+    }
+    return s_emit_strided (cx, px, py, xs->rank, dims, st, 0, err);
+}
+
+/* --- strided family ---------------------------------------------------- */
+
+int
+kiln_lower_shape_strided (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                          kiln_err_t *err)
+{
+    int x = s_in (node, 0);
+    if (x < 0 || node->n_outputs < 1)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input and an output");
+    const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+    int64_t xst[KILN_MAX_RANK], dims[KILN_PROG_MAX_PARAM_INTS], st[KILN_PROG_MAX_PARAM_INTS];
+    int64_t offset = 0;
+    int r = 0, rc = 0;
+    kiln_shape_t y;
+    s_strides (xs, xst);
+    if (s_op_is (node, "Transpose")) {
+        int64_t perm[KILN_MAX_RANK];
+        if ((rc = kiln_transpose_perm (cx->g, node, xs->rank, perm, err)))
+            return s_prefixed (cx, rc, err);
+        y.rank = r = xs->rank;
+        for (int i = 0; i < r; i++) {
+            y.dims[i] = dims[i] = xs->dims[perm[i]];
+            st[i] = xst[perm[i]];
+        }
+    }
+    else if (s_op_is (node, "Slice")) {
+        int64_t start[KILN_MAX_RANK], step[KILN_MAX_RANK];
+        if ((rc = kiln_slice_params (cx->g, node, xs, start, step, &y, err)))
+            return s_prefixed (cx, rc, err);
+        r = y.rank;
+        for (int i = 0; i < r; i++) {
+            dims[i] = y.dims[i];
+            st[i] = xst[i] * step[i];
+            offset += start[i] * xst[i];
+        }
+    }
+    else if (s_op_is (node, "Expand")) {
+        if ((rc = kiln_expand_shape (cx->g, node, xs, &y, err)))
+            return s_prefixed (cx, rc, err);
+        r = y.rank;
+        for (int i = 0; i < r; i++) {
+            int j = i - (r - xs->rank);
+            dims[i] = y.dims[i];
+            st[i] = j < 0 || xs->dims[j] == 1 ? 0 : xst[j];
+        }
+    }
+    else if (s_op_is (node, "Tile")) {
+        /* Axis i of Y is [repeats, X's size] with the repeat at stride 0. */
+        if ((rc = kiln_tile_shape (cx->g, node, xs, &y, err)))
+            return s_prefixed (cx, rc, err);
+        for (int i = 0; i < xs->rank; i++) {
+            dims[r] = xs->dims[i] ? y.dims[i] / xs->dims[i] : 0;
+            st[r++] = 0;
+            dims[r] = xs->dims[i];
+            st[r++] = xst[i];
+        }
+    }
+    else if (s_op_is (node, "DepthToSpace") || s_op_is (node, "SpaceToDepth")) {
+        bool depth = s_op_is (node, "DepthToSpace"), crd;
+        int64_t b;
+        if ((rc = kiln_d2s_params (node, depth, xs, &b, &crd, &y, err)))
+            return s_prefixed (cx, rc, err);
+        int64_t n = xs->dims[0], c = xs->dims[1], h = xs->dims[2], w = xs->dims[3];
+        int64_t hw = h * w, chw = c * hw;
+        r = 6;
+        if (depth) {
+            /* Y[n, c', h*b + i, w*b + j] = X[n, ch (c', i, j), h, w] with
+             * ch = (i*b + j)*C' + c' (DCR) or c'*b*b + i*b + j (CRD). */
+            int64_t cp = c / (b * b);
+            int64_t d[6] = { n, cp, h, b, w, b };
+            int64_t s_dcr[6] = { chw, hw, w, b * cp * hw, 1, cp * hw };
+            int64_t s_crd[6] = { chw, b * b * hw, w, b * hw, 1, hw };
+            memcpy (dims, d, sizeof d);
+            memcpy (st, crd ? s_crd : s_dcr, sizeof s_dcr);
+        }
+        else {
+            /* Y[n, (i*b + j)*C + c, h', w'] = X[n, c, h'*b + i, w'*b + j]. */
+            int64_t d[6] = { n, b, b, c, h / b, w / b };
+            int64_t s6[6] = { chw, w, 1, hw, b * w, b };
+            memcpy (dims, d, sizeof d);
+            memcpy (st, s6, sizeof s6);
+        }
+    }
+    else
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "no strided lowering for this op");
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, node, 0, &y, err);
+    if (py < 0)
+        return py;
+    return s_emit_strided (cx, px, py, r, dims, st, offset, err);
+}
+
+int
+kiln_lower_shape_split (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                        kiln_err_t *err)
+{
+    int x = s_in (node, 0);
+    if (x < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input");
+    const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+    int64_t sizes[KILN_MAX_NODE_IO], xst[KILN_MAX_RANK];
+    int axis, rc = kiln_split_sizes (cx->g, node, xs, &axis, sizes, err);
+    if (rc)
+        return s_prefixed (cx, rc, err);
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    s_strides (xs, xst);
+    int64_t at = 0;
+    for (int i = 0; i < node->n_outputs; i++) {
+        kiln_shape_t y = *xs;
+        y.dims[axis] = sizes[i];
+        int py = s_result (cx, node, i, &y, err);
+        if (py < 0)
+            return py;
+        if ((rc = s_emit_strided (cx, px, py, y.rank, y.dims, xst, at * xst[axis], err)))
+            return rc;
+        at += sizes[i];
+    }
+    return 0;
+}
+
+/* --- concat, gather, pad, resize -------------------------------------- */
+
+int
+kiln_lower_shape_concat (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                         kiln_err_t *err)
+{
+    int n = node->n_inputs, axis, rc;
+    const kiln_shape_t *shapes[KILN_MAX_NODE_IO];
+    for (int i = 0; i < n; i++) {
+        if (node->inputs[i] < 0)
+            return kiln_cc_fail (cx, KILN_ECOMPILE, err, "input %d is missing", i);
+        shapes[i] = &s_gt (cx, node->inputs[i])->shape;
+    }
+    kiln_shape_t y;
+    if ((rc = kiln_concat_params (node, shapes, n, &axis, &y, err)))
+        return s_prefixed (cx, rc, err);
+    if ((rc = kiln_cc_expect_shape (cx, node->outputs[0], &y, err)))
+        return rc;
+    kiln_dtype_t dt = s_gt (cx, node->inputs[0])->dtype;
+    /* At most KILN_PROG_MAX_OP_IO operands per op: each op after the first
+     * takes the previous partial result and the next inputs. */
+    int done = 0, prev = -1;
+    kiln_shape_t part = *shapes[0];
+    part.dims[axis] = 0;
+    while (done < n) {
+        int ins[KILN_PROG_MAX_OP_IO], m = 0;
+        if (prev >= 0)
+            ins[m++] = prev;
+        while (m < KILN_PROG_MAX_OP_IO && done < n) {
+            if ((ins[m] = kiln_cc_operand (cx, node->inputs[done], err)) < 0)
+                return ins[m];
+            part.dims[axis] += shapes[done]->dims[axis];
+            m++;
+            done++;
+        }
+        int py = done == n ? kiln_cc_result (cx, node->outputs[0], err)
+                           : kiln_cc_temp (cx, dt, &part, err);
+        if (py < 0)
+            return py;
+        int op = kiln_cc_emit (cx, KILN_K_CONCAT, ins, m, &py, 1, err);
+        if (op < 0)
+            return op;
+        if ((rc = s_set_int (cx, op, "axis", axis, err)))
+            return rc;
+        prev = py;
+    }
+    return 0;
+}
+
+int
+kiln_lower_shape_gather (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                         kiln_err_t *err)
+{
+    int x = s_in (node, 0), ind = s_in (node, 1), axis, rc;
+    if (x < 0 || ind < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs data and indices");
+    kiln_shape_t y;
+    if ((rc = kiln_gather_params (node, &s_gt (cx, x)->shape, &s_gt (cx, ind)->shape, &axis, &y,
+                                  err)))
+        return s_prefixed (cx, rc, err);
+    int ins[2];
+    if ((ins[0] = kiln_cc_operand (cx, x, err)) < 0)
+        return ins[0];
+    if ((ins[1] = kiln_cc_operand (cx, ind, err)) < 0)
+        return ins[1];
+    int py = s_result (cx, node, 0, &y, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, KILN_K_GATHER, ins, 2, &py, 1, err);
+    if (op < 0)
+        return op;
+    return s_set_int (cx, op, "axis", axis, err);
+}
+
+int
+kiln_lower_shape_pad (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                      kiln_err_t *err)
+{
+    int x = s_in (node, 0), rc;
+    if (x < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input");
+    const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+    int64_t pads[2 * KILN_MAX_RANK];
+    kiln_pad_mode_t mode;
+    double value;
+    kiln_shape_t y;
+    if ((rc = kiln_pad_params (cx->g, node, xs, pads, &mode, &value, &y, err)))
+        return s_prefixed (cx, rc, err);
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, node, 0, &y, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, KILN_K_PAD, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    /* The program's mode numbers are kiln_pad_mode_t's. */
+    if ((rc = s_set_ints (cx, op, "pads", pads, 2 * xs->rank, err))
+        || (rc = s_set_int (cx, op, "mode", mode, err))
+        || (rc = kiln_prog_op_set_float (&cx->prog->ops[op], "value", value, err)))
+        return rc;
+    return 0;
+}
+
+int
+kiln_lower_shape_resize (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                         kiln_err_t *err)
+{
+    int x = s_in (node, 0), rc;
+    if (x < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input");
+    const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+    kiln_resize_t rp;
+    kiln_shape_t y;
+    if (s_gt (cx, x)->dtype != KILN_DT_FLOAT32)
+        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "tensor '%s' is %s; Resize computes "
+                             "in float32 only", kiln_cc_tname (cx, x),
+                             kiln_dtype_name (s_gt (cx, x)->dtype));
+    if ((rc = kiln_resize_params (cx->g, node, xs, &rp, &y, err)))
+        return s_prefixed (cx, rc, err);
+    if (xs->rank < 1)
+        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "resizing a scalar");
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, node, 0, &y, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, KILN_K_RESIZE, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    /* Scales travel as float32 bit patterns (0: output / input), so the
+     * runtime maps coordinates with exactly the scale the model gave. */
+    int64_t bits[KILN_MAX_RANK];
+    for (int i = 0; i < xs->rank; i++) {
+        uint32_t b;
+        memcpy (&b, &rp.scales[i], 4);
+        bits[i] = b;
+    }
+    if ((rc = s_set_int (cx, op, "mode", rp.mode, err))
+        || (rc = s_set_int (cx, op, "coord", rp.coord, err))
+        || (rc = s_set_int (cx, op, "nearest", rp.nearest, err))
+        || (rc = s_set_ints (cx, op, "scales", bits, xs->rank, err)))
+        return rc;
+    return 0;
+}
+
+/* --- Einsum ----------------------------------------------------------- */
+
+/* Position of label c in s, or -1. */
+static int
+s_pos (const char *s, char c)
+{
+    const char *p = strchr (s, c);
+    return p && c ? (int) (p - s) : -1;
+}
+
+int
+kiln_lower_shape_einsum (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                         kiln_err_t *err)
+{
+    int n = node->n_inputs, rc;
+    const kiln_shape_t *shapes[2];
+    if ((rc = s_need_f32 (cx, node, err)))
+        return rc;
+    if (n < 1 || n > 2)
+        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "Einsum of %d operands", n);
+    for (int i = 0; i < n; i++) {
+        if (node->inputs[i] < 0)
+            return kiln_cc_fail (cx, KILN_ECOMPILE, err, "input %d is missing", i);
+        shapes[i] = &s_gt (cx, node->inputs[i])->shape;
+    }
+    kiln_einsum_t e;
+    kiln_shape_t y;
+    if ((rc = kiln_einsum_params (node, shapes, n, &e, &y, err)))
+        return s_prefixed (cx, rc, err);
+    if ((rc = kiln_cc_expect_shape (cx, node->outputs[0], &y, err)))
+        return rc;
+    int pa = s_operand (cx, node, 0, err);
+    if (pa < 0)
+        return pa;
+    if (n == 1) {
+        /* A transposition: every label is kept. */
+        int64_t perm[KILN_MAX_RANK];
+        for (int i = 0; i < y.rank; i++)
+            perm[i] = s_pos (e.in[0], e.out[i]);
+        int py = kiln_cc_result (cx, node->outputs[0], err);
+        return py < 0 ? py : s_emit_permute (cx, pa, shapes[0], perm, py, err);
+    }
+    int pb = s_operand (cx, node, 1, err);
+    if (pb < 0)
+        return pb;
+    /* Labels by role: batch (both operands and the output), free in A or
+     * in B (one operand and the output), contracted (both operands only). */
+    char batch[KILN_MAX_RANK + 1] = "", fa[KILN_MAX_RANK + 1] = "", fb[KILN_MAX_RANK + 1] = "";
+    char con[KILN_MAX_RANK + 1] = "";
+    int nb = 0, nfa = 0, nfb = 0, nc = 0;
+    for (int i = 0; e.out[i]; i++) {
+        char c = e.out[i];
+        bool in_a = s_pos (e.in[0], c) >= 0, in_b = s_pos (e.in[1], c) >= 0;
+        if (in_a && in_b)
+            batch[nb++] = c;
+        else if (in_a)
+            fa[nfa++] = c;
+        else
+            fb[nfb++] = c;
+    }
+    for (int i = 0; e.in[0][i]; i++)
+        if (s_pos (e.out, e.in[0][i]) < 0)
+            con[nc++] = e.in[0][i];
+    batch[nb] = fa[nfa] = fb[nfb] = con[nc] = '\0';
+    /* A' = [batch, free A, contracted], B' = [batch, contracted, free B]. */
+    char la[2 * KILN_MAX_RANK + 1], lb[2 * KILN_MAX_RANK + 1], lr[2 * KILN_MAX_RANK + 1];
+    snprintf (la, sizeof la, "%s%s%s", batch, fa, con);
+    snprintf (lb, sizeof lb, "%s%s%s", batch, con, fb);
+    snprintf (lr, sizeof lr, "%s%s%s", batch, fa, fb);
+    int64_t m = 1, kk = 1, nn = 1, bdims[KILN_MAX_RANK];
+    for (int i = 0; i < nb; i++)
+        bdims[i] = shapes[0]->dims[s_pos (e.in[0], batch[i])];
+    for (int i = 0; i < nfa; i++)
+        m *= shapes[0]->dims[s_pos (e.in[0], fa[i])];
+    for (int i = 0; i < nc; i++)
+        kk *= shapes[0]->dims[s_pos (e.in[0], con[i])];
+    for (int i = 0; i < nfb; i++)
+        nn *= shapes[1]->dims[s_pos (e.in[1], fb[i])];
+    int ops[2] = { pa, pb };
+    const char *want[2] = { la, lb };
+    for (int o = 0; o < 2; o++) {
+        if (strcmp (want[o], e.in[o]) == 0)
+            continue;
+        int64_t perm[KILN_MAX_RANK];
+        kiln_shape_t ts = { .rank = shapes[o]->rank };
+        for (int i = 0; i < ts.rank; i++) {
+            perm[i] = s_pos (e.in[o], want[o][i]);
+            ts.dims[i] = shapes[o]->dims[perm[i]];
+        }
+        int pt = kiln_cc_temp (cx, KILN_DT_FLOAT32, &ts, err);
+        if (pt < 0)
+            return pt;
+        if ((rc = s_emit_permute (cx, ops[o], shapes[o], perm, pt, err)))
+            return rc;
+        ops[o] = pt;
+    }
+    bool direct = strcmp (lr, e.out) == 0;
+    kiln_shape_t rs = { .rank = y.rank };
+    for (int i = 0; i < rs.rank; i++)
+        rs.dims[i] = y.dims[s_pos (e.out, lr[i])];
+    int pr = direct ? kiln_cc_result (cx, node->outputs[0], err)
+                    : kiln_cc_temp (cx, KILN_DT_FLOAT32, &rs, err);
+    if (pr < 0)
+        return pr;
+    int op = kiln_cc_emit (cx, KILN_K_MATMUL, ops, 2, &pr, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "m", m, err)) || (rc = s_set_int (cx, op, "k", kk, err))
+        || (rc = s_set_int (cx, op, "n", nn, err))
+        || (rc = s_set_ints (cx, op, "batch", bdims, nb, err))
+        || (rc = s_set_ints (cx, op, "batch_a", bdims, nb, err))
+        || (rc = s_set_ints (cx, op, "batch_b", bdims, nb, err)))
+        return rc;
+    if (direct)
+        return 0;
+    int64_t perm[KILN_MAX_RANK];
+    for (int i = 0; i < y.rank; i++)
+        perm[i] = s_pos (lr, e.out[i]);
+    int py = kiln_cc_result (cx, node->outputs[0], err);
+    return py < 0 ? py : s_emit_permute (cx, pr, &rs, perm, py, err);
+}
+
+/* --- windows ---------------------------------------------------------- */
+
+/* Window parameters as the 2-D kernels take them: a 1-D window is a 2-D
+ * one of height 1. */
+static int
+s_set_window (kiln_cc_ctx_t *cx, int op, const kiln_window_t *w, kiln_err_t *err)
+{
+    int64_t kr[2], s[2], d[2], p[4];
+    if (w->n == 1) {
+        kr[0] = 1; kr[1] = w->kernel[0];
+        s[0] = 1; s[1] = w->strides[0];
+        d[0] = 1; d[1] = w->dilations[0];
+        p[0] = 0; p[1] = w->pads[0]; p[2] = 0; p[3] = w->pads[1];
+    }
+    else {
+        memcpy (kr, w->kernel, sizeof kr);
+        memcpy (s, w->strides, sizeof s);
+        memcpy (d, w->dilations, sizeof d);
+        memcpy (p, w->pads, sizeof p);
+    }
+    int rc;
+    if ((rc = s_set_ints (cx, op, "kernel", kr, 2, err))
+        || (rc = s_set_ints (cx, op, "strides", s, 2, err))
+        || (rc = s_set_ints (cx, op, "dilations", d, 2, err))
+        || (rc = s_set_ints (cx, op, "pads", p, 4, err)))
+        return rc;
+    return 0;
+}
+
+int
+kiln_lower_shape_conv_transpose (kiln_cc_ctx_t *cx, const kiln_node_t *node,
+                                 kiln_kernel_t k, kiln_err_t *err)
+{
+    int x = s_in (node, 0), wt = s_in (node, 1), b = s_in (node, 2), rc;
+    if (x < 0 || wt < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs X and W");
+    if ((rc = s_need_f32 (cx, node, err)))
+        return rc;
+    const kiln_shape_t *xs = &s_gt (cx, x)->shape, *ws = &s_gt (cx, wt)->shape;
+    if (xs->rank != 3 && xs->rank != 4)
+        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "%d-D transposed convolution (only "
+                             "1-D and 2-D are supported)", xs->rank - 2);
+    kiln_window_t w;
+    int64_t opad[KILN_MAX_RANK], group;
+    kiln_shape_t y;
+    if ((rc = kiln_convtr_params (node, xs, ws, &w, opad, &group, &y, err)))
+        return s_prefixed (cx, rc, err);
+    int ins[3], n_in = b >= 0 ? 3 : 2;
+    if ((ins[0] = kiln_cc_operand (cx, x, err)) < 0)
+        return ins[0];
+    if ((ins[1] = kiln_cc_operand (cx, wt, err)) < 0)
+        return ins[1];
+    if (b >= 0 && (ins[2] = kiln_cc_operand (cx, b, err)) < 0)
+        return ins[2];
+    int py = s_result (cx, node, 0, &y, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, KILN_K_CONV_TRANSPOSE2D, ins, n_in, &py, 1, err);
+    if (op < 0)
+        return op;
+    int64_t op2[2] = { w.n == 1 ? 0 : opad[0], w.n == 1 ? opad[0] : opad[1] };
+    if ((rc = s_set_window (cx, op, &w, err))
+        || (rc = s_set_ints (cx, op, "output_padding", op2, 2, err))
+        || (rc = s_set_int (cx, op, "group", group, err)))
+        return rc;
+    /* Workspace: one group's columns, [M/group * kernel, H * W]. */
+    uint64_t elems = (uint64_t) (ws->dims[1]);
+    for (int i = 0; i < w.n; i++)
+        elems *= (uint64_t) w.kernel[i] * (uint64_t) xs->dims[2 + i];
+    if (elems > (uint64_t) KILN_MAX_TENSOR_ELEMS)
+        return kiln_cc_fail (cx, KILN_ELIMIT, err, "col2im workspace of %llu elements is too large",
+                             (unsigned long long) elems);
+    return kiln_cc_scratch (cx, op, elems ? elems : 1, err);
+}
+
+int
+kiln_lower_shape_avgpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                          kiln_err_t *err)
+{
+    int x = s_in (node, 0), rc;
+    if (x < 0 || node->n_outputs < 1)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input and an output");
+    if ((rc = s_need_f32 (cx, node, err)))
+        return rc;
+    const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+    if (xs->rank != 3 && xs->rank != 4)
+        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 1-D and 2-D are "
+                             "supported)", xs->rank - 2);
+    kiln_window_t w;
+    if ((rc = kiln_graph_window (cx->g, cx->node, &w, err)))
+        return rc;
+    int64_t include = kiln_node_attr_int (node, "count_include_pad", 0);
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    /* The output shape is the one inference computed with the window. */
+    int py = kiln_cc_result (cx, node->outputs[0], err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, KILN_K_AVGPOOL2D, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_window (cx, op, &w, err))
+        || (rc = s_set_int (cx, op, "ceil_mode", w.ceil_mode, err))
+        || (rc = s_set_int (cx, op, "count_include_pad", include != 0, err)))
+        return rc;
+    return 0;
+}
+
+int
+kiln_lower_shape_global_pool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                              kiln_err_t *err)
+{
+    int x = s_in (node, 0), rc;
+    if (x < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input");
+    if ((rc = s_need_f32 (cx, node, err)))
+        return rc;
+    kiln_shape_t y = s_gt (cx, x)->shape;
+    if (y.rank < 3)
+        return kiln_cc_fail (cx, KILN_ESHAPE, err, "input must have rank >= 3");
+    for (int i = 2; i < y.rank; i++)
+        y.dims[i] = 1;
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, node, 0, &y, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, &px, 1, &py, 1, err);
+    return op < 0 ? op : 0;
+}

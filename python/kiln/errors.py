@@ -1,0 +1,64 @@
+"""The exceptions kiln raises.
+
+Every error from kiln's C libraries carries a code (common/kiln_error.h)
+and a message naming the thing at fault; `KilnError` keeps both.  The
+subclasses let a caller catch what it can act on.  A compile that runs
+past `compiler_timeout` raises the standard `subprocess.TimeoutExpired`,
+as seed 000 says, not a kiln error.
+"""
+
+# Codes from common/kiln_error.h (published codes never change).
+EINVAL = 1
+ENOMEM = 2
+EIO = 3
+EFORMAT = 4
+ELIMIT = 5
+EUNSUPPORTED = 6
+ESHAPE = 7
+EVERIFY = 8
+ETIMEOUT = 11
+ECOMPILE = 12
+ENOTFOUND = 13
+EREMOTE = 14
+
+
+class KilnError(RuntimeError):
+    """An error reported by kiln; `code` is the KILN_E* number (0 when
+    the error was found in Python)."""
+
+    def __init__(self, message, code=0):
+        super().__init__(message)
+        self.code = code
+
+
+class UnsupportedOperatorError(KilnError):
+    """The model uses operators kiln cannot compile; `ops` lists them
+    (name -> count) and the message names every one."""
+
+    def __init__(self, message, code=EUNSUPPORTED, ops=None):
+        super().__init__(message, code)
+        self.ops = dict(ops or {})
+
+
+class CompileError(KilnError):
+    """The compiler (local or on the farm) failed."""
+
+
+class VerifyError(KilnError):
+    """An artifact failed verification: unsigned, signed by a key not in
+    the keyring, or a member whose digest does not match."""
+
+
+class InputError(KilnError, ValueError):
+    """An input of the wrong shape, dtype, device or count.  A ValueError
+    too, as seed 001 specifies for dynamic batching."""
+
+
+class TraceCheckError(KilnError):
+    """check_trace found the compiled module disagreeing with the original;
+    `output` is the output index, `max_error` the largest difference."""
+
+    def __init__(self, message, output=None, max_error=None):
+        super().__init__(message)
+        self.output = output
+        self.max_error = max_error

@@ -1,0 +1,897 @@
+/*
+ * kiln_kernels_shape — data movement (strided, concat, gather, pad),
+ * resize, transposed convolution and the pools kiln_kernels.c does not
+ * have (see kiln_kernels_shape.h and docs/program-format.md).
+ *
+ * Every prepare function proves that run stays inside its operands:
+ * shapes are checked against the parameters, every index a loop can
+ * compute is bounded, and every product is overflow-checked.  The run
+ * functions do not check and do not fail; data-dependent indices (gather)
+ * are the one exception, and an index out of range gives zeros.
+ */
+#include "runtime/kiln_kernels.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cblas.h>
+
+/* The values of the `mode`, `coord` and `nearest` parameters
+ * (docs/program-format.md); the compiler writes the same numbers. */
+enum { S_PAD_CONSTANT = 0, S_PAD_REFLECT = 1, S_PAD_EDGE = 2 };
+enum { S_NEAREST = 0, S_LINEAR = 1 };
+enum { S_HALF_PIXEL = 0, S_ASYMMETRIC = 1, S_ALIGN_CORNERS = 2, S_PYTORCH_HALF_PIXEL = 3 };
+enum { S_ROUND_PREFER_FLOOR = 0, S_ROUND_PREFER_CEIL = 1, S_FLOOR = 2, S_CEIL = 3 };
+
+/* --- helpers ---------------------------------------------------------- */
+
+static const kiln_prog_tensor_t *
+s_t (const kiln_program_t *p, int t)
+{
+    return &p->tensors[t];
+}
+
+static int64_t
+s_numel (const kiln_prog_tensor_t *t)
+{
+    /* Bounded: kiln_program_check ran kiln_shape_numel on every tensor. */
+    int64_t n = 1;
+    for (int i = 0; i < t->shape.rank; i++)
+        n *= t->shape.dims[i];
+    return n;
+}
+
+static int64_t
+s_prod (const int64_t *d, int from, int to)
+{
+    int64_t n = 1;
+    for (int i = from; i < to; i++)
+        n *= d[i];          /* callers pass dims of one checked tensor */
+    return n;
+}
+
+static int
+s_same_dtype (const kiln_program_t *p, const kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_dtype_t dt = s_t (p, plan->out)->dtype;
+    for (int i = 0; i < plan->n_in; i++)
+        if (s_t (p, plan->in[i])->dtype != dt)
+            return kiln_error (err, KILN_EFORMAT, "input %d is %s but the output is %s", i,
+                               kiln_dtype_name (s_t (p, plan->in[i])->dtype),
+                               kiln_dtype_name (dt));
+    return 0;
+}
+
+static int
+s_need_f32 (const kiln_program_t *p, const kiln_kplan_t *plan, kiln_err_t *err)
+{
+    for (int i = 0; i < plan->n_in; i++)
+        if (s_t (p, plan->in[i])->dtype != KILN_DT_FLOAT32)
+            return kiln_error (err, KILN_EFORMAT, "input %d is %s, not float32", i,
+                               kiln_dtype_name (s_t (p, plan->in[i])->dtype));
+    if (s_t (p, plan->out)->dtype != KILN_DT_FLOAT32)
+        return kiln_error (err, KILN_EFORMAT, "output is %s, not float32",
+                           kiln_dtype_name (s_t (p, plan->out)->dtype));
+    return 0;
+}
+
+/* Copy n elements of `es` bytes from src (stride `st` elements) to dst
+ * (contiguous). */
+static inline void
+s_copy_strided (uint8_t *dst, const uint8_t *src, int64_t n, int64_t st, size_t es)
+{
+    if (st == 1) {
+        memcpy (dst, src, (size_t) n * es);
+        return;
+    }
+    switch (es) {
+    case 4: {
+        const uint32_t *s = (const uint32_t *) (const void *) src;
+        uint32_t *d = (uint32_t *) (void *) dst;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = s[i * st];
+        return;
+    }
+    case 8: {
+        const uint64_t *s = (const uint64_t *) (const void *) src;
+        uint64_t *d = (uint64_t *) (void *) dst;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = s[i * st];
+        return;
+    }
+    case 2: {
+        const uint16_t *s = (const uint16_t *) (const void *) src;
+        uint16_t *d = (uint16_t *) (void *) dst;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = s[i * st];
+        return;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = src[i * st];
+    }
+}
+
+/* --- strided ---------------------------------------------------------- */
+
+static void
+s_run_strided (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const uint8_t *x = data[plan->in[0]];
+    uint8_t *y = data[plan->out];
+    int r = sp->rank;
+    int64_t n = sp->dims[r - 1], st = sp->st[r - 1];
+    int64_t outer = s_prod (sp->dims, 0, r - 1);
+    int64_t idx[KILN_PROG_MAX_PARAM_INTS] = { 0 }, src = sp->offset;
+    size_t es = sp->esz;
+    for (int64_t o = 0; o < outer; o++) {
+        s_copy_strided (y + (size_t) (o * n) * es, x + src * (int64_t) es, n, st, es);
+        for (int i = r - 2; i >= 0; i--) {
+            src += sp->st[i];
+            if (++idx[i] < sp->dims[i])
+                break;
+            src -= sp->st[i] * sp->dims[i];
+            idx[i] = 0;
+        }
+    }
+}
+
+static int
+s_prep_strided (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    int64_t dims[KILN_PROG_MAX_PARAM_INTS], st[KILN_PROG_MAX_PARAM_INTS], offset;
+    int r, rc;
+    if ((rc = s_same_dtype (p, plan, err))
+        || (rc = kiln_prog_op_ints_any (op, "dims", dims, &r, err))
+        || (rc = kiln_prog_op_ints (op, "strides", r, st, err))
+        || (rc = kiln_prog_op_int (op, "offset", &offset, err)))
+        return rc;
+    int64_t n = 1;
+    for (int i = 0; i < r; i++) {
+        if (dims[i] < 0 || dims[i] > KILN_MAX_DIM || __builtin_mul_overflow (n, dims[i], &n))
+            return kiln_error (err, KILN_EFORMAT, "dims[%d] is %lld", i, (long long) dims[i]);
+        if (st[i] < -KILN_MAX_TENSOR_ELEMS || st[i] > KILN_MAX_TENSOR_ELEMS)
+            return kiln_error (err, KILN_EFORMAT, "strides[%d] is %lld", i, (long long) st[i]);
+    }
+    if (n != s_numel (s_t (p, plan->out)))
+        return kiln_error (err, KILN_EFORMAT, "the loop covers %lld elements, the output holds %lld",
+                           (long long) n, (long long) s_numel (s_t (p, plan->out)));
+    /* The lowest and highest element the loop nest reads: each term is
+     * below 2^31 * 2^32, and there are at most 16, so __int128 holds
+     * the sums exactly. */
+    __int128 lo = offset, hi = offset;
+    for (int i = 0; i < r; i++) {
+        __int128 span = (__int128) (dims[i] > 0 ? dims[i] - 1 : 0) * st[i];
+        if (span < 0)
+            lo += span;
+        else
+            hi += span;
+    }
+    if (n > 0 && (lo < 0 || hi >= s_numel (s_t (p, plan->in[0]))))
+        return kiln_error (err, KILN_EFORMAT, "the loop reads elements %lld..%lld of an input of %lld",
+                           (long long) lo, (long long) hi,
+                           (long long) s_numel (s_t (p, plan->in[0])));
+    /* Drop unit loops and merge a loop into the one inside it when they
+     * walk X contiguously, so the inner loop is as long as possible. */
+    int k = 0;
+    for (int i = 0; i < r; i++) {
+        if (dims[i] == 1)
+            continue;
+        if (k > 0 && sp->st[k - 1] == st[i] * dims[i]) {
+            sp->dims[k - 1] *= dims[i];
+            sp->st[k - 1] = st[i];
+            continue;
+        }
+        sp->dims[k] = dims[i];
+        sp->st[k] = st[i];
+        k++;
+    }
+    if (k == 0 || n == 0) {
+        sp->dims[0] = n;
+        sp->st[0] = 1;
+        k = 1;
+    }
+    sp->rank = k;
+    sp->offset = offset;
+    sp->esz = kiln_dtype_size (s_t (p, plan->out)->dtype);
+    plan->run = s_run_strided;
+    return 0;
+}
+
+/* --- concat ----------------------------------------------------------- */
+
+static void
+s_run_concat (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    uint8_t *y = data[plan->out];
+    for (int64_t o = 0; o < sp->outer; o++)
+        for (int i = 0; i < plan->n_in; i++) {
+            const uint8_t *x = data[plan->in[i]];
+            memcpy (y, x + o * sp->chunk[i], (size_t) sp->chunk[i]);
+            y += sp->chunk[i];
+        }
+}
+
+static int
+s_prep_concat (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+               kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    int64_t axis;
+    int rc;
+    if ((rc = s_same_dtype (p, plan, err)) || (rc = kiln_prog_op_int (op, "axis", &axis, err)))
+        return rc;
+    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    int r = y->shape.rank;
+    if (axis < 0 || axis >= r)
+        return kiln_error (err, KILN_EFORMAT, "axis %lld is outside 0..%d", (long long) axis, r - 1);
+    int64_t sum = 0;
+    sp->esz = kiln_dtype_size (y->dtype);
+    sp->inner = s_prod (y->shape.dims, (int) axis + 1, r);
+    sp->outer = s_prod (y->shape.dims, 0, (int) axis);
+    for (int i = 0; i < plan->n_in; i++) {
+        const kiln_prog_tensor_t *x = s_t (p, plan->in[i]);
+        if (x->shape.rank != r)
+            return kiln_error (err, KILN_EFORMAT, "input %d has rank %d, the output %d", i,
+                               x->shape.rank, r);
+        for (int k = 0; k < r; k++)
+            if (k != axis && x->shape.dims[k] != y->shape.dims[k])
+                return kiln_error (err, KILN_EFORMAT, "input %d differs from the output along axis %d",
+                                   i, k);
+        sum += x->shape.dims[axis];
+        sp->chunk[i] = x->shape.dims[axis] * sp->inner * (int64_t) sp->esz;
+    }
+    if (sum != y->shape.dims[axis])
+        return kiln_error (err, KILN_EFORMAT, "the inputs add up to %lld along axis %lld, the output has %lld",
+                           (long long) sum, (long long) axis, (long long) y->shape.dims[axis]);
+    plan->run = s_run_concat;
+    return 0;
+}
+
+/* --- gather ----------------------------------------------------------- */
+
+static void
+s_run_gather (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const uint8_t *x = data[plan->in[0]];
+    const void *ind = data[plan->in[1]];
+    uint8_t *y = data[plan->out];
+    size_t chunk = (size_t) sp->inner * sp->esz;
+    int64_t d = sp->axis_len;
+    for (int64_t o = 0; o < sp->outer; o++)
+        for (int64_t j = 0; j < sp->n_idx; j++) {
+            int64_t k = sp->idx64 ? ((const int64_t *) ind)[j] : ((const int32_t *) ind)[j];
+            if (k < 0)
+                k += d;
+            if (k < 0 || k >= d)
+                memset (y, 0, chunk);       /* out of range: zeros, not a crash */
+            else
+                memcpy (y, x + (size_t) ((o * d + k) * sp->inner) * sp->esz, chunk);
+            y += chunk;
+        }
+}
+
+static int
+s_prep_gather (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+               kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *ind = s_t (p, plan->in[1]);
+    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    int64_t axis;
+    int rc = kiln_prog_op_int (op, "axis", &axis, err);
+    if (rc)
+        return rc;
+    if (x->dtype != y->dtype)
+        return kiln_error (err, KILN_EFORMAT, "data is %s but the output is %s",
+                           kiln_dtype_name (x->dtype), kiln_dtype_name (y->dtype));
+    if (ind->dtype != KILN_DT_INT64 && ind->dtype != KILN_DT_INT32)
+        return kiln_error (err, KILN_EFORMAT, "indices are %s, expected int64 or int32",
+                           kiln_dtype_name (ind->dtype));
+    int r = x->shape.rank, q = ind->shape.rank;
+    if (axis < 0 || axis >= r || y->shape.rank != r - 1 + q)
+        return kiln_error (err, KILN_EFORMAT, "axis %lld and the ranks do not fit", (long long) axis);
+    for (int i = 0; i < y->shape.rank; i++) {
+        int64_t want = i < axis ? x->shape.dims[i]
+                       : i < axis + q ? ind->shape.dims[i - axis]
+                       : x->shape.dims[i - q + 1];
+        if (y->shape.dims[i] != want)
+            return kiln_error (err, KILN_EFORMAT, "output dimension %d is %lld, expected %lld", i,
+                               (long long) y->shape.dims[i], (long long) want);
+    }
+    sp->esz = kiln_dtype_size (x->dtype);
+    sp->outer = s_prod (x->shape.dims, 0, (int) axis);
+    sp->inner = s_prod (x->shape.dims, (int) axis + 1, r);
+    sp->axis_len = x->shape.dims[axis];
+    sp->n_idx = s_numel (ind);
+    sp->idx64 = ind->dtype == KILN_DT_INT64;
+    plan->run = s_run_gather;
+    return 0;
+}
+
+/* --- pad -------------------------------------------------------------- */
+
+/* Source coordinate of output coordinate o along an axis of size d
+ * padded by `pb` in front, or -1 for the constant. */
+static inline int64_t
+s_pad_src (int mode, int64_t o, int64_t pb, int64_t d)
+{
+    int64_t j = o - pb;
+    if (j >= 0 && j < d)
+        return j;
+    if (mode == S_PAD_CONSTANT || d == 0)
+        return -1;
+    if (mode == S_PAD_EDGE || d == 1)
+        return j < 0 ? 0 : d - 1;
+    /* reflect: the pattern repeats every 2 (d - 1) */
+    int64_t period = 2 * (d - 1);
+    j %= period;
+    if (j < 0)
+        j += period;
+    return j < d ? j : period - j;
+}
+
+static void
+s_run_pad (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const uint8_t *x = data[plan->in[0]];
+    uint8_t *y = data[plan->out];
+    int r = sp->rank;
+    size_t es = sp->esz;
+    int64_t ow = sp->dims[r - 1], iw = sp->in_dims[r - 1], pb = sp->pads[r - 1];
+    int64_t rows = s_prod (sp->dims, 0, r - 1);
+    int64_t idx[KILN_MAX_RANK] = { 0 };
+    for (int64_t row = 0; row < rows; row++, y += (size_t) ow * es) {
+        /* The source row, or none (a row of the constant). */
+        int64_t src = 0;
+        bool fill = false;
+        for (int i = 0; i < r - 1; i++) {
+            int64_t j = s_pad_src (sp->mode, idx[i], sp->pads[i], sp->in_dims[i]);
+            if (j < 0)
+                fill = true;
+            src = src * sp->in_dims[i] + (j < 0 ? 0 : j);
+        }
+        const uint8_t *xr = x + (size_t) (src * iw) * es;
+        for (int64_t c = 0; c < ow; c++) {
+            int64_t j = fill ? -1 : s_pad_src (sp->mode, c, pb, iw);
+            if (j < 0)
+                memcpy (y + (size_t) c * es, sp->value, es);
+            else if (j == c - pb && c + 1 < ow && c + 1 - pb < iw) {
+                /* The inside of the row in one copy. */
+                int64_t n = (iw - j < ow - c) ? iw - j : ow - c;
+                memcpy (y + (size_t) c * es, xr + (size_t) j * es, (size_t) n * es);
+                c += n - 1;
+            }
+            else
+                memcpy (y + (size_t) c * es, xr + (size_t) j * es, es);
+        }
+        for (int i = r - 2; i >= 0; i--) {
+            if (++idx[i] < sp->dims[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+}
+
+/* `v` as one element of `dt`, into out[8]. */
+static int
+s_value_bytes (kiln_dtype_t dt, double v, uint8_t *out, kiln_err_t *err)
+{
+    memset (out, 0, 8);
+    switch (dt) {
+    case KILN_DT_FLOAT32: { float f = (float) v; memcpy (out, &f, 4); return 0; }
+    case KILN_DT_FLOAT64: memcpy (out, &v, 8); return 0;
+    case KILN_DT_BOOL: out[0] = v != 0.0; return 0;
+    default: break;
+    }
+    if (!(v >= -9.2e18 && v <= 9.2e18))
+        return kiln_error (err, KILN_EFORMAT, "value %g does not fit %s", v, kiln_dtype_name (dt));
+    int64_t i = (int64_t) v;
+    switch (dt) {
+    case KILN_DT_INT64: memcpy (out, &i, 8); return 0;
+    case KILN_DT_INT32: { int32_t x = (int32_t) i; memcpy (out, &x, 4); return 0; }
+    case KILN_DT_INT8: case KILN_DT_UINT8: out[0] = (uint8_t) i; return 0;
+    default:
+        if (v == 0.0)
+            return 0;           /* float16 zero is all-zero bits */
+        return kiln_error (err, KILN_EFORMAT, "a non-zero pad value for %s", kiln_dtype_name (dt));
+    }
+}
+
+static int
+s_prep_pad (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    int r = x->shape.rank, rc;
+    int64_t mode;
+    double value;
+    if ((rc = s_same_dtype (p, plan, err))
+        || (rc = kiln_prog_op_ints (op, "pads", 2 * r, sp->pads, err))
+        || (rc = kiln_prog_op_int (op, "mode", &mode, err))
+        || (rc = kiln_prog_op_float (op, "value", &value, err)))
+        return rc;
+    if (y->shape.rank != r)
+        return kiln_error (err, KILN_EFORMAT, "X has rank %d, Y rank %d", r, y->shape.rank);
+    if (mode < S_PAD_CONSTANT || mode > S_PAD_EDGE)
+        return kiln_error (err, KILN_EFORMAT, "mode %lld", (long long) mode);
+    for (int i = 0; i < r; i++) {
+        int64_t pb = sp->pads[i], pe = sp->pads[r + i], d = x->shape.dims[i];
+        if (pb < -KILN_MAX_DIM || pb > KILN_MAX_DIM || pe < -KILN_MAX_DIM || pe > KILN_MAX_DIM
+            || d + pb + pe != y->shape.dims[i])
+            return kiln_error (err, KILN_EFORMAT, "axis %d: %lld + %lld + %lld is not %lld", i,
+                               (long long) pb, (long long) d, (long long) pe,
+                               (long long) y->shape.dims[i]);
+        if (mode != S_PAD_CONSTANT && d == 0 && y->shape.dims[i] > 0)
+            return kiln_error (err, KILN_EFORMAT, "axis %d is empty and cannot be padded from", i);
+        sp->dims[i] = y->shape.dims[i];
+        sp->in_dims[i] = d;
+    }
+    if ((rc = s_value_bytes (x->dtype, value, sp->value, err)))
+        return rc;
+    /* A scalar is a row of one. */
+    if (r == 0) {
+        sp->dims[0] = sp->in_dims[0] = 1;
+        sp->pads[0] = 0;
+        r = 1;
+    }
+    sp->rank = r;
+    sp->mode = (int) mode;
+    sp->esz = kiln_dtype_size (x->dtype);
+    plan->run = s_run_pad;
+    return 0;
+}
+
+/* --- resize ----------------------------------------------------------- */
+
+/* Where output coordinate `o` along axis a reads, as in the ONNX
+ * reference: the two neighbours i0, i1 (clamped) and i1's weight. */
+static inline void
+s_resize_coord (const kiln_kshape_plan_t *sp, int a, int64_t o, int64_t *i0, int64_t *i1,
+                double *w1)
+{
+    double in = (double) sp->in_dims[a], s = sp->scale[a], x;
+    double out_len = s * in;           /* the reference's "output_width", a float */
+    switch (sp->coord) {
+    case S_ASYMMETRIC:
+        x = (double) o / s;
+        break;
+    case S_ALIGN_CORNERS:
+        x = out_len == 1.0 ? 0.0 : (double) o * (in - 1.0) / (out_len - 1.0);
+        break;
+    case S_PYTORCH_HALF_PIXEL:
+        x = out_len == 1.0 ? -0.5 : ((double) o + 0.5) / s - 0.5;
+        break;
+    default:
+        x = ((double) o + 0.5) / s - 0.5;
+        break;
+    }
+    double f = floor (x), r = x - f;
+    int64_t lo = (int64_t) f, hi = lo + 1, last = sp->in_dims[a] - 1;
+    if (sp->mode == S_NEAREST) {
+        bool up;
+        switch (sp->nearest) {
+        case S_ROUND_PREFER_CEIL: up = r >= 0.5; break;
+        case S_FLOOR: up = false; break;
+        case S_CEIL: up = r > 0.0; break;
+        default: up = r > 0.5; break;
+        }
+        lo = up ? hi : lo;
+        r = 0.0;
+    }
+    *i0 = lo < 0 ? 0 : lo > last ? last : lo;
+    *i1 = hi < 0 ? 0 : hi > last ? last : hi;
+    *w1 = r;
+}
+
+static void
+s_run_resize (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int r = sp->rank;
+    int64_t n = s_prod (sp->dims, 0, r), st[KILN_MAX_RANK];
+    int64_t c = 1;
+    for (int i = r - 1; i >= 0; i--) {
+        st[i] = c;
+        c *= sp->in_dims[i];
+    }
+    int64_t idx[KILN_MAX_RANK] = { 0 };
+    int64_t lo[KILN_MAX_RANK], hi[KILN_MAX_RANK];
+    double w[KILN_MAX_RANK];
+    for (int64_t e = 0; e < n; e++) {
+        int active[KILN_MAX_RANK], k = 0;
+        int64_t base = 0;
+        for (int a = 0; a < r; a++) {
+            s_resize_coord (sp, a, idx[a], &lo[a], &hi[a], &w[a]);
+            if (w[a] != 0.0 && hi[a] != lo[a])
+                active[k++] = a;
+            base += lo[a] * st[a];
+        }
+        double acc = 0.0;
+        for (int m = 0; m < (1 << k); m++) {
+            double wt = 1.0;
+            int64_t off = base;
+            for (int j = 0; j < k; j++) {
+                int a = active[j];
+                if (m & (1 << j)) {
+                    wt *= w[a];
+                    off += (hi[a] - lo[a]) * st[a];
+                }
+                else
+                    wt *= 1.0 - w[a];
+            }
+            acc += wt * x[off];
+        }
+        y[e] = (float) acc;
+        for (int a = r - 1; a >= 0; a--) {
+            if (++idx[a] < sp->dims[a])
+                break;
+            idx[a] = 0;
+        }
+    }
+}
+
+static int
+s_prep_resize (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    int r = x->shape.rank, rc;
+    int64_t mode, coord, nearest, bits[KILN_MAX_RANK];
+    if ((rc = s_need_f32 (p, plan, err))
+        || (rc = kiln_prog_op_int (op, "mode", &mode, err))
+        || (rc = kiln_prog_op_int (op, "coord", &coord, err))
+        || (rc = kiln_prog_op_int (op, "nearest", &nearest, err))
+        || (rc = kiln_prog_op_ints (op, "scales", r, bits, err)))
+        return rc;
+    if (y->shape.rank != r || r < 1)
+        return kiln_error (err, KILN_EFORMAT, "X and Y must have the same rank, at least 1");
+    if (mode < 0 || mode > 1 || coord < 0 || coord > S_PYTORCH_HALF_PIXEL || nearest < 0
+        || nearest > S_CEIL)
+        return kiln_error (err, KILN_EFORMAT, "mode, coord or nearest out of range");
+    for (int a = 0; a < r; a++) {
+        int64_t in = x->shape.dims[a], out = y->shape.dims[a];
+        if (in == 0 && out > 0)
+            return kiln_error (err, KILN_EFORMAT, "axis %d: cannot resize an empty axis to %lld", a,
+                               (long long) out);
+        /* The scale: a float32 given as its bits, or 0 for out / in. */
+        if (bits[a] < 0 || bits[a] > UINT32_MAX)
+            return kiln_error (err, KILN_EFORMAT, "scales[%d] is not float32 bits", a);
+        uint32_t b = (uint32_t) bits[a];
+        float f;
+        memcpy (&f, &b, 4);
+        double s = b == 0 ? (in ? (double) out / (double) in : 1.0) : (double) f;
+        if (!(s > 0.0) || !isfinite (s))
+            return kiln_error (err, KILN_EFORMAT, "scales[%d] is %g", a, s);
+        sp->scale[a] = s;
+        sp->in_dims[a] = in;
+        sp->dims[a] = out;
+    }
+    sp->rank = r;
+    sp->mode = (int) mode;
+    sp->coord = (int) coord;
+    sp->nearest = (int) nearest;
+    plan->run = s_run_resize;
+    return 0;
+}
+
+/* --- windows ---------------------------------------------------------- */
+
+/* N, C, H, W of a rank-3 (H = 1) or rank-4 tensor. */
+static bool
+s_nchw (const kiln_prog_tensor_t *t, int64_t v[4])
+{
+    if (t->shape.rank == 4) {
+        memcpy (v, t->shape.dims, 4 * sizeof *v);
+        return true;
+    }
+    if (t->shape.rank == 3) {
+        v[0] = t->shape.dims[0];
+        v[1] = t->shape.dims[1];
+        v[2] = 1;
+        v[3] = t->shape.dims[2];
+        return true;
+    }
+    return false;
+}
+
+typedef struct {
+    int64_t k[2], s[2], d[2], p[4];
+} s_win_t;
+
+static int
+s_get_window (kiln_prog_op_t *op, s_win_t *w, kiln_err_t *err)
+{
+    int rc;
+    if ((rc = kiln_prog_op_ints (op, "kernel", 2, w->k, err))
+        || (rc = kiln_prog_op_ints (op, "strides", 2, w->s, err))
+        || (rc = kiln_prog_op_ints (op, "dilations", 2, w->d, err))
+        || (rc = kiln_prog_op_ints (op, "pads", 4, w->p, err)))
+        return rc;
+    for (int i = 0; i < 2; i++)
+        if (w->k[i] < 1 || w->s[i] < 1 || w->d[i] < 1 || w->k[i] > KILN_MAX_DIM
+            || w->s[i] > KILN_MAX_DIM || w->d[i] > KILN_MAX_DIM)
+            return kiln_error (err, KILN_EFORMAT, "kernel, strides and dilations must be in 1..%lld",
+                               (long long) KILN_MAX_DIM);
+    for (int i = 0; i < 4; i++)
+        if (w->p[i] < 0 || w->p[i] > KILN_MAX_DIM)
+            return kiln_error (err, KILN_EFORMAT, "pads must be in 0..%lld", (long long) KILN_MAX_DIM);
+    return 0;
+}
+
+static void
+s_run_conv_transpose (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = sp->bias ? data[plan->in[2]] : NULL;
+    float *y = data[plan->out], *col = data[plan->scratch];
+    int64_t g = sp->group, cg = sp->c / g, mg = sp->m / g;
+    int64_t hw = sp->h * sp->w, ohw = sp->oh * sp->ow, kk = sp->kh * sp->kw;
+    int64_t rows = mg * kk;
+    memset (y, 0, (size_t) (sp->n * sp->m * ohw) * sizeof *y);
+    for (int64_t n = 0; n < sp->n; n++)
+        for (int64_t gi = 0; gi < g; gi++) {
+            const float *xg = x + (n * sp->c + gi * cg) * hw;
+            const float *wg = wt + gi * cg * rows;
+            float *yg = y + (n * sp->m + gi * mg) * ohw;
+            if (rows == 0 || hw == 0)
+                continue;
+            if (cg == 0)
+                memset (col, 0, (size_t) (rows * hw) * sizeof *col);
+            else
+                /* col[mg*kh*kw, h*w] = Wg^T [mg*kh*kw, cg] . Xg [cg, h*w] */
+                cblas_sgemm (CblasRowMajor, CblasTrans, CblasNoTrans, (int) rows, (int) hw,
+                             (int) cg, 1.0f, wg, (int) rows, xg, (int) hw, 0.0f, col, (int) hw);
+            /* col2im: scatter every column entry to where it lands. */
+            for (int64_t m = 0; m < mg; m++)
+                for (int64_t i = 0; i < sp->kh; i++)
+                    for (int64_t j = 0; j < sp->kw; j++) {
+                        const float *cr = col + ((m * sp->kh + i) * sp->kw + j) * hw;
+                        float *ym = yg + m * ohw;
+                        for (int64_t ih = 0; ih < sp->h; ih++) {
+                            int64_t oh = ih * sp->sh - sp->pt + i * sp->dh;
+                            if (oh < 0 || oh >= sp->oh)
+                                continue;
+                            for (int64_t iw = 0; iw < sp->w; iw++) {
+                                int64_t ow = iw * sp->sw - sp->pl + j * sp->dw;
+                                if (ow >= 0 && ow < sp->ow)
+                                    ym[oh * sp->ow + ow] += cr[ih * sp->w + iw];
+                            }
+                        }
+                    }
+            if (bias)
+                for (int64_t m = 0; m < mg; m++) {
+                    float b = bias[gi * mg + m], *row = yg + m * ohw;
+                    for (int64_t i = 0; i < ohw; i++)
+                        row[i] += b;
+                }
+        }
+}
+
+static int
+s_prep_conv_transpose (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                       kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    s_win_t w;
+    int64_t group, opad[2], x[4], y[4], wd[4];
+    int rc;
+    if ((rc = s_need_f32 (p, plan, err)) || (rc = s_get_window (op, &w, err))
+        || (rc = kiln_prog_op_ints (op, "output_padding", 2, opad, err))
+        || (rc = kiln_prog_op_int (op, "group", &group, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *tw = s_t (p, plan->in[1]);
+    const kiln_prog_tensor_t *ty = s_t (p, plan->out);
+    if (!s_nchw (tx, x) || !s_nchw (ty, y) || !s_nchw (tw, wd) || tx->shape.rank != ty->shape.rank
+        || tw->shape.rank != tx->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X, W and Y must all have rank 3 or all rank 4");
+    if (group < 1 || x[1] % group != 0 || wd[0] != x[1] || wd[1] * group != y[1] || y[0] != x[0]
+        || wd[2] != w.k[0] || wd[3] != w.k[1])
+        return kiln_error (err, KILN_EFORMAT, "W [%lld, %lld, %lld, %lld] does not fit X, Y and group %lld",
+                           (long long) wd[0], (long long) wd[1], (long long) wd[2],
+                           (long long) wd[3], (long long) group);
+    for (int i = 0; i < 2; i++) {
+        if (opad[i] < 0 || opad[i] > KILN_MAX_DIM)
+            return kiln_error (err, KILN_EFORMAT, "output_padding[%d] is %lld", i, (long long) opad[i]);
+        /* Every term is below 2^31, so this fits int64. */
+        int64_t want = w.s[i] * (x[2 + i] - 1) + opad[i] + (w.k[i] - 1) * w.d[i] + 1 - w.p[i]
+                       - w.p[2 + i];
+        if (x[2 + i] == 0 || want != y[2 + i])
+            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis %d does not follow from the window",
+                               (long long) y[2 + i], i);
+    }
+    int64_t rows, hw, need;
+    if (__builtin_mul_overflow (wd[1], w.k[0] * w.k[1], &rows)
+        || __builtin_mul_overflow (x[2], x[3], &hw) || __builtin_mul_overflow (rows, hw, &need)
+        || rows > INT_MAX || hw > INT_MAX || x[1] / group > INT_MAX)
+        return kiln_error (err, KILN_EFORMAT, "transposed convolution too large for BLAS");
+    if (plan->scratch < 0 || s_numel (s_t (p, plan->scratch)) < need)
+        return kiln_error (err, KILN_EFORMAT, "needs a scratch tensor of %lld elements", (long long) need);
+    sp->bias = plan->n_in == 3;
+    if (sp->bias && s_numel (s_t (p, plan->in[2])) != y[1])
+        return kiln_error (err, KILN_EFORMAT, "bias holds %lld elements, expected %lld",
+                           (long long) s_numel (s_t (p, plan->in[2])), (long long) y[1]);
+    sp->n = x[0];
+    sp->c = x[1];
+    sp->h = x[2];
+    sp->w = x[3];
+    sp->m = y[1];
+    sp->oh = y[2];
+    sp->ow = y[3];
+    sp->kh = w.k[0];
+    sp->kw = w.k[1];
+    sp->sh = w.s[0];
+    sp->sw = w.s[1];
+    sp->dh = w.d[0];
+    sp->dw = w.d[1];
+    sp->pt = w.p[0];
+    sp->pl = w.p[1];
+    sp->group = group;
+    plan->run = s_run_conv_transpose;
+    return 0;
+}
+
+static void
+s_run_avgpool (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int64_t h = sp->h, w = sp->w, oh = sp->oh, ow = sp->ow;
+    for (int64_t pl = 0; pl < sp->planes; pl++) {
+        const float *xp = x + pl * h * w;
+        float *yp = y + pl * oh * ow;
+        for (int64_t r = 0; r < oh; r++)
+            for (int64_t q = 0; q < ow; q++) {
+                double sum = 0.0;
+                int64_t inside = 0, padded = 0;
+                int64_t h0 = r * sp->sh - sp->pt, w0 = q * sp->sw - sp->pl;
+                for (int64_t i = 0; i < sp->kh; i++) {
+                    int64_t ih = h0 + i * sp->dh;
+                    if (ih < -sp->pt || ih >= h + sp->pb)
+                        continue;
+                    for (int64_t j = 0; j < sp->kw; j++) {
+                        int64_t iw = w0 + j * sp->dw;
+                        if (iw < -sp->pl || iw >= w + sp->pr)
+                            continue;
+                        padded++;
+                        if (ih >= 0 && ih < h && iw >= 0 && iw < w) {
+                            sum += xp[ih * w + iw];
+                            inside++;
+                        }
+                    }
+                }
+                int64_t count = sp->include_pad ? padded : inside;
+                yp[r * ow + q] = count ? (float) (sum / (double) count) : NAN;
+            }
+    }
+}
+
+/* Output size along axis i for input `in`; -1 when the window does not
+ * fit.  Every value is at most 2^31, so nothing here overflows. */
+static int64_t
+s_out_size (const s_win_t *w, int i, int64_t in, bool ceil_mode)
+{
+    int64_t eff = (w->k[i] - 1) * w->d[i] + 1;
+    int64_t span = in + w->p[i] + w->p[2 + i] - eff;
+    if (span < 0)
+        return -1;
+    return (ceil_mode ? span + w->s[i] - 1 : span) / w->s[i] + 1;
+}
+
+static int
+s_prep_avgpool (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    s_win_t w;
+    int64_t ceil_mode, include, x[4], y[4];
+    int rc;
+    if ((rc = s_need_f32 (p, plan, err)) || (rc = s_get_window (op, &w, err))
+        || (rc = kiln_prog_op_int (op, "ceil_mode", &ceil_mode, err))
+        || (rc = kiln_prog_op_int (op, "count_include_pad", &include, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
+    if (!s_nchw (tx, x) || !s_nchw (ty, y) || tx->shape.rank != ty->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X and Y must both have rank 3 or both rank 4");
+    if (x[0] != y[0] || x[1] != y[1])
+        return kiln_error (err, KILN_EFORMAT, "X and Y differ in N or C");
+    /* With ceil_mode, frameworks differ on whether a last window that
+     * starts in the end padding counts; accept both, as maxpool2d does. */
+    for (int i = 0; i < 2; i++) {
+        int64_t lo = s_out_size (&w, i, x[2 + i], false);
+        int64_t hi = s_out_size (&w, i, x[2 + i], ceil_mode != 0);
+        if (lo < 0 || y[2 + i] < lo || y[2 + i] > hi)
+            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis %d does not follow from the window",
+                               (long long) y[2 + i], i);
+    }
+    sp->planes = x[0] * x[1];
+    sp->h = x[2];
+    sp->w = x[3];
+    sp->oh = y[2];
+    sp->ow = y[3];
+    sp->kh = w.k[0];
+    sp->kw = w.k[1];
+    sp->sh = w.s[0];
+    sp->sw = w.s[1];
+    sp->dh = w.d[0];
+    sp->dw = w.d[1];
+    sp->pt = w.p[0];
+    sp->pl = w.p[1];
+    sp->pb = w.p[2];
+    sp->pr = w.p[3];
+    sp->include_pad = include != 0;
+    plan->run = s_run_avgpool;
+    return 0;
+}
+
+static void
+s_run_global_maxpool (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int64_t s = sp->spatial;
+    for (int64_t pl = 0; pl < sp->planes; pl++) {
+        float best = -INFINITY;
+        for (int64_t i = 0; i < s; i++) {
+            float v = x[pl * s + i];
+            if (v > best || v != v)
+                best = v;
+            if (best != best)
+                break;
+        }
+        y[pl] = best;
+    }
+}
+
+static int
+s_prep_global_maxpool (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                       kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
+    if (tx->shape.rank < 3 || ty->shape.rank != tx->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X must have rank >= 3 and Y the same rank");
+    for (int i = 0; i < ty->shape.rank; i++)
+        if (ty->shape.dims[i] != (i < 2 ? tx->shape.dims[i] : 1))
+            return kiln_error (err, KILN_EFORMAT, "Y must be [N, C, 1, ...]");
+    sp->planes = tx->shape.dims[0] * tx->shape.dims[1];
+    sp->spatial = sp->planes ? s_numel (tx) / sp->planes : 0;
+    plan->run = s_run_global_maxpool;
+    return 0;
+}
+
+/* --- dispatch --------------------------------------------------------- */
+
+int
+kiln_kshape_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                     kiln_err_t *err)
+{
+    switch (plan->kernel) {
+    case KILN_K_STRIDED: return s_prep_strided (p, op, plan, err);
+    case KILN_K_CONCAT: return s_prep_concat (p, op, plan, err);
+    case KILN_K_GATHER: return s_prep_gather (p, op, plan, err);
+    case KILN_K_PAD: return s_prep_pad (p, op, plan, err);
+    case KILN_K_RESIZE: return s_prep_resize (p, op, plan, err);
+    case KILN_K_CONV_TRANSPOSE2D: return s_prep_conv_transpose (p, op, plan, err);
+    case KILN_K_AVGPOOL2D: return s_prep_avgpool (p, op, plan, err);
+    case KILN_K_GLOBAL_MAXPOOL: return s_prep_global_maxpool (p, op, plan, err);
+    default:
+        return kiln_error (err, KILN_EINVAL, "kernel %s is not a shape kernel",
+                           kiln_kernel_name (plan->kernel));
+    }
+}
