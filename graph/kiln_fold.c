@@ -591,11 +591,13 @@ s_eval_range (s_fold_t *f)
         if (c > (double) KILN_FOLD_MAX_ELEMS)
             return s_fail (f, KILN_ELIMIT, "the range would have more than %d elements",
                            KILN_FOLD_MAX_ELEMS);
+        /* Differences in unsigned arithmetic: exact, as they are below
+         * 2^64, where the signed ones could overflow. */
         count = 0;
         if (d > 0 && b > a)
-            count = (b - a - 1) / d + 1;
+            count = (int64_t) (((uint64_t) b - (uint64_t) a - 1) / (uint64_t) d + 1);
         else if (d < 0 && a > b)
-            count = (a - b - 1) / -d + 1;
+            count = (int64_t) (((uint64_t) a - (uint64_t) b - 1) / (0 - (uint64_t) d) + 1);
     }
     kiln_shape_t s = { .rank = 1, .dims = { count } };
     int rc = s_out (f, 0, dt, &s);
@@ -605,7 +607,9 @@ s_eval_range (s_fold_t *f)
         if (s_is_float (dt))
             s_setf (dt, f->out[0], i, s_getf (&f->in[0], 0) + (double) i * s_getf (&f->in[2], 0));
         else
-            s_seti (dt, f->out[0], i, s_geti (&f->in[0], 0) + i * s_geti (&f->in[2], 0));
+            s_seti (dt, f->out[0], i,
+                    (int64_t) ((uint64_t) s_geti (&f->in[0], 0)
+                               + (uint64_t) i * (uint64_t) s_geti (&f->in[2], 0)));
     }
     return S_FOLDED;
 }
@@ -662,10 +666,18 @@ s_int_op (s_ew_t k, int64_t a, int64_t b, bool fmod_mode, bool *ok)
             return r != 0 && ((r < 0) != (b < 0)) ? r + b : r;
         }
     case S_POW: {
-        int64_t r = 1;
-        for (int64_t i = 0; i < b && i < 64; i++)
-            r = (int64_t) ((uint64_t) r * ua);
-        return b < 0 ? 0 : r;
+        /* By squaring, wrapping; a negative exponent truncates to 0
+         * except for a base of 1 or -1. */
+        if (b < 0)
+            return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
+        uint64_t r = 1, base = ua, e = (uint64_t) b;
+        while (e) {
+            if (e & 1)
+                r *= base;
+            base *= base;
+            e >>= 1;
+        }
+        return (int64_t) r;
     }
     case S_MIN: return a < b ? a : b;
     case S_MAX: return a > b ? a : b;
@@ -1044,11 +1056,11 @@ bool
 kiln_fold_op_known (const char *op)
 {
     const s_fold_op_t *fo = s_fold_find (op);
-    /* Only the ops that need folding to be compiled at all; the others
-     * (Add, Gather, ...) are known through the op table, and the
-     * data-dependent ones are not known at all: the importer lists them
-     * among the unsupported ops, saying why. */
-    return fo && fo->refusal && strcmp (fo->refusal, S_COMPILE_TIME) == 0;
+    /* Every op the evaluator knows: on constants it folds away, whether or
+     * not the op table has it (Range, Mod, Sign...).  The data-dependent
+     * ones are not known at all: the importer lists them among the
+     * unsupported ops, saying why. */
+    return fo && fo->eval;
 }
 
 bool

@@ -90,7 +90,8 @@ int kiln_infer_order (const kiln_graph_t *g, int *order, kiln_err_t *err);
 int kiln_infer_node (const kiln_graph_t *g, int n, kiln_infer_type_t *types,
                      kiln_err_t *err);
 /* True for an op the folding pass can evaluate at compile time (Shape,
- * Range, ConstantOfShape, ...), whether or not it is in the op table. */
+ * Range, ConstantOfShape, Mod, ...), whether or not it is in the op
+ * table. */
 bool kiln_fold_op_known (const char *op);
 /* The error for node n, an op only folding knows, left in the graph
  * because its inputs are not constants. */
