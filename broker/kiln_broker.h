@@ -1,31 +1,53 @@
 /*
  * kiln_broker — the farm's broker: one ROUTER socket, one zloop.
  *
- * Clients send COMPILE; the broker checks the graph (decodes the
- * structure, hashes every blob, recomputes the graph digest and the action
- * key rather than trusting the client's), answers from the action cache
- * when it can, and otherwise queues a job and hands it to an idle worker
- * with a matching compiler.  When the worker sends DONE, the broker checks
- * the artifact against the job, signs it with the farm key and provenance,
- * stores it, records the action, and sends RESULT to every client waiting
- * for that action key.  docs/protocol.md has the messages and the job
- * state machine.
+ * Clients send COMPILE with the graph structure and the blob list.  The
+ * broker checks the graph (decodes the structure, recomputes the graph
+ * digest and the action key rather than trusting the client's), answers
+ * from the action cache or the failure cache when it can, joins a job
+ * already building the same action, asks for the blobs it lacks
+ * (MISSING; the client uploads them as CHUNKs under credit flow control),
+ * and otherwise queues a job.  The scheduler (kiln_sched) hands queued
+ * jobs to idle workers offering the job's toolchain, fairly across
+ * clients, preferring a worker that already holds the job's blobs.  A
+ * worker FETCHes the blobs it lacks, compiles, and sends DONE; the broker
+ * checks the artifact against the job, signs it with the farm key and
+ * provenance, stores it, records the action, and sends RESULT to every
+ * client waiting for that action key.  docs/protocol.md has the messages
+ * and the job state machine; docs/operations.md how to run it.
  *
  * State, all owned by the broker and touched only from its loop:
- *   workers   by routing id: name, compiler, slots, busy count, last seen
- *   jobs      by action key (one job per action, however many clients wait)
- *             and by job id; each job has an id, a state (QUEUED,
- *             RUNNING), attempts, its graph bytes and its waiters
- *   queue     QUEUED jobs, oldest first
+ *   workers   by routing id: identity, toolchains, slots, busy, blobs held,
+ *             last seen
+ *   clients   by routing id: identity (tenant), last seen, requests held,
+ *             upload credit, uploads in progress
+ *   jobs      by action key (one job per action, however many clients
+ *             wait) and by job id: state (QUEUED, RUNNING), the graph
+ *             structure, blob refs (pinned in the store), waiters,
+ *             dispatches, workers lost while running it, a log
+ *   queue     QUEUED jobs, per client (kiln_sched)
  * Invariants: a RUNNING job has exactly one worker and counts in that
- * worker's busy; a QUEUED job is in the queue exactly once; busy <= slots.
- * Workers heartbeat every heartbeat_ms; one silent for liveness_ms is
- * dropped and its jobs go back to the head of the queue, up to
- * max_attempts dispatches per job.
+ * worker's busy; a QUEUED job is in the scheduler exactly once; busy <=
+ * slots; a client's `pending` is the number of waiters it has.
+ *
+ * Liveness follows the Paranoid Pirate pattern: broker and workers
+ * heartbeat each other every heartbeat_ms, clients heartbeat the broker
+ * while they wait; a peer silent for liveness_ms (or whose connection the
+ * transport closed) is dropped.  A dropped worker's jobs are requeued at
+ * the head of their queue; a job that was running on max_deaths workers
+ * that died fails with its history and log.  A dropped client's requests
+ * are released, and a job nobody waits for any more is cancelled.
+ *
+ * Persistence: the store (kiln_store) survives a crash; jobs do not.
+ * Clients resubmit what the broker no longer holds (their heartbeat tells
+ * them how many requests it holds for them), so after a restart every
+ * waiting client gets its artifact: from the cache if the build had
+ * finished, from a new build otherwise.
  */
 #ifndef KILN_BROKER_H
 #define KILN_BROKER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/kiln_error.h"
@@ -33,18 +55,25 @@
 typedef struct kiln_broker kiln_broker_t;
 
 typedef struct kiln_broker_config {
-    const char *endpoint;        /* --listen: a loopback endpoint */
-    const char *state_dir;       /* --state: CAS and action cache */
+    const char *endpoint;        /* --listen */
+    const char *state_dir;       /* --state: store, action and failure cache */
     const char *key_path;        /* --key: the farm's private key (PEM) */
     const char *name;            /* provenance "broker"; NULL = hostname */
     int heartbeat_ms;            /* 0 = 1000 */
-    int liveness_ms;             /* 0 = 5000 */
-    int max_attempts;            /* dispatches per job; 0 = 3 */
-    uint64_t max_queued_bytes;   /* graph bytes held for jobs; 0 = 4 GiB */
+    int liveness_ms;             /* workers and clients; 0 = 5000 */
+    int max_deaths;              /* workers lost with a job before it fails; 0 = 3 */
+    int max_dispatches;          /* dispatches of one job in all; 0 = 10 */
+    uint64_t max_queued_bytes;   /* graph structures held for jobs; 0 = 4 GiB */
+    uint64_t store_max_bytes;    /* store size cap; 0 = KILN_STORE_DEFAULT_MAX_BYTES */
+    uint64_t default_timeout_ms; /* compile timeout when a request names none; 0 = 600 s */
+    int credit_window;           /* upload chunks in flight per client; 0 = 32 */
+    const char *cert_path;       /* CurveZMQ: the broker's certificate (with _secret) */
+    const char *trust_dir;       /* CurveZMQ: certificates of clients and workers allowed */
 } kiln_broker_config_t;
 
-/* Load the key, open the store, bind the socket.  Refuses a non-loopback
- * endpoint (no CurveZMQ yet).  Caller owns the broker. */
+/* Load the key, open the store, bind the socket.  Without cert_path and
+ * trust_dir only a loopback endpoint is accepted.  Caller owns the
+ * broker. */
 kiln_broker_t *kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err);
 void kiln_broker_destroy (kiln_broker_t **self_p);
 

@@ -1,39 +1,66 @@
 /*
  * kiln_store — the broker's state on disk: a content-addressed store of
- * artifacts and the action cache.
+ * artifacts and weight blobs, the action cache and the failure cache.
  *
- *   STATE/cas/sha256/ab/abcdef...   a signed artifact archive, named by its
- *                                   content hash (SHA-256 of manifest.json)
- *   STATE/ac/<action key>           the content hash (64 hex chars + "\n")
- *                                   of the artifact built for that action
+ *   STATE/cas/sha256/ab/abcdef...    a signed artifact archive, named by its
+ *                                    content hash (SHA-256 of manifest.json)
+ *   STATE/blobs/sha256/ab/abcdef...  a weight blob, named by the SHA-256 of
+ *                                    its bytes
+ *   STATE/ac/<action key>            the content hash (64 hex chars + "\n")
+ *                                    of the artifact built for that action
+ *   STATE/fail/<action key>          a failed build: JSON {"code", "message",
+ *                                    "log", "failed_at"}
+ *   STATE/keyring/farm.pub           the public half of the signing key,
+ *                                    rewritten at every start, so that
+ *                                    entries signed by an older key are
+ *                                    rebuilt rather than served
+ *   STATE/tmp/                       files being written; emptied at start
  *
- * Every file is written with kiln_write_file_atomic, so after a crash an
- * entry is either whole or absent.  Names are checked to be 64 lower-case
- * hex characters before they become paths.  The store trusts nothing it
- * reads back: kiln_store_lookup parses the archive (every member's size
- * and SHA-256), checks that its content hash is the one asked for and,
- * once kiln_store_trust_key was called, that it is signed by that key; any
- * failure is reported and the caller builds again.
+ * Durability.  Every entry is written to STATE/tmp, fsynced, renamed into
+ * place and its directory fsynced, so that after a crash (of the broker
+ * or of the host) an entry is either whole or absent.  Small entries
+ * (artifacts, action and failure records, inline blobs) are *staged* and
+ * made durable together by kiln_store_commit: one journal commit of the
+ * file system covers a whole batch (group commit), and the broker answers
+ * clients only after the commit.  A blob upload is written as it arrives
+ * (the file is preallocated and its pages are pushed to disk while it
+ * grows), checked against its digest, fsynced and renamed when complete.
  *
- *   STATE/keyring/farm.pub          the public half of the signing key,
- *                                   rewritten at every start, so that
- *                                   entries signed by an older key are
- *                                   rebuilt rather than served
+ * Trust.  Names are checked to be 64 lower-case hex characters before
+ * they become paths.  The store trusts nothing it reads back: a cache hit
+ * parses the archive (every member's size and SHA-256), checks its
+ * content hash and, once kiln_store_trust_key was called, its signature;
+ * a blob's bytes are hashed as they are uploaded, and kiln_store_check
+ * hashes every stored file.
+ *
+ * Capacity.  Artifacts, blobs and failure records count against a size
+ * cap; past it the least recently used entries go first.  Blobs a queued
+ * or running job needs are pinned and never evicted.  An action record
+ * whose artifact was evicted is removed when it is next looked up.
  */
 #ifndef KILN_STORE_H
 #define KILN_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "artifact/kiln_artifact.h"
 #include "common/kiln_error.h"
 #include "common/kiln_hash.h"
 
 typedef struct kiln_store kiln_store_t;
+typedef struct kiln_blob_writer kiln_blob_writer_t;
 
-/* Open (creating) the store under `state_dir`.  Caller owns the result. */
-kiln_store_t *kiln_store_new (const char *state_dir, kiln_err_t *err);
+#define KILN_STORE_DEFAULT_MAX_BYTES (64ULL << 30)
+
+/* Open (creating) the store under `state_dir` with a size cap of
+ * `max_bytes` (0 = KILN_STORE_DEFAULT_MAX_BYTES), index what it holds and
+ * remove leftovers of interrupted writes.  Caller owns the result. */
+kiln_store_t *kiln_store_new (const char *state_dir, uint64_t max_bytes,
+                              kiln_err_t *err);
+/* Close; staged writes that were not committed are dropped. */
 void kiln_store_destroy (kiln_store_t **self_p);
 
 /* Write `key`'s public half to STATE/keyring/farm.pub and from now on
@@ -41,23 +68,112 @@ void kiln_store_destroy (kiln_store_t **self_p);
 int kiln_store_trust_key (kiln_store_t *self, const kiln_key_t *key,
                           kiln_err_t *err);
 
-/* Put an artifact archive under its content hash, replacing an existing
- * entry: the caller has just checked and signed these bytes, while the old
- * entry may be the damaged copy that made it build again. */
+/* --- staged writes (group commit) ---------------------------------- */
+
+/* Stage an artifact archive under its content hash (replacing an
+ * existing entry: the caller has just checked and signed these bytes),
+ * an action record, a failure record, or a small blob (its bytes are
+ * hashed here and refused unless they match `digest`).  Nothing is
+ * visible or durable before kiln_store_commit. */
 int kiln_store_put_artifact (kiln_store_t *self, const char *digest_hex,
                              const uint8_t *data, size_t len, kiln_err_t *err);
-
-/* Record that `action_key` built the artifact `digest_hex`. */
 int kiln_store_put_action (kiln_store_t *self, const char *action_key,
                            const char *digest_hex, kiln_err_t *err);
+int kiln_store_put_failure (kiln_store_t *self, const char *action_key, int code,
+                            const char *message, const char *log, kiln_err_t *err);
+int kiln_store_put_blob (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN],
+                         const uint8_t *data, size_t len, kiln_err_t *err);
+/* Make every staged write durable and visible (fsync, rename, fsync the
+ * directories), then evict past the cap.  Returns the number of entries
+ * committed, or an error (the entries that failed are dropped). */
+int kiln_store_commit (kiln_store_t *self, kiln_err_t *err);
+/* Staged writes waiting for a commit. */
+size_t kiln_store_staged (const kiln_store_t *self);
+
+/* --- lookups ---------------------------------------------------------- */
 
 /* Look an action up: on a hit fill artifact_hex and return the archive
  * bytes in *data (caller frees) after checking that they parse, carry
- * that content hash and (see kiln_store_trust_key) a good signature.  Returns -KILN_ENOTFOUND on a miss; other errors
- * (a damaged entry) are returned too, and the caller treats them as a
- * miss after logging them. */
+ * that content hash and (see kiln_store_trust_key) a good signature.
+ * Returns -KILN_ENOTFOUND on a miss (also when the artifact was evicted);
+ * other errors (a damaged entry) are returned too, and the caller treats
+ * them as a miss after logging them. */
 int kiln_store_lookup (kiln_store_t *self, const char *action_key,
                        char artifact_hex[KILN_HEX_LEN], uint8_t **data,
                        size_t *len, kiln_err_t *err);
+
+/* Look a failed build up.  On a hit *code, message[KILN_ERR_MSG_MAX] and
+ * *log (caller frees; may be NULL) are filled.  -KILN_ENOTFOUND on a
+ * miss. */
+int kiln_store_lookup_failure (kiln_store_t *self, const char *action_key,
+                               int *code, char *message, char **log,
+                               kiln_err_t *err);
+/* Forget a failure (after a successful rebuild). */
+void kiln_store_forget_failure (kiln_store_t *self, const char *action_key);
+
+/* --- blobs -------------------------------------------------------------- */
+
+/* True when the blob is stored (committed). */
+bool kiln_store_has_blob (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]);
+/* Open a stored blob for reading: a file descriptor the caller closes,
+ * its size in *size.  Marks it used (LRU). */
+int kiln_store_blob_open (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN],
+                          uint64_t *size, kiln_err_t *err);
+/* Pin a stored blob so that eviction skips it; unpin undoes one pin. */
+void kiln_store_blob_pin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]);
+void kiln_store_blob_unpin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]);
+/* Forget a stored blob found damaged (kiln_store_check, a worker's report). */
+void kiln_store_blob_remove (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]);
+
+/* Start receiving a blob of `size` bytes: a preallocated file in
+ * STATE/tmp.  Refused (KILN_ELIMIT) when the blob alone is bigger than
+ * the cap.  Caller owns the writer: finish or abort it. */
+kiln_blob_writer_t *kiln_store_blob_begin (kiln_store_t *self,
+                                           const uint8_t digest[KILN_DIGEST_LEN],
+                                           uint64_t size, kiln_err_t *err);
+/* Append the next `len` bytes. */
+int kiln_blob_writer_write (kiln_blob_writer_t *self, const void *data, size_t len,
+                            kiln_err_t *err);
+/* Bytes written so far, and the blob's size. */
+uint64_t kiln_blob_writer_received (const kiln_blob_writer_t *self);
+uint64_t kiln_blob_writer_size (const kiln_blob_writer_t *self);
+/* All bytes written: check the digest, make the blob durable and visible.
+ * Consumes *writer_p (also on failure, KILN_EVERIFY for a wrong digest). */
+int kiln_store_blob_finish (kiln_store_t *self, kiln_blob_writer_t **writer_p,
+                            kiln_err_t *err);
+/* Drop an unfinished upload and its file; *writer_p becomes NULL. */
+void kiln_blob_writer_abort (kiln_blob_writer_t **writer_p);
+
+/* --- accounting and checks -------------------------------------------- */
+
+typedef struct kiln_store_stats {
+    uint64_t bytes;          /* counted against the cap */
+    uint64_t max_bytes;      /* the cap */
+    uint64_t artifacts;      /* entries of each kind */
+    uint64_t blobs;
+    uint64_t failures;
+    uint64_t evicted;        /* entries evicted since start */
+} kiln_store_stats_t;
+
+void kiln_store_stats (const kiln_store_t *self, kiln_store_stats_t *out);
+
+/* What kiln_store_check found. */
+typedef struct kiln_store_report {
+    uint64_t artifacts, blobs, actions, failures;      /* entries checked */
+    uint64_t bad;            /* damaged or inconsistent entries */
+    uint64_t dangling;       /* action records whose artifact is gone (not damage) */
+    uint64_t removed;        /* entries removed (with repair) */
+} kiln_store_report_t;
+
+/* Check every entry of the store at `state_dir` (which must not be in use
+ * by a broker): each blob hashes to its name; each artifact parses (every
+ * member's size and digest), has the content hash it is named by and a
+ * signature that STATE/keyring accepts; each action record names a stored
+ * artifact built for that action; each failure record parses.  Each
+ * problem is printed to `out` (may be NULL).  With `repair`, damaged
+ * entries and dangling records are removed.  Returns 0 when nothing was
+ * damaged (dangling records are not damage: eviction leaves them). */
+int kiln_store_check (const char *state_dir, bool repair, FILE *out,
+                      kiln_store_report_t *report, kiln_err_t *err);
 
 #endif

@@ -16,27 +16,60 @@ static const char *s_usage =
     "  --broker tcp://HOST:PORT  compile on this farm (default: $KILN_BROKER)\n"
     "  --local                   compile locally even when KILN_BROKER is set\n"
     "  --compiler-args \"ARGS\"    arguments for the compiler (e.g. \"--optlevel 1\")\n"
+    "  --toolchain ID[@VERSION]  build with this toolchain of the farm (default: the\n"
+    "                            builtin compiler; version \"0\" when left out)\n"
+    "  --target TARGET           build for this target (default: this host's)\n"
+    "  --timeout SECONDS         kill the compile on the farm after this long and fail\n"
+    "                            with a timeout error (default: the farm's, 600)\n"
+    "  --wait SECONDS            give up (and cancel) after waiting this long in all\n"
+    "                            (default: as long as the broker answers)\n"
+    "  --priority N              -1000..1000, lower runs sooner (like nice); default 0\n"
+    "  --retry-failed            build again even if this action failed before (the\n"
+    "                            farm caches failures with their log)\n"
+    "  --client-name NAME        who you are for fair share when the farm does not\n"
+    "                            authenticate (default: $KILN_CLIENT_NAME or user@host)\n"
+    "  --cert FILE               CurveZMQ: your certificate (default: $KILN_CERT)\n"
+    "  --broker-cert FILE        CurveZMQ: the broker's (default: $KILN_BROKER_CERT)\n"
     "  --key KEY.pem             local builds: sign with this private key\n"
     "                            (default: your key in ~/.config/kiln/keys,\n"
     "                            created on first use)\n"
-    "  --timeout SECONDS         give up waiting for the farm after this long\n"
     "  --json                    print one JSON object: artifact, cached,\n"
     "                            worker, action_key, graph_digest, output\n";
+
+/* Whole seconds in 1..a week, or -1. */
+static long
+s_seconds (const char *text)
+{
+    char *end;
+    long v = strtol (text, &end, 10);
+    return *text && !*end && v > 0 && v <= 7 * 24 * 3600 ? v : -1;
+}
 
 int
 cmd_compile (int argc, char **argv)
 {
     const char *out = NULL, *broker = getenv ("KILN_BROKER"), *key = NULL;
-    const char *args = NULL;
+    kiln_client_config_t ccfg = { 0 };
+    kiln_compile_opts_t copts = { 0 };
     int json = 0, local = 0;
-    long timeout_s = 0;
-    enum { OPT_BROKER = 256, OPT_ARGS, OPT_KEY, OPT_TIMEOUT, OPT_JSON, OPT_LOCAL };
+    long v;
+    enum { OPT_BROKER = 256, OPT_ARGS, OPT_KEY, OPT_TIMEOUT, OPT_JSON, OPT_LOCAL, OPT_WAIT,
+           OPT_PRIORITY, OPT_RETRY, OPT_TOOLCHAIN, OPT_TARGET, OPT_NAME, OPT_CERT,
+           OPT_BROKER_CERT };
     static const struct option opts[] = {
         { "output", required_argument, NULL, 'o' },
         { "broker", required_argument, NULL, OPT_BROKER },
         { "compiler-args", required_argument, NULL, OPT_ARGS },
         { "key", required_argument, NULL, OPT_KEY },
         { "timeout", required_argument, NULL, OPT_TIMEOUT },
+        { "wait", required_argument, NULL, OPT_WAIT },
+        { "priority", required_argument, NULL, OPT_PRIORITY },
+        { "retry-failed", no_argument, NULL, OPT_RETRY },
+        { "toolchain", required_argument, NULL, OPT_TOOLCHAIN },
+        { "target", required_argument, NULL, OPT_TARGET },
+        { "client-name", required_argument, NULL, OPT_NAME },
+        { "cert", required_argument, NULL, OPT_CERT },
+        { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
         { "json", no_argument, NULL, OPT_JSON },
         { "local", no_argument, NULL, OPT_LOCAL },
         { "help", no_argument, NULL, 'h' },
@@ -48,16 +81,34 @@ cmd_compile (int argc, char **argv)
         switch (c) {
         case 'o': out = optarg; break;
         case OPT_BROKER: broker = optarg; break;
-        case OPT_ARGS: args = optarg; break;
+        case OPT_ARGS: copts.compiler_args = optarg; break;
         case OPT_KEY: key = optarg; break;
         case OPT_JSON: json = 1; break;
         case OPT_LOCAL: local = 1; break;
-        case OPT_TIMEOUT: {
-            char *end;
-            timeout_s = strtol (optarg, &end, 10);
-            if (*end || timeout_s <= 0 || timeout_s > 7 * 24 * 3600)
+        case OPT_RETRY: copts.retry_failed = true; break;
+        case OPT_TOOLCHAIN: copts.toolchain = optarg; break;
+        case OPT_TARGET: copts.target = optarg; break;
+        case OPT_NAME: ccfg.name = optarg; break;
+        case OPT_CERT: ccfg.cert = optarg; break;
+        case OPT_BROKER_CERT: ccfg.broker_cert = optarg; break;
+        case OPT_TIMEOUT:
+            if ((v = s_seconds (optarg)) < 0)
                 return kiln_cmd_usage (s_usage, "--timeout wants whole seconds, got '%s'",
                                        optarg);
+            copts.timeout_ms = (int) (v * 1000);
+            break;
+        case OPT_WAIT:
+            if ((v = s_seconds (optarg)) < 0)
+                return kiln_cmd_usage (s_usage, "--wait wants whole seconds, got '%s'", optarg);
+            copts.wait_ms = (int) (v * 1000);
+            break;
+        case OPT_PRIORITY: {
+            char *end;
+            v = strtol (optarg, &end, 10);
+            if (!*optarg || *end || v < -1000 || v > 1000)
+                return kiln_cmd_usage (s_usage, "--priority wants -1000..1000, got '%s'",
+                                       optarg);
+            copts.priority = (int) v;
             break;
         }
         case 'h': fputs (s_usage, stdout); return 0;
@@ -74,17 +125,17 @@ cmd_compile (int argc, char **argv)
     kiln_err_t err = { 0 };
     kiln_compile_result_t res;
     memset (&res, 0, sizeof res);
-    kiln_compile_opts_t copts = { .compiler_args = args,
-                                  .timeout_ms = (int) (timeout_s * 1000) };
     kiln_graph_t *g = kiln_cmd_load_model (argv[optind], &err);
     if (!g)
         return kiln_cmd_fail ("compile", &err);
 
     int rc;
     if (broker) {
-        kiln_client_t *client = kiln_client_new (broker, &err);
-        rc = client ? kiln_client_compile (client, g, &copts, out, &res, &err)
-                    : -err.code;
+        ccfg.endpoint = broker;
+        kiln_client_t *client = kiln_client_new_config (&ccfg, &err);
+        if (client)
+            kiln_client_catch_signals ();
+        rc = client ? kiln_client_compile (client, g, &copts, out, &res, &err) : -err.code;
         kiln_client_destroy (&client);
     }
     else
@@ -115,7 +166,6 @@ cmd_compile (int argc, char **argv)
         printf ("}\n");
     }
     else
-        printf ("%s %s%s%s\n", res.artifact, out, res.cached ? " (cached)" : "",
-                res.worker[0] ? "" : "");
+        printf ("%s %s%s\n", res.artifact, out, res.cached ? " (cached)" : "");
     return 0;
 }

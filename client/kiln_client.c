@@ -1,36 +1,165 @@
 /*
- * kiln_client — the remote half of libkilnclient: COMPILE to a broker,
- * wait for RESULT or ERROR, check and write the artifact.
+ * kiln_client — the remote half of libkilnclient: requests, uploads,
+ * heartbeats and resubmission over one DEALER socket.
  *
- * One request at a time per client.  Each request has its own id, and
- * replies with another id (left over from an earlier request that timed
- * out) are dropped, so a client can be reused after a failure.
+ * Each compilation is a request with its own id and a small state
+ * machine (docs/protocol.md, "The client's requests"):
+ *
+ *   NEW ──COMPILE──▶ SENT ──MISSING──▶ UPLOADING ──blobs stored──▶ NEW
+ *                     │  ──ACCEPTED──▶ ACCEPTED ──RESULT/ERROR──▶ DONE
+ *                     └──RESULT/ERROR──────────────────────────▶ DONE
+ *   broker lost, or it holds fewer requests than we think: SENT,
+ *   UPLOADING, ACCEPTED ──▶ NEW (sent again, same id)
+ *
+ * Blobs the broker lacks are uploaded one at a time in the order asked
+ * for, each chunk costing one unit of the credit the broker grants; a
+ * blob several requests need is uploaded once.  Chunks point into the
+ * caller's weight buffers (no copy); before a call returns it makes sure
+ * ZeroMQ holds none of them any more.
  */
 #include "client/kiln_client.h"
 
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <czmq.h>
 
 #include "artifact/kiln_artifact.h"
 #include "common/kiln_fs.h"
 #include "common/kiln_limits.h"
+#include "common/kiln_log.h"
 #include "common/kiln_proto.h"
 #include "compiler/kiln_compiler.h"
 
-#define S_DEFAULT_TIMEOUT_MS (600 * 1000)
-#define S_POLL_MS            1000     /* longest single wait, so signals are seen */
+#define S_MAX_POLL_MS      100        /* longest single wait, so signals are seen */
+#define S_MAX_RESENDS      50         /* sends of one request after a lost broker */
+#define S_MAX_BATCH        (1u << 20) /* jobs in one call */
+#define S_DRAIN_MS         5000       /* wait for ZeroMQ to let go of our buffers */
 
-struct kiln_client {
-    char *endpoint;          /* owned copy */
-    zsock_t *dealer;         /* connected to the broker */
-    uint64_t next_req;       /* id of the next request */
+typedef enum { R_NEW, R_SENT, R_UPLOADING, R_ACCEPTED, R_DONE } s_state_t;
+
+typedef struct s_upload s_upload_t;
+
+/* A distinct blob of a request's graph. */
+typedef struct {
+    uint8_t digest[KILN_DIGEST_LEN];
+    uint64_t size;
+    const uint8_t *data;             /* the caller's weight bytes */
+} s_blob_t;
+
+typedef struct {
+    kiln_client_job_t *job;
+    size_t index;
+    uint64_t req_id;
+    s_state_t state;
+    char req_key[24];                /* req_id in decimal, key in requests */
+    uint8_t *structure;              /* encoded once, owned */
+    size_t struct_len;
+    s_blob_t *blobs;                 /* distinct, owned */
+    uint32_t n_blobs;
+    char args[KILN_MAX_ARGS_BYTES];  /* normalised */
+    kiln_toolchain_id_t toolchain;
+    int waiting;                     /* uploads it waits for */
+    int resends;
+} s_req_t;
+
+struct s_upload {
+    char hex[KILN_HEX_LEN];
+    const uint8_t *data;             /* the caller's bytes */
+    uint64_t size;
+    uint64_t sent;                   /* bytes sent so far */
+    bool started;                    /* its first chunk went out */
+    zlistx_t *reqs;                  /* s_req_t waiting for it */
 };
 
-kiln_client_t *
-kiln_client_new (const char *endpoint, kiln_err_t *err)
+struct kiln_client {
+    char *endpoint;                  /* owned copy */
+    char name[KILN_PROTO_MAX_NAME + 1];
+    char *cert, *broker_cert;        /* owned, or NULL */
+    int heartbeat_ms, liveness_ms, broker_timeout_ms;
+    zsock_t *dealer;                 /* connected to the broker, or NULL */
+    uint64_t next_req;               /* id of the next request */
+    uint32_t credit;                 /* chunks the broker lets us send */
+    atomic_int in_zmq;               /* chunk frames ZeroMQ still holds */
+    kiln_client_stats_t stats;
+};
+
+/* --- connection ---------------------------------------------------------------- */
+
+static int
+s_open (kiln_client_t *self, kiln_err_t *err)
 {
+    self->dealer = zsock_new (ZMQ_DEALER);
+    if (!self->dealer)
+        return kiln_error (err, KILN_ESYS, "could not create a ZeroMQ socket");
+    kiln_proto_socket_defaults (self->dealer);
+    zsock_set_sndhwm (self->dealer, 100000);
+    zsock_set_rcvhwm (self->dealer, 100000);
+    zsock_set_sndtimeo (self->dealer, 60000);
+    if (strchr (self->endpoint, '['))
+        zsock_set_ipv6 (self->dealer, 1);
+    if (self->cert && kiln_proto_curve_client (self->dealer, self->cert, self->broker_cert,
+                                               err) != 0) {
+        zsock_destroy (&self->dealer);
+        return -err->code;
+    }
+    if (zsock_connect (self->dealer, "%s", self->endpoint) != 0) {
+        zsock_destroy (&self->dealer);
+        return kiln_error (err, KILN_EINVAL, "could not connect to '%s': %s", self->endpoint,
+                           zmq_strerror (zmq_errno ()));
+    }
+    self->credit = 0;
+    return 0;
+}
+
+/* Close the socket and wait until ZeroMQ has dropped every chunk that
+ * points into the caller's buffers. */
+static void
+s_close (kiln_client_t *self)
+{
+    zsock_destroy (&self->dealer);
+    int64_t until = zclock_mono () + S_DRAIN_MS;
+    while (atomic_load (&self->in_zmq) > 0 && zclock_mono () < until)
+        zclock_sleep (1);
+    if (atomic_load (&self->in_zmq) > 0)
+        kiln_log_err ("ZeroMQ still holds %d chunks after %d ms",
+                      atomic_load (&self->in_zmq), S_DRAIN_MS);
+}
+
+static void
+s_zc_free (void *data, void *hint)
+{
+    kiln_client_t *self = hint;
+    atomic_fetch_sub (&self->in_zmq, 1);
+}
+
+/* user@host, in the characters a name may hold. */
+static void
+s_default_name (char *buf, size_t size)
+{
+    const char *env = getenv ("KILN_CLIENT_NAME");
+    if (env && kiln_proto_name_ok (env)) {
+        snprintf (buf, size, "%s", env);
+        return;
+    }
+    char host[64] = "localhost";
+    gethostname (host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    const char *user = getenv ("USER");
+    snprintf (buf, size, "%s@%s", user && *user ? user : "user", host);
+    for (char *p = buf; *p; p++)
+        if (!isalnum ((unsigned char) *p) && !strchr ("._:@-", *p))
+            *p = '_';
+}
+
+kiln_client_t *
+kiln_client_new_config (const kiln_client_config_t *cfg, kiln_err_t *err)
+{
+    const char *endpoint = cfg->endpoint;
     if (!endpoint || (strncmp (endpoint, "tcp://", 6) != 0
                       && strncmp (endpoint, "ipc://", 6) != 0
                       && strncmp (endpoint, "inproc://", 9) != 0)) {
@@ -38,32 +167,56 @@ kiln_client_new (const char *endpoint, kiln_err_t *err)
                     endpoint ? endpoint : "");
         return NULL;
     }
+    const char *cert = cfg->cert ? cfg->cert : getenv ("KILN_CERT");
+    const char *broker_cert = cfg->broker_cert ? cfg->broker_cert : getenv ("KILN_BROKER_CERT");
+    if (cert && !*cert)
+        cert = NULL;
+    if (broker_cert && !*broker_cert)
+        broker_cert = NULL;
+    if (!cert != !broker_cert) {
+        kiln_error (err, KILN_EINVAL, "CurveZMQ needs both our certificate (KILN_CERT) and the "
+                    "broker's (KILN_BROKER_CERT)");
+        return NULL;
+    }
     /* A library must not take over the host program's SIGINT/SIGTERM
      * (Python's KeyboardInterrupt, for one). */
     zsys_handler_set (NULL);
     kiln_client_t *self = calloc (1, sizeof *self);
-    if (!self || !(self->endpoint = strdup (endpoint))) {
-        free (self);
+    if (!self || !(self->endpoint = strdup (endpoint))
+        || (cert && !(self->cert = strdup (cert)))
+        || (broker_cert && !(self->broker_cert = strdup (broker_cert)))) {
+        kiln_client_destroy (&self);
         kiln_error (err, KILN_ENOMEM, "out of memory");
         return NULL;
     }
-    self->next_req = 1;
-    self->dealer = zsock_new (ZMQ_DEALER);
-    if (!self->dealer) {
-        kiln_error (err, KILN_ESYS, "could not create a ZeroMQ socket");
-        kiln_client_destroy (&self);
-        return NULL;
+    if (cfg->name) {
+        if (!kiln_proto_name_ok (cfg->name)) {
+            kiln_error (err, KILN_EINVAL, "client name '%s' must be 1..%d characters of "
+                        "[A-Za-z0-9._:@-]", cfg->name, KILN_PROTO_MAX_NAME);
+            kiln_client_destroy (&self);
+            return NULL;
+        }
+        snprintf (self->name, sizeof self->name, "%s", cfg->name);
     }
-    kiln_proto_socket_defaults (self->dealer);
-    if (strstr (endpoint, "[::1]") || strchr (endpoint, '['))
-        zsock_set_ipv6 (self->dealer, 1);
-    if (zsock_connect (self->dealer, "%s", endpoint) != 0) {
-        kiln_error (err, KILN_EINVAL, "could not connect to '%s': %s", endpoint,
-                    zmq_strerror (zmq_errno ()));
+    else
+        s_default_name (self->name, sizeof self->name);
+    self->heartbeat_ms = cfg->heartbeat_ms > 0 ? cfg->heartbeat_ms : 1000;
+    self->liveness_ms = cfg->liveness_ms > 0 ? cfg->liveness_ms : 5000;
+    self->broker_timeout_ms = cfg->broker_timeout_ms > 0 ? cfg->broker_timeout_ms : 60000;
+    self->next_req = 1;
+    atomic_init (&self->in_zmq, 0);
+    if (s_open (self, err) != 0) {
         kiln_client_destroy (&self);
         return NULL;
     }
     return self;
+}
+
+kiln_client_t *
+kiln_client_new (const char *endpoint, kiln_err_t *err)
+{
+    kiln_client_config_t cfg = { .endpoint = endpoint };
+    return kiln_client_new_config (&cfg, err);
 }
 
 void
@@ -72,88 +225,390 @@ kiln_client_destroy (kiln_client_t **self_p)
     if (!self_p || !*self_p)
         return;
     kiln_client_t *self = *self_p;
-    zsock_destroy (&self->dealer);
+    if (self->dealer) {
+        kiln_err_t err = { 0 };
+        kiln_msg_t *bye = kiln_msg_new (KILN_CMD_DISCONNECT);
+        zsock_set_sndtimeo (self->dealer, 0);
+        if (bye)
+            kiln_msg_send (&bye, self->dealer, NULL, &err);
+        zsock_set_linger (self->dealer, 100);     /* let DISCONNECT leave */
+        s_close (self);
+    }
     free (self->endpoint);
+    free (self->cert);
+    free (self->broker_cert);
     free (self);
     *self_p = NULL;
 }
 
-/* Order weight indices by digest, so that each distinct blob is sent once. */
-static int
-s_weight_cmp (const void *a, const void *b, void *arg)
+static void
+s_on_signal (int sig)
 {
-    const kiln_graph_t *g = arg;
-    const kiln_weight_t *wa = &g->weights[*(const int *) a];
-    const kiln_weight_t *wb = &g->weights[*(const int *) b];
-    return memcmp (wa->digest, wb->digest, KILN_DIGEST_LEN);
+    zsys_interrupted = 1;
+    zctx_interrupted = 1;
 }
 
-/* Build the COMPILE message for `g`.  Caller owns the result. */
-static kiln_msg_t *
-s_compile_msg (const kiln_graph_t *g, uint64_t req_id, const char *norm_args,
-               const kiln_compile_result_t *res, kiln_err_t *err)
+void
+kiln_client_catch_signals (void)
 {
-    uint8_t *structure = NULL;
-    size_t len = 0;
-    int *order = NULL;
-    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_COMPILE);
-    if (!msg) {
+    struct sigaction sa;
+    memset (&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sigemptyset (&sa.sa_mask);
+    sigaction (SIGINT, &sa, NULL);
+    sigaction (SIGTERM, &sa, NULL);
+}
+
+void
+kiln_client_stats (const kiln_client_t *self, kiln_client_stats_t *out)
+{
+    *out = self->stats;
+}
+
+/* --- preparing requests --------------------------------------------------------- */
+
+static int
+s_blob_cmp (const void *a, const void *b)
+{
+    return memcmp (((const s_blob_t *) a)->digest, ((const s_blob_t *) b)->digest,
+                   KILN_DIGEST_LEN);
+}
+
+/* Parse "ID" or "ID@VERSION" and the target into a toolchain id. */
+static int
+s_toolchain (const kiln_compile_opts_t *opts, kiln_toolchain_id_t *tc, kiln_err_t *err)
+{
+    memset (tc, 0, sizeof *tc);
+    const char *target = opts && opts->target ? opts->target : kiln_cc_target ();
+    if (!opts || !opts->toolchain || !*opts->toolchain
+        || strcmp (opts->toolchain, KILN_COMPILER_ID) == 0) {
+        snprintf (tc->id, sizeof tc->id, "%s", KILN_COMPILER_ID);
+        snprintf (tc->version, sizeof tc->version, "%s", KILN_COMPILER_VERSION);
+    }
+    else {
+        const char *at = strchr (opts->toolchain, '@');
+        size_t n = at ? (size_t) (at - opts->toolchain) : strlen (opts->toolchain);
+        if (n > KILN_PROTO_MAX_ID || (at && strlen (at + 1) > KILN_PROTO_MAX_ID))
+            return kiln_error (err, KILN_EINVAL, "toolchain '%s' is too long", opts->toolchain);
+        memcpy (tc->id, opts->toolchain, n);
+        tc->id[n] = '\0';
+        snprintf (tc->version, sizeof tc->version, "%s", at ? at + 1 : "0");
+    }
+    if (strlen (target) > KILN_PROTO_MAX_ID)
+        return kiln_error (err, KILN_EINVAL, "target '%s' is too long", target);
+    snprintf (tc->target, sizeof tc->target, "%s", target);
+    if (!kiln_toolchain_word_ok (tc->id) || !kiln_toolchain_word_ok (tc->version)
+        || !kiln_toolchain_word_ok (tc->target))
+        return kiln_error (err, KILN_EINVAL, "toolchain '%s %s %s': each part must be 1..%d "
+                           "characters of [A-Za-z0-9._+-]", tc->id, tc->version, tc->target,
+                           KILN_PROTO_MAX_ID);
+    return 0;
+}
+
+static void
+s_req_destroy (s_req_t **self_p)
+{
+    if (!*self_p)
+        return;
+    free ((*self_p)->structure);
+    free ((*self_p)->blobs);
+    free (*self_p);
+    *self_p = NULL;
+}
+
+/* Everything about a job that does not change between sends: the
+ * structure, the distinct blobs, the keys. */
+static s_req_t *
+s_req_new (kiln_client_job_t *job, size_t index, kiln_err_t *err)
+{
+    const kiln_graph_t *g = job->graph;
+    kiln_compile_result_t *res = &job->result;
+    s_req_t *r = calloc (1, sizeof *r);
+    if (!r) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
         return NULL;
     }
-    msg->req_id = req_id;
-    memcpy (msg->graph_digest, res->graph_digest, KILN_HEX_LEN);
-    memcpy (msg->action_key, res->action_key, KILN_HEX_LEN);
-    if ((norm_args[0] && kiln_msg_set_str (&msg->compiler_args, norm_args) != 0)
-        || kiln_msg_set_str (&msg->compiler_id, KILN_COMPILER_ID) != 0
-        || kiln_msg_set_str (&msg->compiler_version, KILN_COMPILER_VERSION) != 0
-        || kiln_msg_set_str (&msg->target, kiln_cc_target ()) != 0) {
+    r->job = job;
+    r->index = index;
+    if (!g) {
+        kiln_error (err, KILN_EINVAL, "no graph");
+        goto fail;
+    }
+    if (job->opts.priority < -KILN_PROTO_MAX_PRIORITY || job->opts.priority > KILN_PROTO_MAX_PRIORITY) {
+        kiln_error (err, KILN_EINVAL, "priority %d is outside -%d..%d", job->opts.priority,
+                    KILN_PROTO_MAX_PRIORITY, KILN_PROTO_MAX_PRIORITY);
+        goto fail;
+    }
+    if (job->opts.timeout_ms < 0) {
+        kiln_error (err, KILN_EINVAL, "negative timeout");
+        goto fail;
+    }
+    if (kiln_args_normalize (job->opts.compiler_args, r->args, sizeof r->args, err) != 0
+        || s_toolchain (&job->opts, &r->toolchain, err) != 0)
+        goto fail;
+    if (!kiln_graph_complete (g)) {
+        kiln_error (err, KILN_EINVAL, "the graph lacks the data of some weights");
+        goto fail;
+    }
+    if (kiln_graph_digest (g, res->graph_digest, err) != 0
+        || kiln_graph_encode (g, &r->structure, &r->struct_len, err) != 0)
+        goto fail;
+    kiln_action_key (res->graph_digest, r->args, r->toolchain.id, r->toolchain.version,
+                     r->toolchain.target, res->action_key);
+    r->blobs = calloc ((size_t) g->n_weights + 1, sizeof *r->blobs);
+    if (!r->blobs) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
         goto fail;
     }
-    if (kiln_graph_encode (g, &structure, &len, err) != 0
-        || kiln_msg_put_structure (msg, structure, len, err) != 0)
-        goto fail;
-    if (g->n_weights > 0) {
-        order = malloc ((size_t) g->n_weights * sizeof *order);
-        if (!order) {
-            kiln_error (err, KILN_ENOMEM, "out of memory");
-            goto fail;
-        }
-        for (int i = 0; i < g->n_weights; i++)
-            order[i] = i;
-        qsort_r (order, (size_t) g->n_weights, sizeof *order, s_weight_cmp, (void *) g);
-    }
     for (int i = 0; i < g->n_weights; i++) {
-        const kiln_weight_t *w = &g->weights[order[i]];
-        if (i > 0 && memcmp (g->weights[order[i - 1]].digest, w->digest, KILN_DIGEST_LEN) == 0)
-            continue;
-        if (kiln_msg_put_blob (msg, w->digest, w->data, w->size, err) != 0)
-            goto fail;
+        memcpy (r->blobs[i].digest, g->weights[i].digest, KILN_DIGEST_LEN);
+        r->blobs[i].size = g->weights[i].size;
+        r->blobs[i].data = g->weights[i].data;
     }
-    free (order);
-    free (structure);
-    return msg;
+    qsort (r->blobs, (size_t) g->n_weights, sizeof *r->blobs, s_blob_cmp);
+    for (int i = 0; i < g->n_weights; i++)
+        if (r->n_blobs == 0 || memcmp (r->blobs[r->n_blobs - 1].digest, r->blobs[i].digest,
+                                       KILN_DIGEST_LEN) != 0)
+            r->blobs[r->n_blobs++] = r->blobs[i];
+    if (r->n_blobs > KILN_PROTO_MAX_BLOBS) {
+        kiln_error (err, KILN_ELIMIT, "the graph has %u distinct weight blobs, more than %d",
+                    r->n_blobs, KILN_PROTO_MAX_BLOBS);
+        goto fail;
+    }
+    return r;
 fail:
-    free (order);
-    free (structure);
-    kiln_msg_destroy (&msg);
+    s_req_destroy (&r);
     return NULL;
 }
 
-/* The farm's ERROR as our error: its code, its message, and as much of the
- * end of the compile log as fits. */
-static int
-s_remote_error (const kiln_msg_t *msg, kiln_err_t *err)
+/* --- the engine ----------------------------------------------------------------- */
+
+typedef struct {
+    kiln_client_t *self;
+    kiln_client_job_t *jobs;
+    s_req_t **reqs;                  /* one per job, NULL once finished or not started */
+    size_t n;
+    size_t left;                     /* jobs not finished */
+    zhashx_t *by_id;                 /* req_key -> s_req_t */
+    zhashx_t *uploads;               /* hex -> s_upload_t (owns) */
+    zlistx_t *upload_order;          /* s_upload_t, first to send first */
+    kiln_client_done_fn *done;
+    void *arg;
+    int64_t broker_seen;             /* zclock_mono of the broker's last message */
+    int64_t broker_lost_since;       /* 0, or when it went silent past liveness */
+    int64_t hb_at;                   /* next heartbeat */
+} s_engine_t;
+
+static void
+s_upload_destroy (s_upload_t **self_p)
 {
-    int code = msg->code > 0 && msg->code < KILN_ERR_MAX ? (int) msg->code : KILN_EREMOTE;
-    if (!msg->log || !*msg->log)
-        return kiln_error (err, code, "%s", msg->message);
-    size_t room = KILN_ERR_MSG_MAX / 2;
-    size_t n = strlen (msg->log);
-    const char *tail = n > room ? msg->log + n - room : msg->log;
-    return kiln_error (err, code, "%s\n--- compile log%s ---\n%s", msg->message,
-                       n > room ? " (end)" : "", tail);
+    if (!*self_p)
+        return;
+    zlistx_destroy (&(*self_p)->reqs);
+    free (*self_p);
+    *self_p = NULL;
+}
+
+/* Finish job `r` (err may be NULL: success) and free its request. */
+static void
+s_finish (s_engine_t *e, s_req_t *r, const kiln_err_t *err, bool failure_cached)
+{
+    kiln_client_job_t *job = r->job;
+    if (err) {
+        job->err = *err;
+        if (!job->err.code)
+            job->err.code = KILN_EREMOTE;
+    }
+    else
+        kiln_err_clear (&job->err);
+    job->failure_cached = failure_cached;
+    r->state = R_DONE;
+    zhashx_delete (e->by_id, r->req_key);
+    /* forget it in the uploads it waited for */
+    for (s_upload_t *up = zhashx_first (e->uploads); up; up = zhashx_next (e->uploads)) {
+        void *handle = zlistx_find (up->reqs, r);
+        if (handle)
+            zlistx_delete (up->reqs, handle);
+    }
+    e->reqs[r->index] = NULL;
+    size_t index = r->index;
+    s_req_destroy (&r);
+    e->left--;
+    if (e->done)
+        e->done (job, index, e->arg);
+}
+
+static void
+s_fail (s_engine_t *e, s_req_t *r, int code, const char *fmt, ...)
+    __attribute__ ((format (printf, 4, 5)));
+
+static void
+s_fail (s_engine_t *e, s_req_t *r, int code, const char *fmt, ...)
+{
+    kiln_err_t err = { .code = code };
+    va_list ap;
+    va_start (ap, fmt);
+    vsnprintf (err.msg, sizeof err.msg, fmt, ap);
+    va_end (ap);
+    s_finish (e, r, &err, false);
+}
+
+/* Send COMPILE for `r`: small blobs inline, the rest by reference. */
+static int
+s_send_compile (s_engine_t *e, s_req_t *r, kiln_err_t *err)
+{
+    kiln_client_t *self = e->self;
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_COMPILE);
+    if (!msg)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    const kiln_compile_opts_t *o = &r->job->opts;
+    msg->req_id = r->req_id;
+    memcpy (msg->graph_digest, r->job->result.graph_digest, KILN_HEX_LEN);
+    memcpy (msg->action_key, r->job->result.action_key, KILN_HEX_LEN);
+    msg->priority = o->priority;
+    msg->timeout_ms = (uint64_t) o->timeout_ms;
+    msg->retry_failed = o->retry_failed;
+    int rc = 0;
+    if ((r->args[0] && kiln_msg_set_str (&msg->compiler_args, r->args) != 0)
+        || kiln_msg_set_str (&msg->compiler_id, r->toolchain.id) != 0
+        || kiln_msg_set_str (&msg->compiler_version, r->toolchain.version) != 0
+        || kiln_msg_set_str (&msg->target, r->toolchain.target) != 0
+        || kiln_msg_set_str (&msg->client, self->name) != 0) {
+        kiln_msg_destroy (&msg);
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    }
+    rc = kiln_msg_put_structure (msg, r->structure, r->struct_len, err);
+    uint64_t inline_total = 0;
+    for (uint32_t i = 0; rc == 0 && i < r->n_blobs; i++) {
+        const s_blob_t *b = &r->blobs[i];
+        if (b->size <= KILN_PROTO_INLINE_BLOB
+            && inline_total + b->size <= KILN_PROTO_INLINE_TOTAL) {
+            rc = kiln_msg_put_blob (msg, b->digest, b->data, b->size, err);
+            inline_total += b->size;
+            self->stats.inline_bytes += b->size;
+        }
+        else
+            rc = kiln_msg_add_blob_ref (msg, b->digest, b->size, err);
+    }
+    if (rc != 0) {
+        kiln_msg_destroy (&msg);
+        return rc;
+    }
+    if ((rc = kiln_msg_send (&msg, self->dealer, NULL, err)) != 0)
+        return kiln_error_prefix (err, "broker %s", self->endpoint);
+    r->state = R_SENT;
+    self->stats.requests++;
+    return 0;
+}
+
+/* Send what the credit allows of the uploads, first come first. */
+static int
+s_pump_uploads (s_engine_t *e, kiln_err_t *err)
+{
+    kiln_client_t *self = e->self;
+    s_upload_t *up = zlistx_first (e->upload_order);
+    while (up && self->credit > 0) {
+        if (up->started && up->sent >= up->size) {
+            up = zlistx_next (e->upload_order);
+            continue;
+        }
+        uint64_t n = up->size - up->sent < KILN_CHUNK_BYTES ? up->size - up->sent
+                                                             : KILN_CHUNK_BYTES;
+        kiln_msg_t *chunk = kiln_msg_new (KILN_CMD_CHUNK);
+        if (!chunk)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        memcpy (chunk->digest, up->hex, KILN_HEX_LEN);
+        chunk->blob_size = up->size;
+        chunk->offset = up->sent;
+        if (n > 0) {
+            atomic_fetch_add (&self->in_zmq, 1);
+            if (kiln_msg_put_chunk_ref (chunk, up->data + up->sent, (size_t) n, s_zc_free, self,
+                                        err) != 0) {
+                atomic_fetch_sub (&self->in_zmq, 1);
+                kiln_msg_destroy (&chunk);
+                return -err->code;
+            }
+        }
+        if (kiln_msg_send (&chunk, self->dealer, NULL, err) != 0)
+            return kiln_error_prefix (err, "uploading blob %.12s", up->hex);
+        self->credit--;
+        self->stats.uploaded_bytes += n;
+        up->sent += n;
+        up->started = true;
+        if (up->sent >= up->size)
+            up = zlistx_next (e->upload_order);
+    }
+    return 0;
+}
+
+/* The broker confirmed (or refused) blob `hex`. */
+static void
+s_upload_done (s_engine_t *e, const char *hex, const kiln_err_t *failure)
+{
+    s_upload_t *up = zhashx_lookup (e->uploads, hex);
+    if (!up)
+        return;
+    zlistx_t *reqs = up->reqs;
+    up->reqs = NULL;
+    void *handle = zlistx_find (e->upload_order, up);
+    if (handle)
+        zlistx_detach (e->upload_order, handle);
+    zhashx_delete (e->uploads, hex);
+    if (!failure)
+        e->self->stats.uploaded_blobs++;
+    for (s_req_t *r = zlistx_first (reqs); r; r = zlistx_next (reqs)) {
+        if (r->state != R_UPLOADING)
+            continue;
+        if (failure) {
+            kiln_err_t f = *failure;
+            kiln_error_prefix (&f, "uploading blob %.12s", hex);
+            s_finish (e, r, &f, false);
+        }
+        else if (--r->waiting <= 0)
+            r->state = R_NEW;        /* everything is there: COMPILE again */
+    }
+    zlistx_destroy (&reqs);
+}
+
+/* The broker lacks some of r's blobs: queue their uploads. */
+static void
+s_on_missing (s_engine_t *e, s_req_t *r, kiln_msg_t *msg)
+{
+    e->self->credit += (uint32_t) msg->credit;
+    r->state = R_UPLOADING;
+    r->waiting = 0;
+    for (uint32_t i = 0; i < msg->n_blobs; i++) {
+        s_blob_t key;
+        memcpy (key.digest, msg->blobs[i].digest, KILN_DIGEST_LEN);
+        s_blob_t *b = bsearch (&key, r->blobs, r->n_blobs, sizeof *r->blobs, s_blob_cmp);
+        char hex[KILN_HEX_LEN];
+        kiln_hex (msg->blobs[i].digest, KILN_DIGEST_LEN, hex);
+        if (!b) {
+            s_fail (e, r, KILN_EPROTO, "the broker asked for blob %s, which the graph does "
+                    "not have", hex);
+            return;
+        }
+        s_upload_t *up = zhashx_lookup (e->uploads, hex);
+        if (!up) {
+            up = calloc (1, sizeof *up);
+            if (!up || !(up->reqs = zlistx_new ())) {
+                free (up);
+                s_fail (e, r, KILN_ENOMEM, "out of memory");
+                return;
+            }
+            memcpy (up->hex, hex, KILN_HEX_LEN);
+            up->data = b->data;
+            up->size = b->size;
+            zhashx_insert (e->uploads, hex, up);
+            zlistx_add_end (e->upload_order, up);
+        }
+        if (!zlistx_find (up->reqs, r)) {
+            zlistx_add_end (up->reqs, r);
+            r->waiting++;
+        }
+    }
+    if (r->waiting == 0)
+        r->state = R_NEW;
 }
 
 /* Check a RESULT against the request, then write its artifact. */
@@ -187,7 +642,7 @@ s_take_result (const kiln_msg_t *msg, const char *out_path, kiln_compile_result_
                          msg->artifact, res->action_key);
         goto done;
     }
-    if ((rc = kiln_write_file_atomic (out_path, bytes, len, 0644, err)) != 0)
+    if (out_path && (rc = kiln_write_file_atomic (out_path, bytes, len, 0644, err)) != 0)
         goto done;
     memcpy (res->artifact, digest, KILN_HEX_LEN);
     res->cached = msg->cached;
@@ -195,6 +650,296 @@ s_take_result (const kiln_msg_t *msg, const char *out_path, kiln_compile_result_
 done:
     kiln_artifact_destroy (&art);
     free (bytes);
+    return rc;
+}
+
+/* The farm's ERROR as our error: its code, its message, and as much of the
+ * end of the compile log as fits. */
+static void
+s_remote_error (const kiln_msg_t *msg, kiln_err_t *err)
+{
+    int code = msg->code > 0 && msg->code < KILN_ERR_MAX ? (int) msg->code : KILN_EREMOTE;
+    if (!msg->log || !*msg->log) {
+        kiln_error (err, code, "%s", msg->message);
+        return;
+    }
+    size_t room = KILN_ERR_MSG_MAX / 2;
+    size_t n = strlen (msg->log);
+    const char *tail = n > room ? msg->log + n - room : msg->log;
+    kiln_error (err, code, "%s\n--- compile log%s ---\n%s", msg->message,
+                n > room ? " (end)" : "", tail);
+}
+
+/* Requests not finished go back to NEW, to be sent again: all of them
+ * after a new connection, else only those the broker accepted (it lost
+ * some of them). */
+static void
+s_resend_all (s_engine_t *e, bool only_accepted, const char *why)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < e->n; i++) {
+        s_req_t *r = e->reqs[i];
+        if (!r || r->state == R_NEW || r->state == R_DONE
+            || (only_accepted && r->state != R_ACCEPTED))
+            continue;
+        if (++r->resends > S_MAX_RESENDS) {
+            s_fail (e, r, KILN_EREMOTE, "gave up after sending the request %d times (%s)",
+                    S_MAX_RESENDS, why);
+            continue;
+        }
+        r->state = R_NEW;
+        r->waiting = 0;
+        count++;
+    }
+    if (!only_accepted) {
+        zlistx_purge (e->upload_order);
+        zhashx_purge (e->uploads);
+    }
+    e->self->stats.resent += count;
+    if (count)
+        kiln_log_info ("sending %zu request%s again: %s", count, count == 1 ? "" : "s", why);
+}
+
+static void
+s_handle (s_engine_t *e, kiln_msg_t *msg)
+{
+    kiln_client_t *self = e->self;
+    kiln_err_t err = { 0 };
+    if (msg->cmd == KILN_CMD_CREDIT) {
+        self->credit += (uint32_t) msg->credit;
+        if (msg->digest[0])
+            s_upload_done (e, msg->digest, NULL);
+        return;
+    }
+    if (msg->cmd == KILN_CMD_HEARTBEAT) {
+        size_t accepted = 0;
+        for (s_req_t *r = zhashx_first (e->by_id); r; r = zhashx_next (e->by_id))
+            accepted += r->state == R_ACCEPTED;
+        if (msg->pending < accepted) {
+            char why[96];
+            snprintf (why, sizeof why, "the broker holds %llu of our %zu accepted requests",
+                      (unsigned long long) msg->pending, accepted);
+            s_resend_all (e, true, why);
+        }
+        return;
+    }
+    if (msg->cmd == KILN_CMD_ERROR && !msg->req_id && msg->digest[0]) {
+        s_remote_error (msg, &err);
+        s_upload_done (e, msg->digest, &err);
+        return;
+    }
+    char key[24];
+    snprintf (key, sizeof key, "%llu", (unsigned long long) msg->req_id);
+    s_req_t *r = msg->req_id ? zhashx_lookup (e->by_id, key) : NULL;
+    if (!r) {
+        if (msg->cmd == KILN_CMD_RESULT || msg->cmd == KILN_CMD_ERROR) {
+            if (msg->req_id)
+                self->stats.duplicates++;
+            else
+                kiln_log_warn ("the broker says %s: %s", kiln_errname ((int) msg->code),
+                               msg->message ? msg->message : "");
+        }
+        return;
+    }
+    switch (msg->cmd) {
+    case KILN_CMD_ACCEPTED:
+        if (r->state == R_SENT)
+            r->state = R_ACCEPTED;
+        break;
+    case KILN_CMD_MISSING:
+        if (r->state == R_SENT)
+            s_on_missing (e, r, msg);
+        break;
+    case KILN_CMD_RESULT:
+        if (s_take_result (msg, r->job->out_path, &r->job->result, &err) != 0)
+            s_finish (e, r, &err, false);
+        else
+            s_finish (e, r, NULL, false);
+        break;
+    case KILN_CMD_ERROR:
+        s_remote_error (msg, &err);
+        s_finish (e, r, &err, msg->cached);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Cancel what is left: tell the broker, fail each with `code`. */
+static void
+s_cancel_all (s_engine_t *e, int code, const char *why)
+{
+    kiln_err_t err = { 0 };
+    for (size_t i = 0; i < e->n; i++) {
+        s_req_t *r = e->reqs[i];
+        if (!r)
+            continue;
+        if (r->state != R_NEW && e->self->dealer) {
+            kiln_msg_t *cancel = kiln_msg_new (KILN_CMD_CANCEL);
+            if (cancel) {
+                cancel->req_id = r->req_id;
+                zsock_set_sndtimeo (e->self->dealer, 0);
+                kiln_msg_send (&cancel, e->self->dealer, NULL, &err);
+            }
+        }
+        s_fail (e, r, code, "%s", why);
+    }
+}
+
+int
+kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
+                           kiln_client_done_fn *done, void *arg, kiln_err_t *err)
+{
+    if (!self || (!jobs && n))
+        return kiln_error (err, KILN_EINVAL, "kiln_client_compile_batch needs a client and jobs");
+    if (n > S_MAX_BATCH)
+        return kiln_error (err, KILN_ELIMIT, "%zu jobs in one batch, more than %u", n,
+                           S_MAX_BATCH);
+    int rc = 0;
+    s_engine_t e = { .self = self, .jobs = jobs, .n = n, .done = done, .arg = arg };
+    e.reqs = calloc (n ? n : 1, sizeof *e.reqs);
+    e.by_id = zhashx_new ();
+    e.uploads = zhashx_new ();
+    e.upload_order = zlistx_new ();
+    if (!e.reqs || !e.by_id || !e.uploads || !e.upload_order) {
+        rc = kiln_error (err, KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    zhashx_set_destructor (e.uploads, (zhashx_destructor_fn *) s_upload_destroy);
+    for (size_t i = 0; i < n; i++) {
+        kiln_client_job_t *job = &jobs[i];
+        memset (&job->result, 0, sizeof job->result);
+        kiln_err_clear (&job->err);
+        job->failure_cached = false;
+        kiln_err_t jerr = { 0 };
+        s_req_t *r = s_req_new (job, i, &jerr);
+        e.left++;
+        if (!r) {
+            job->err = jerr;
+            e.left--;
+            if (done)
+                done (job, i, arg);
+            continue;
+        }
+        r->req_id = self->next_req++;
+        snprintf (r->req_key, sizeof r->req_key, "%llu", (unsigned long long) r->req_id);
+        zhashx_insert (e.by_id, r->req_key, r);
+        e.reqs[i] = r;
+    }
+    if (!self->dealer && s_open (self, err) != 0) {
+        rc = -err->code;
+        s_cancel_all (&e, err->code, err->msg);
+        goto done;
+    }
+    int64_t start = zclock_mono ();
+    int64_t deadline = wait_ms > 0 ? start + wait_ms : INT64_MAX;
+    e.broker_seen = start;
+    e.hb_at = start + self->heartbeat_ms;
+    zsock_set_sndtimeo (self->dealer, 60000);
+    while (e.left > 0) {
+        int64_t now = zclock_mono ();
+        if (zsys_interrupted) {
+            s_cancel_all (&e, KILN_ECANCELED, "interrupted");
+            rc = kiln_error (err, KILN_ECANCELED, "interrupted");
+            break;
+        }
+        if (now >= deadline) {
+            char why[128];
+            snprintf (why, sizeof why, "no answer from the broker at %s within %d s",
+                      self->endpoint, (wait_ms + 999) / 1000);
+            s_cancel_all (&e, KILN_ETIMEOUT, why);
+            break;
+        }
+        /* The broker is silent: open the socket again and resend; after
+         * broker_timeout_ms of silence, give up. */
+        if (now - e.broker_seen > self->broker_timeout_ms) {
+            char why[160];
+            snprintf (why, sizeof why, "no answer from the broker at %s for %d s",
+                      self->endpoint, self->broker_timeout_ms / 1000);
+            s_cancel_all (&e, KILN_ETIMEOUT, why);
+            rc = kiln_error (err, KILN_ETIMEOUT, "%s", why);
+            break;
+        }
+        if (now - e.broker_seen > self->liveness_ms
+            && (!e.broker_lost_since || now - e.broker_lost_since > self->liveness_ms)) {
+            e.broker_lost_since = now;
+            s_close (self);
+            self->stats.reconnects++;
+            if (s_open (self, err) != 0) {
+                rc = -err->code;
+                s_cancel_all (&e, err->code, err->msg);
+                break;
+            }
+            s_resend_all (&e, false, "the broker went silent");
+        }
+        /* Send what is new, then what the credit allows. */
+        kiln_err_t serr = { 0 };
+        for (size_t i = 0; i < n && serr.code == 0; i++)
+            if (e.reqs[i] && e.reqs[i]->state == R_NEW)
+                s_send_compile (&e, e.reqs[i], &serr);
+        if (serr.code == 0)
+            s_pump_uploads (&e, &serr);
+        if (serr.code != 0)
+            kiln_log_warn ("%s", serr.msg);      /* the broker will be found silent */
+        if (now >= e.hb_at) {
+            kiln_msg_t *hb = kiln_msg_new (KILN_CMD_HEARTBEAT);
+            kiln_err_t herr = { 0 };
+            if (hb)
+                kiln_msg_send (&hb, self->dealer, NULL, &herr);
+            e.hb_at = now + self->heartbeat_ms;
+        }
+        int64_t wait = e.hb_at - now;
+        if (wait > S_MAX_POLL_MS)
+            wait = S_MAX_POLL_MS;
+        if (deadline - now < wait)
+            wait = deadline - now;
+        if (wait < 0)
+            wait = 0;
+        zmq_pollitem_t item = { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 };
+        int got = zmq_poll (&item, 1, (long) wait);
+        if (got < 0 && zmq_errno () != EINTR) {
+            rc = kiln_error (err, KILN_EIO, "waiting for the broker: %s",
+                             zmq_strerror (zmq_errno ()));
+            s_cancel_all (&e, KILN_EIO, err->msg);
+            break;
+        }
+        for (int k = 0; got > 0 && k < 1024 && e.left > 0; k++) {
+            if (!(zsock_events (self->dealer) & ZMQ_POLLIN))
+                break;
+            kiln_err_t rerr = { 0 };
+            uint64_t got_req = 0;
+            kiln_msg_t *msg = kiln_msg_recv (self->dealer, NULL, &got_req, &rerr);
+            e.broker_seen = zclock_mono ();
+            e.broker_lost_since = 0;
+            if (!msg) {
+                char key[24];
+                snprintf (key, sizeof key, "%llu", (unsigned long long) got_req);
+                s_req_t *r = got_req ? zhashx_lookup (e.by_id, key) : NULL;
+                if (r) {
+                    kiln_error_prefix (&rerr, "reply from the broker");
+                    s_finish (&e, r, &rerr, false);
+                }
+                else
+                    kiln_log_warn ("unreadable message from the broker: %s", rerr.msg);
+                continue;
+            }
+            s_handle (&e, msg);
+            kiln_msg_destroy (&msg);
+        }
+    }
+done:
+    /* ZeroMQ may still hold chunks that point into the caller's buffers:
+     * drop the connection so that it lets go of them before we return. */
+    if (atomic_load (&self->in_zmq) > 0) {
+        s_close (self);
+        self->stats.reconnects++;
+    }
+    for (size_t i = 0; e.reqs && i < n; i++)
+        s_req_destroy (&e.reqs[i]);
+    free (e.reqs);
+    zhashx_destroy (&e.by_id);
+    zhashx_destroy (&e.uploads);
+    zlistx_destroy (&e.upload_order);
     return rc;
 }
 
@@ -207,57 +952,71 @@ kiln_client_compile (kiln_client_t *self, const kiln_graph_t *g,
     if (!self || !g || !out_path)
         return kiln_error (err, KILN_EINVAL, "kiln_client_compile needs a client, a graph "
                            "and an output path");
-    int timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : S_DEFAULT_TIMEOUT_MS;
-    int64_t deadline = zclock_mono () + timeout_ms;
-    char norm[KILN_MAX_ARGS_BYTES];
-    if (kiln_args_normalize (opts ? opts->compiler_args : NULL, norm, sizeof norm, err) != 0)
-        return -err->code;
-    if (!kiln_graph_complete (g))
-        return kiln_error (err, KILN_EINVAL, "the graph lacks the data of some weights");
-    if (kiln_graph_digest (g, res->graph_digest, err) != 0)
-        return -err->code;
-    kiln_action_key (res->graph_digest, norm, KILN_COMPILER_ID, KILN_COMPILER_VERSION,
-                     kiln_cc_target (), res->action_key);
+    kiln_client_job_t job;
+    memset (&job, 0, sizeof job);
+    job.graph = g;
+    job.out_path = out_path;
+    if (opts)
+        job.opts = *opts;
+    int rc = kiln_client_compile_batch (self, &job, 1, opts ? opts->wait_ms : 0, NULL, NULL,
+                                        err);
+    *res = job.result;
+    if (rc != 0)
+        return rc;
+    if (job.err.code) {
+        if (err)
+            *err = job.err;
+        return -job.err.code;
+    }
+    return 0;
+}
 
-    uint64_t req_id = self->next_req++;
-    kiln_msg_t *msg = s_compile_msg (g, req_id, norm, res, err);
-    if (!msg)
+int
+kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_t *err)
+{
+    *json = NULL;
+    if (!self->dealer && s_open (self, err) != 0)
         return -err->code;
-    zsock_set_sndtimeo (self->dealer, timeout_ms);
+    uint64_t req_id = self->next_req++;
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_STATUS);
+    if (!msg)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    msg->req_id = req_id;
+    zsock_set_sndtimeo (self->dealer, wait_ms > 0 ? wait_ms : 10000);
     if (kiln_msg_send (&msg, self->dealer, NULL, err) != 0)
         return kiln_error_prefix (err, "broker %s", self->endpoint);
-
-    void *handle = zsock_resolve (self->dealer);
+    int64_t deadline = zclock_mono () + (wait_ms > 0 ? wait_ms : 10000);
     while (true) {
         int64_t left = deadline - zclock_mono ();
         if (left <= 0)
             return kiln_error (err, KILN_ETIMEOUT, "no answer from the broker at %s within "
-                               "%d s", self->endpoint, (timeout_ms + 999) / 1000);
-        zmq_pollitem_t item = { handle, 0, ZMQ_POLLIN, 0 };
-        int n = zmq_poll (&item, 1, (long) (left < S_POLL_MS ? left : S_POLL_MS));
-        if (n < 0 && zmq_errno () != EINTR)
-            return kiln_error (err, KILN_EIO, "waiting for the broker: %s",
-                               zmq_strerror (zmq_errno ()));
+                               "%d s", self->endpoint,
+                               (int) ((wait_ms > 0 ? wait_ms : 10000) + 999) / 1000);
         if (zsys_interrupted)
             return kiln_error (err, KILN_ECANCELED, "interrupted");
-        if (n <= 0 || !(item.revents & ZMQ_POLLIN))
+        zmq_pollitem_t item = { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 };
+        int n = zmq_poll (&item, 1, (long) (left < S_MAX_POLL_MS ? left : S_MAX_POLL_MS));
+        if (n <= 0)
             continue;
-        uint64_t got_req = 0;
-        kiln_msg_t *reply = kiln_msg_recv (self->dealer, NULL, &got_req, err);
-        if (!reply) {
-            if (got_req != req_id)
-                continue;          /* a broken leftover: not ours to fail on */
-            return kiln_error_prefix (err, "reply from the broker");
+        kiln_err_t rerr = { 0 };
+        kiln_msg_t *reply = kiln_msg_recv (self->dealer, NULL, NULL, &rerr);
+        if (!reply || reply->req_id != req_id) {
+            kiln_msg_destroy (&reply);
+            continue;
         }
-        int rc = 1;
-        if (reply->req_id != req_id)
-            rc = 1;                /* left over from an earlier request */
-        else if (reply->cmd == KILN_CMD_ERROR)
-            rc = s_remote_error (reply, err);
-        else if (reply->cmd == KILN_CMD_RESULT)
-            rc = s_take_result (reply, out_path, res, err);
+        int rc = 0;
+        if (reply->cmd == KILN_CMD_REPORT && reply->report) {
+            *json = reply->report;
+            reply->report = NULL;
+        }
+        else if (reply->cmd == KILN_CMD_ERROR) {
+            s_remote_error (reply, err);
+            rc = -err->code;
+        }
+        else
+            rc = kiln_error (err, KILN_EPROTO, "the broker answered STATUS with %s",
+                             kiln_cmd_name (reply->cmd));
         kiln_msg_destroy (&reply);
-        if (rc <= 0)
-            return rc;
+        return rc;
     }
 }

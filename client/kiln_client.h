@@ -1,16 +1,35 @@
 /*
- * kiln_client — libkilnclient: compile a kiln graph on the farm or
- * locally and get a signed artifact.
+ * kiln_client — libkilnclient: compile kiln graphs on the farm or
+ * locally and get signed artifacts.
  *
  * kiln_client_compile talks to a kiln-broker (docs/protocol.md): it sends
- * the graph structure and the weight blobs, waits for the signed artifact
- * and writes it to a file.  kiln_compile_local does the same in-process
- * with the builtin compiler, signing with the user's own key.
+ * the graph structure with the blob list (small blobs inline), uploads
+ * the blobs the broker says it lacks in 1 MiB chunks under the broker's
+ * credit, waits for the signed artifact and writes it to a file.
+ * kiln_client_compile_batch does the same for many graphs at once over
+ * one connection.  kiln_compile_local compiles in-process with the
+ * builtin compiler, signing with the user's own key.
+ *
+ * While it waits, the client heartbeats the broker (Paranoid Pirate): a
+ * broker silent for a few heartbeats is considered lost, the connection
+ * is opened again and every request that was not answered is sent again
+ * by its action key; the broker's heartbeat says how many requests it
+ * holds for this client, so requests lost in a broker restart are sent
+ * again too.  So a client waiting when the broker died gets its artifact
+ * once the broker is back.  A call that gives up (wait_ms, an interrupt)
+ * cancels its requests on the farm.
+ *
+ * Identity: with CurveZMQ (`cert` and `broker_cert`, or $KILN_CERT and
+ * $KILN_BROKER_CERT) the broker knows the client by its certificate;
+ * without, by the name it gives ($KILN_CLIENT_NAME, else user@host).  Fair
+ * share is per identity.
  */
 #ifndef KILN_CLIENT_H
 #define KILN_CLIENT_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "common/kiln_error.h"
 #include "common/kiln_hash.h"
@@ -18,9 +37,24 @@
 
 typedef struct kiln_client kiln_client_t;
 
+/* Options of one compilation.  Zero is the default of every field, so
+ * `kiln_compile_opts_t opts = { .timeout_ms = 5000 };` is complete.
+ * (Fields were added after compiler_args and timeout_ms: bindings that
+ * mirror this struct must declare them all.) */
 typedef struct kiln_compile_opts {
     const char *compiler_args;   /* raw argument string, may be NULL */
-    int timeout_ms;              /* whole request; 0 = library default */
+    int timeout_ms;              /* compile timeout on the farm: a compile that runs
+                                    longer is killed and the call fails with
+                                    KILN_ETIMEOUT; 0 = the farm's default (600 s) */
+    int wait_ms;                 /* longest the call waits in all (queue, upload,
+                                    compile); then it cancels and fails with
+                                    KILN_ETIMEOUT.  0 = no limit while the broker
+                                    answers */
+    int priority;                /* -1000..1000; lower runs sooner, like nice(1) */
+    bool retry_failed;           /* build again even if this action failed before */
+    const char *toolchain;       /* "ID" or "ID@VERSION" (version "0" when left out);
+                                    NULL = the builtin compiler */
+    const char *target;          /* NULL = this host's (e.g. cpu-x86_64) */
 } kiln_compile_opts_t;
 
 typedef struct kiln_compile_result {
@@ -31,17 +65,78 @@ typedef struct kiln_compile_result {
     char worker[128];                /* who built it; "" when cached or local */
 } kiln_compile_result_t;
 
-/* Connect to the broker at `endpoint` ("tcp://host:port").  Caller owns
- * the client. */
+/* How to reach the broker.  Zero fields take the defaults. */
+typedef struct kiln_client_config {
+    const char *endpoint;        /* "tcp://host:port" */
+    const char *name;            /* fair-share name without CurveZMQ; NULL =
+                                    $KILN_CLIENT_NAME, else user@host */
+    const char *cert;            /* CurveZMQ: our certificate; NULL = $KILN_CERT */
+    const char *broker_cert;     /* CurveZMQ: the broker's; NULL = $KILN_BROKER_CERT */
+    int heartbeat_ms;            /* 0 = 1000 */
+    int liveness_ms;             /* broker silent this long: reconnect and resend;
+                                    0 = 5000 */
+    int broker_timeout_ms;       /* broker silent this long: give up; 0 = 60000 */
+} kiln_client_config_t;
+
+/* Connect to the broker at `endpoint` ("tcp://host:port"), with the
+ * defaults and the environment above.  Caller owns the client. */
 kiln_client_t *kiln_client_new (const char *endpoint, kiln_err_t *err);
+kiln_client_t *kiln_client_new_config (const kiln_client_config_t *cfg, kiln_err_t *err);
+/* Tell the broker we leave (it releases anything still held for us) and
+ * free the client; *self_p becomes NULL. */
 void kiln_client_destroy (kiln_client_t **self_p);
 
 /* Compile `g` (with all weight data) on the farm and write the signed
  * artifact atomically to `out_path`.  Errors from the farm (a compile
- * error, a refusal, a timeout) come back with their message. */
+ * error with its log, a timeout, a refusal) come back with their code
+ * and message.  Blocks; SIGINT (zsys_interrupted) cancels. */
 int kiln_client_compile (kiln_client_t *self, const kiln_graph_t *g,
                          const kiln_compile_opts_t *opts, const char *out_path,
                          kiln_compile_result_t *res, kiln_err_t *err);
+
+/* One compilation of a batch. */
+typedef struct kiln_client_job {
+    const kiln_graph_t *graph;       /* in: with all its weight data */
+    const char *out_path;            /* in: where the artifact goes; NULL = not written */
+    kiln_compile_opts_t opts;        /* in (its wait_ms is not used) */
+    kiln_compile_result_t result;    /* out */
+    kiln_err_t err;                  /* out: code 0 when it succeeded */
+    bool failure_cached;             /* out: the error is a cached failure */
+} kiln_client_job_t;
+
+/* Called once per job as it finishes (err.code tells how). */
+typedef void (kiln_client_done_fn) (kiln_client_job_t *job, size_t index, void *arg);
+
+/* Compile n graphs concurrently over this client's connection; `done`
+ * (may be NULL) is called as each finishes.  `wait_ms` bounds the whole
+ * call (0 = no limit while the broker answers); what is left then is
+ * cancelled and fails with KILN_ETIMEOUT.  Returns 0 when every job was
+ * attempted (see each job's err), or an error that stopped them all (the
+ * broker was lost for broker_timeout_ms, an interrupt). */
+int kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, size_t n,
+                               int wait_ms, kiln_client_done_fn *done, void *arg,
+                               kiln_err_t *err);
+
+/* The broker's state as JSON (docs/operations.md, "kiln status").  Caller
+ * frees *json. */
+int kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_t *err);
+
+/* For programs (not libraries): make SIGINT and SIGTERM cancel a running
+ * call (it sends CANCEL for its requests and fails with KILN_ECANCELED)
+ * instead of killing the process. */
+void kiln_client_catch_signals (void);
+
+/* What the client did on the wire, for tests and benchmarks. */
+typedef struct kiln_client_stats {
+    uint64_t requests;           /* COMPILE messages sent, resends included */
+    uint64_t resent;             /* requests sent again after a lost broker */
+    uint64_t duplicates;         /* answers for requests already answered (ignored) */
+    uint64_t uploaded_bytes;     /* blob bytes sent as CHUNKs */
+    uint64_t uploaded_blobs;     /* blobs the broker confirmed */
+    uint64_t inline_bytes;       /* blob bytes sent inside COMPILE */
+    uint64_t reconnects;         /* sockets opened again */
+} kiln_client_stats_t;
+void kiln_client_stats (const kiln_client_t *self, kiln_client_stats_t *out);
 
 /* Compile `g` in-process and sign with the private key at `key_path`
  * (NULL: the user's key in kiln_config_dir()/keys, created on first

@@ -23,6 +23,9 @@ static const struct {
     { "verify",  cmd_verify,  "check an artifact's signature and members against a keyring" },
     { "inspect", cmd_inspect, "show an artifact's manifest or a graph's interface" },
     { "keygen",  cmd_keygen,  "write a new Ed25519 key pair" },
+    { "batch",   cmd_batch,   "compile many models on the farm at once" },
+    { "status",  cmd_status,  "show the farm: workers, queues, cache, jobs" },
+    { "cert",    cmd_cert,    "write a CurveZMQ certificate for a farm client, worker or broker" },
 };
 
 static void

@@ -15,7 +15,7 @@
 
 /* --- the tables as data ------------------------------------------------ */
 
-typedef enum { FK_U64, FK_I64, FK_BOOL, FK_STR, FK_HEX, FK_BLOBS } s_kind_t;
+typedef enum { FK_U64, FK_I64, FK_SINT, FK_BOOL, FK_STR, FK_HEX, FK_BLOBS, FK_STRS } s_kind_t;
 
 typedef struct {
     const char *name;       /* key in the header map */
@@ -23,15 +23,17 @@ typedef struct {
     uint64_t max;           /* bound: value, bytes or entries by kind */
     const char *doc;        /* one line for docs/protocol.md */
     size_t offset;          /* of the member in kiln_msg_t */
-    size_t count_offset;    /* BLOBS: of the n_<name> member */
+    size_t count_offset;    /* BLOBS, STRS: of the n_<name> member */
 } s_field_t;
 
 #define S_COUNT_OFFSET_U64(name)   0
 #define S_COUNT_OFFSET_I64(name)   0
+#define S_COUNT_OFFSET_SINT(name)  0
 #define S_COUNT_OFFSET_BOOL(name)  0
 #define S_COUNT_OFFSET_STR(name)   0
 #define S_COUNT_OFFSET_HEX(name)   0
 #define S_COUNT_OFFSET_BLOBS(name) offsetof (kiln_msg_t, n_##name)
+#define S_COUNT_OFFSET_STRS(name)  offsetof (kiln_msg_t, n_##name)
 
 static const s_field_t s_fields[KILN_F_COUNT] = {
 #define S_FIELD(name, kind, max, doc) \
@@ -117,8 +119,8 @@ kiln_cmd_payload (kiln_cmd_t cmd)
 static const char *
 s_kind_name (s_kind_t kind)
 {
-    static const char *names[] = { "uint", "int", "bool", "string", "hex",
-                                   "blob list" };
+    static const char *names[] = { "uint", "int", "signed int", "bool", "string", "hex",
+                                   "blob list", "string list" };
     return names[kind];
 }
 
@@ -179,10 +181,14 @@ kiln_proto_write_doc (FILE *out)
                 fprintf (out, "≤ %llu", (unsigned long long) fd->max);
             break;
         case FK_I64:   fprintf (out, "0..%llu", (unsigned long long) fd->max); break;
+        case FK_SINT:  fprintf (out, "-%llu..%llu", (unsigned long long) fd->max,
+                                (unsigned long long) fd->max); break;
         case FK_BOOL:  fputs ("—", out); break;
         case FK_STR:   fprintf (out, "≤ %llu bytes", (unsigned long long) fd->max); break;
         case FK_HEX:   fputs ("64 hex chars", out); break;
         case FK_BLOBS: fprintf (out, "≤ %llu entries", (unsigned long long) fd->max); break;
+        case FK_STRS:  fprintf (out, "≤ %llu strings of ≤ %d bytes", (unsigned long long) fd->max,
+                                KILN_PROTO_MAX_TOOLCHAIN); break;
         }
         fprintf (out, " | %s |\n", fd->doc);
     }
@@ -207,12 +213,20 @@ kiln_msg_destroy (kiln_msg_t **self_p)
     kiln_msg_t *self = *self_p;
     for (int f = 0; f < KILN_F_COUNT; f++) {
         const s_field_t *fd = &s_fields[f];
-        if (fd->kind == FK_STR || fd->kind == FK_BLOBS)
+        if (fd->kind == FK_STRS) {
+            char **list = *(char ***) ((char *) self + fd->offset);
+            uint32_t n = *(uint32_t *) ((char *) self + fd->count_offset);
+            for (uint32_t i = 0; list && i < n; i++)
+                free (list[i]);
+        }
+        if (fd->kind == FK_STR || fd->kind == FK_BLOBS || fd->kind == FK_STRS)
             free (*(void **) ((char *) self + fd->offset));
     }
     for (size_t i = 0; i < self->n_frames; i++)
         zframe_destroy (&self->frames[i]);
     free (self->frames);
+    if (self->ref_data && self->ref_free)
+        self->ref_free ((void *) self->ref_data, self->ref_hint);
     free (self);
     *self_p = NULL;
 }
@@ -238,12 +252,23 @@ kiln_msg_set_error (kiln_msg_t *self, int code, const char *message,
     return kiln_msg_set_str (&self->log, log);
 }
 
-/* Append `len` bytes as frames of at most KILN_CHUNK_BYTES (none when
- * `len` is 0). */
-static int
-s_add_frames (kiln_msg_t *self, const void *data, uint64_t len, kiln_err_t *err)
+int
+kiln_msg_add_strs (char ***list, uint32_t *count, const char *value)
 {
-    uint64_t need = (len + KILN_CHUNK_BYTES - 1) / KILN_CHUNK_BYTES;
+    char **grown = realloc (*list, (*count + 1) * sizeof *grown);
+    if (!grown)
+        return -KILN_ENOMEM;
+    *list = grown;
+    if (!(grown[*count] = strdup (value ? value : "")))
+        return -KILN_ENOMEM;
+    (*count)++;
+    return 0;
+}
+
+/* Make room for `need` more frames. */
+static int
+s_reserve_frames (kiln_msg_t *self, uint64_t need, kiln_err_t *err)
+{
     if (need > KILN_MAX_FRAMES || self->n_frames + need > KILN_MAX_FRAMES)
         return kiln_error (err, KILN_ELIMIT,
                            "%s message would need more than %d payload frames of %u bytes",
@@ -256,6 +281,17 @@ s_add_frames (kiln_msg_t *self, const void *data, uint64_t len, kiln_err_t *err)
         self->frames = frames;
         self->cap_frames = cap;
     }
+    return 0;
+}
+
+/* Append `len` bytes as frames of at most KILN_CHUNK_BYTES (none when
+ * `len` is 0). */
+static int
+s_add_frames (kiln_msg_t *self, const void *data, uint64_t len, kiln_err_t *err)
+{
+    uint64_t need = (len + KILN_CHUNK_BYTES - 1) / KILN_CHUNK_BYTES;
+    if (s_reserve_frames (self, need, err) != 0)
+        return -err->code;
     const uint8_t *p = data;
     for (uint64_t off = 0; off < len; off += KILN_CHUNK_BYTES) {
         size_t n = (size_t) (len - off < KILN_CHUNK_BYTES ? len - off : KILN_CHUNK_BYTES);
@@ -282,9 +318,10 @@ kiln_msg_put_structure (kiln_msg_t *self, const void *data, size_t len,
     return s_add_frames (self, data, len, err);
 }
 
-int
-kiln_msg_put_blob (kiln_msg_t *self, const uint8_t digest[KILN_DIGEST_LEN],
-                   const void *data, uint64_t size, kiln_err_t *err)
+/* Append a blob ref to the list. */
+static int
+s_add_ref (kiln_msg_t *self, const uint8_t digest[KILN_DIGEST_LEN], uint64_t size,
+           bool in_msg, kiln_err_t *err)
 {
     if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_GRAPH)
         return kiln_error (err, KILN_EINVAL, "%s carries no blobs", kiln_cmd_name (self->cmd));
@@ -298,13 +335,30 @@ kiln_msg_put_blob (kiln_msg_t *self, const uint8_t digest[KILN_DIGEST_LEN],
     if (!blobs)
         return kiln_error (err, KILN_ENOMEM, "out of memory");
     self->blobs = blobs;
+    memcpy (blobs[self->n_blobs].digest, digest, KILN_DIGEST_LEN);
+    blobs[self->n_blobs].size = size;
+    blobs[self->n_blobs].in_msg = in_msg;
+    self->n_blobs++;
+    return 0;
+}
+
+int
+kiln_msg_add_blob_ref (kiln_msg_t *self, const uint8_t digest[KILN_DIGEST_LEN],
+                       uint64_t size, kiln_err_t *err)
+{
+    return s_add_ref (self, digest, size, false, err);
+}
+
+int
+kiln_msg_put_blob (kiln_msg_t *self, const uint8_t digest[KILN_DIGEST_LEN],
+                   const void *data, uint64_t size, kiln_err_t *err)
+{
+    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_GRAPH)
+        return kiln_error (err, KILN_EINVAL, "%s carries no blobs", kiln_cmd_name (self->cmd));
     int rc = s_add_frames (self, data, size, err);
     if (rc)
         return rc;
-    memcpy (blobs[self->n_blobs].digest, digest, KILN_DIGEST_LEN);
-    blobs[self->n_blobs].size = size;
-    self->n_blobs++;
-    return 0;
+    return s_add_ref (self, digest, size, true, err);
 }
 
 int
@@ -321,23 +375,87 @@ kiln_msg_put_artifact (kiln_msg_t *self, const void *data, size_t len,
     return s_add_frames (self, data, len, err);
 }
 
-/* Sizes of the payload parts of `self`: count in *n, the i-th by s_part_size. */
+/* The bytes a CHUNK with this blob_size and offset carries. */
+static uint64_t
+s_chunk_len (const kiln_msg_t *self)
+{
+    if (self->offset >= self->blob_size)
+        return 0;
+    uint64_t left = self->blob_size - self->offset;
+    return left < KILN_CHUNK_BYTES ? left : KILN_CHUNK_BYTES;
+}
+
+static int
+s_check_chunk_put (kiln_msg_t *self, size_t len, kiln_err_t *err)
+{
+    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_CHUNK || self->n_frames)
+        return kiln_error (err, KILN_EINVAL, "%s: chunk payload set twice or not allowed",
+                           kiln_cmd_name (self->cmd));
+    if (len != s_chunk_len (self))
+        return kiln_error (err, KILN_EINVAL, "chunk at offset %llu of a %llu-byte blob "
+                           "must be %llu bytes, not %zu", (unsigned long long) self->offset,
+                           (unsigned long long) self->blob_size,
+                           (unsigned long long) s_chunk_len (self), len);
+    return 0;
+}
+
+int
+kiln_msg_put_chunk (kiln_msg_t *self, const void *data, size_t len, kiln_err_t *err)
+{
+    if (s_check_chunk_put (self, len, err) != 0)
+        return -err->code;
+    return s_add_frames (self, data, len, err);
+}
+
+int
+kiln_msg_put_chunk_ref (kiln_msg_t *self, const void *data, size_t len,
+                        zmq_free_fn *free_fn, void *hint, kiln_err_t *err)
+{
+    if (s_check_chunk_put (self, len, err) != 0)
+        return -err->code;
+    if (len == 0)
+        return 0;
+    self->ref_data = data;
+    self->ref_len = len;
+    self->ref_free = free_fn;
+    self->ref_hint = hint;
+    return 0;
+}
+
+/* The number of payload parts of `self`, and the size of part `part`. */
 static size_t
 s_part_count (const kiln_msg_t *self)
 {
     switch (kiln_cmd_payload (self->cmd)) {
-    case KILN_PAYLOAD_GRAPH:    return 1 + (size_t) self->n_blobs;
-    case KILN_PAYLOAD_ARTIFACT: return 1;
-    default:                    return 0;
+    case KILN_PAYLOAD_GRAPH: {
+        size_t n = 1;
+        for (uint32_t i = 0; i < self->n_blobs; i++)
+            n += self->blobs[i].in_msg;
+        return n;
+    }
+    case KILN_PAYLOAD_ARTIFACT:
+    case KILN_PAYLOAD_CHUNK:
+        return 1;
+    default:
+        return 0;
     }
 }
 
 static uint64_t
 s_part_size (const kiln_msg_t *self, size_t part)
 {
-    if (kiln_cmd_payload (self->cmd) == KILN_PAYLOAD_ARTIFACT)
-        return self->artifact_size;
-    return part == 0 ? self->struct_size : self->blobs[part - 1].size;
+    switch (kiln_cmd_payload (self->cmd)) {
+    case KILN_PAYLOAD_ARTIFACT: return self->artifact_size;
+    case KILN_PAYLOAD_CHUNK:    return s_chunk_len (self);
+    default:                    break;
+    }
+    if (part == 0)
+        return self->struct_size;
+    size_t seen = 0;
+    for (uint32_t i = 0; i < self->n_blobs; i++)
+        if (self->blobs[i].in_msg && ++seen == part)
+            return self->blobs[i].size;
+    return 0;
 }
 
 /* Check that the payload frames are exactly the parts cut into chunks:
@@ -346,6 +464,10 @@ s_part_size (const kiln_msg_t *self, size_t part)
 static int
 s_check_layout (const kiln_msg_t *self, kiln_err_t *err)
 {
+    if (self->ref_data)
+        return self->n_frames == 0 && self->ref_len == s_part_size (self, 0) ? 0
+               : kiln_error (err, KILN_EPROTO, "%s: the chunk does not match its header",
+                             kiln_cmd_name (self->cmd));
     size_t frame = 0;
     size_t parts = s_part_count (self);
     for (size_t p = 0; p < parts; p++) {
@@ -416,6 +538,30 @@ kiln_msg_part (const kiln_msg_t *self, size_t part, uint8_t **data, size_t *len,
     return 0;
 }
 
+int
+kiln_msg_blob_part (const kiln_msg_t *self, uint32_t index, uint8_t **data,
+                    size_t *len, kiln_err_t *err)
+{
+    *data = NULL;
+    *len = 0;
+    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_GRAPH || index >= self->n_blobs
+        || !self->blobs[index].in_msg)
+        return kiln_error (err, KILN_EINVAL, "%s: blob %u is not in the message",
+                           kiln_cmd_name (self->cmd), index);
+    size_t part = 1;
+    for (uint32_t i = 0; i < index; i++)
+        part += self->blobs[i].in_msg;
+    return kiln_msg_part (self, part, data, len, err);
+}
+
+zframe_t *
+kiln_msg_chunk_frame (const kiln_msg_t *self)
+{
+    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_CHUNK || self->n_frames != 1)
+        return NULL;
+    return self->frames[0];
+}
+
 /* --- encoding -------------------------------------------------------------- */
 
 static void *
@@ -433,10 +579,12 @@ s_field_present (const kiln_msg_t *self, const s_field_t *fd)
     switch (fd->kind) {
     case FK_U64:   return *(const uint64_t *) m != 0;
     case FK_I64:   return *(const int64_t *) m != 0;
+    case FK_SINT:  return *(const int64_t *) m != 0;
     case FK_BOOL:  return *(const bool *) m;
     case FK_STR:   return *(char *const *) m != NULL;
     case FK_HEX:   return ((const char *) m)[0] != '\0';
-    case FK_BLOBS: return *(const uint32_t *) ((const char *) self + fd->count_offset) != 0;
+    case FK_BLOBS:
+    case FK_STRS:  return *(const uint32_t *) ((const char *) self + fd->count_offset) != 0;
     }
     return false;
 }
@@ -460,8 +608,28 @@ s_check_value (const kiln_msg_t *self, const s_field_t *fd, kiln_err_t *err)
                                fd->name, (long long) v, (unsigned long long) fd->max);
         return 0;
     }
+    case FK_SINT: {
+        int64_t v = *(const int64_t *) m;
+        if (v < -(int64_t) fd->max || v > (int64_t) fd->max)
+            return kiln_error (err, KILN_ELIMIT, "field '%s' is %lld, outside -%llu..%llu",
+                               fd->name, (long long) v, (unsigned long long) fd->max,
+                               (unsigned long long) fd->max);
+        return 0;
+    }
     case FK_BOOL:
         return 0;
+    case FK_STRS: {
+        char *const *list = *(char **const *) m;
+        uint32_t n = *(const uint32_t *) ((const char *) self + fd->count_offset);
+        if (n > fd->max)
+            return kiln_error (err, KILN_ELIMIT, "field '%s' has %u entries, more than %llu",
+                               fd->name, n, (unsigned long long) fd->max);
+        for (uint32_t i = 0; i < n; i++)
+            if (!list[i] || strlen (list[i]) > KILN_PROTO_MAX_TOOLCHAIN)
+                return kiln_error (err, KILN_ELIMIT, "field '%s'[%u] is missing or longer "
+                                   "than %d bytes", fd->name, i, KILN_PROTO_MAX_TOOLCHAIN);
+        return 0;
+    }
     case FK_STR: {
         const char *s = *(char *const *) m;
         if (!s)
@@ -495,6 +663,15 @@ s_pack_value (msgpack_packer *pk, const kiln_msg_t *self, const s_field_t *fd)
     switch (fd->kind) {
     case FK_U64:  msgpack_pack_uint64 (pk, *(const uint64_t *) m); break;
     case FK_I64:  msgpack_pack_int64 (pk, *(const int64_t *) m); break;
+    case FK_SINT: msgpack_pack_int64 (pk, *(const int64_t *) m); break;
+    case FK_STRS: {
+        char *const *list = *(char **const *) m;
+        uint32_t n = *(const uint32_t *) ((const char *) self + fd->count_offset);
+        msgpack_pack_array (pk, n);
+        for (uint32_t i = 0; i < n; i++)
+            kiln_mpk_pack_cstr (pk, list[i]);
+        break;
+    }
     case FK_BOOL:
         if (*(const bool *) m)
             msgpack_pack_true (pk);
@@ -510,21 +687,34 @@ s_pack_value (msgpack_packer *pk, const kiln_msg_t *self, const s_field_t *fd)
         for (uint32_t i = 0; i < n; i++) {
             char hex[KILN_HEX_LEN];
             kiln_hex (blobs[i].digest, KILN_DIGEST_LEN, hex);
-            msgpack_pack_map (pk, 2);
+            msgpack_pack_map (pk, blobs[i].in_msg ? 3 : 2);
             kiln_mpk_pack_kv_str (pk, "digest", hex);
             kiln_mpk_pack_cstr (pk, "size");
             msgpack_pack_uint64 (pk, blobs[i].size);
+            if (blobs[i].in_msg)
+                kiln_mpk_pack_kv_bool (pk, "inline", true);
         }
         break;
     }
     }
 }
 
-zmsg_t *
-kiln_msg_encode (kiln_msg_t **self_p, kiln_err_t *err)
+/* Encode; a by-reference chunk is left out of the frames (but counted in
+ * the header) and handed to *ref (data, len, free_fn, hint) for the
+ * caller to send. */
+typedef struct {
+    const void *data;
+    size_t len;
+    zmq_free_fn *free_fn;
+    void *hint;
+} s_ref_t;
+
+static zmsg_t *
+s_encode (kiln_msg_t **self_p, s_ref_t *ref, kiln_err_t *err)
 {
     kiln_msg_t *self = *self_p;
     *self_p = NULL;
+    memset (ref, 0, sizeof *ref);
     zmsg_t *out = NULL;
     msgpack_sbuffer sbuf;
     msgpack_sbuffer_init (&sbuf);
@@ -552,7 +742,7 @@ kiln_msg_encode (kiln_msg_t **self_p, kiln_err_t *err)
     msgpack_pack_map (&pk, entries);
     kiln_mpk_pack_kv_i64 (&pk, "v", KILN_PROTO_VERSION);
     kiln_mpk_pack_kv_str (&pk, "cmd", cmd->name);
-    kiln_mpk_pack_kv_i64 (&pk, "frames", (int64_t) self->n_frames);
+    kiln_mpk_pack_kv_i64 (&pk, "frames", (int64_t) self->n_frames + (self->ref_data != NULL));
     for (size_t i = 0; i < cmd->n_spec; i++) {
         const s_field_t *fd = &s_fields[cmd->spec[i].field];
         if (cmd->spec[i].required || s_field_present (self, fd))
@@ -573,9 +763,32 @@ kiln_msg_encode (kiln_msg_t **self_p, kiln_err_t *err)
         zmsg_append (out, &self->frames[i]);
     }
     self->n_frames = 0;
+    if (self->ref_data) {
+        ref->data = self->ref_data;
+        ref->len = self->ref_len;
+        ref->free_fn = self->ref_free;
+        ref->hint = self->ref_hint;
+        self->ref_data = NULL;
+    }
 done:
     msgpack_sbuffer_destroy (&sbuf);
     kiln_msg_destroy (&self);
+    return out;
+}
+
+zmsg_t *
+kiln_msg_encode (kiln_msg_t **self_p, kiln_err_t *err)
+{
+    s_ref_t ref;
+    zmsg_t *out = s_encode (self_p, &ref, err);
+    if (out && ref.data) {
+        if (zmsg_addmem (out, ref.data, ref.len) != 0) {
+            zmsg_destroy (&out);
+            kiln_error (err, KILN_ENOMEM, "out of memory");
+        }
+    }
+    if (ref.data && ref.free_fn)
+        ref.free_fn ((void *) ref.data, ref.hint);
     return out;
 }
 
@@ -648,6 +861,47 @@ s_decode_blobs (kiln_msg_t *self, const s_field_t *fd, const msgpack_object *v,
             || s_decode_u64 (s, "size", KILN_MAX_BLOB_BYTES, &blobs[i].size, err) != 0)
             return kiln_error_prefix (err, "%s[%u]", fd->name, i);
         kiln_unhex (hex, blobs[i].digest, KILN_DIGEST_LEN);
+        const msgpack_object *in = kiln_mpk_get (e, "inline");
+        if (in && in->type != MSGPACK_OBJECT_NIL) {
+            if (in->type != MSGPACK_OBJECT_BOOLEAN)
+                return kiln_error (err, KILN_EPROTO, "%s[%u]: 'inline' is not a boolean",
+                                   fd->name, i);
+            blobs[i].in_msg = in->via.boolean;
+        }
+    }
+    return 0;
+}
+
+static int
+s_decode_strs (kiln_msg_t *self, const s_field_t *fd, const msgpack_object *v,
+               kiln_err_t *err)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY)
+        return kiln_error (err, KILN_EPROTO, "field '%s' is not an array", fd->name);
+    uint32_t n = v->via.array.size;
+    if (n > fd->max)
+        return kiln_error (err, KILN_ELIMIT, "field '%s' has %u entries, more than %llu",
+                           fd->name, n, (unsigned long long) fd->max);
+    char **list = calloc (n ? n : 1, sizeof *list);
+    if (!list)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    *(char ***) s_member (self, fd) = list;
+    uint32_t *count = (uint32_t *) ((char *) self + fd->count_offset);
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *e = &v->via.array.ptr[i];
+        if (e->type != MSGPACK_OBJECT_STR)
+            return kiln_error (err, KILN_EPROTO, "%s[%u] is not a string", fd->name, i);
+        size_t len = e->via.str.size;
+        if (len > KILN_PROTO_MAX_TOOLCHAIN)
+            return kiln_error (err, KILN_ELIMIT, "%s[%u] is %zu bytes, more than %d", fd->name,
+                               i, len, KILN_PROTO_MAX_TOOLCHAIN);
+        if (memchr (e->via.str.ptr, '\0', len))
+            return kiln_error (err, KILN_EPROTO, "%s[%u] contains a NUL byte", fd->name, i);
+        if (!(list[i] = malloc (len + 1)))
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        memcpy (list[i], e->via.str.ptr, len);
+        list[i][len] = '\0';
+        *count = i + 1;
     }
     return 0;
 }
@@ -675,6 +929,17 @@ s_decode_field (kiln_msg_t *self, const msgpack_object *hdr, const s_spec_t *spe
         *(int64_t *) m = i;
         return 0;
     }
+    case FK_SINT: {
+        int64_t i;
+        if (kiln_mpk_as_i64 (v, &i) != 0 || i < -(int64_t) fd->max || i > (int64_t) fd->max)
+            return kiln_error (err, KILN_EPROTO, "field '%s' is not an integer in -%llu..%llu",
+                               fd->name, (unsigned long long) fd->max,
+                               (unsigned long long) fd->max);
+        *(int64_t *) m = i;
+        return 0;
+    }
+    case FK_STRS:
+        return s_decode_strs (self, fd, v, err);
     case FK_BOOL:
         if (v->type != MSGPACK_OBJECT_BOOLEAN)
             return kiln_error (err, KILN_EPROTO, "field '%s' is not a boolean", fd->name);
@@ -817,6 +1082,14 @@ kiln_msg_decode (zmsg_t **raw_p, uint64_t *req_id, kiln_err_t *err)
         }
         msg->frames[msg->n_frames++] = f;
     }
+    if (spec->payload == KILN_PAYLOAD_CHUNK
+        && (msg->offset % KILN_CHUNK_BYTES != 0
+            || (msg->offset >= msg->blob_size && !(msg->offset == 0 && msg->blob_size == 0)))) {
+        kiln_error (err, KILN_EPROTO, "%s: offset %llu is not a chunk boundary inside a "
+                    "%llu-byte blob", spec->name, (unsigned long long) msg->offset,
+                    (unsigned long long) msg->blob_size);
+        goto fail;
+    }
     if (s_check_layout (msg, err) != 0)
         goto fail;
     msgpack_unpacked_destroy (&up);
@@ -854,11 +1127,28 @@ s_peek_req_id (zframe_t *hdr)
     return id;
 }
 
+/* Copy a frame's metadata property into buf (empty when absent). */
+static void
+s_meta (zframe_t *frame, const char *property, char *buf, size_t size)
+{
+    const char *value = zframe_meta (frame, property);
+    snprintf (buf, size, "%s", value ? value : "");
+}
+
 kiln_msg_t *
 kiln_msg_recv (zsock_t *sock, zframe_t **routing_id, uint64_t *req_id, kiln_err_t *err)
 {
+    return kiln_msg_recv_peer (sock, routing_id, NULL, req_id, err);
+}
+
+kiln_msg_t *
+kiln_msg_recv_peer (zsock_t *sock, zframe_t **routing_id, kiln_peer_t *peer,
+                    uint64_t *req_id, kiln_err_t *err)
+{
     if (req_id)
         *req_id = 0;
+    if (peer)
+        memset (peer, 0, sizeof *peer);
     if (routing_id)
         *routing_id = NULL;
     zmsg_t *raw = zmsg_new ();
@@ -896,6 +1186,13 @@ kiln_msg_recv (zsock_t *sock, zframe_t **routing_id, uint64_t *req_id, kiln_err_
         }
         first = false;
         size_t size = zframe_size (f);
+        if (count == 0 && peer) {
+            s_meta (f, "User-Id", peer->key, sizeof peer->key);
+            if (peer->key[0]) {
+                s_meta (f, "name", peer->name, sizeof peer->name);
+                s_meta (f, "role", peer->role, sizeof peer->role);
+            }
+        }
         if (!bad.code) {
             if (count > KILN_MAX_FRAMES)
                 kiln_error (&bad, KILN_ELIMIT, "message has more than %d frames",
@@ -931,20 +1228,39 @@ int
 kiln_msg_send (kiln_msg_t **self_p, zsock_t *sock, zframe_t *routing_id, kiln_err_t *err)
 {
     const char *name = *self_p ? kiln_cmd_name ((*self_p)->cmd) : "?";
-    zmsg_t *m = kiln_msg_encode (self_p, err);
-    if (!m)
+    s_ref_t ref;
+    zmsg_t *m = s_encode (self_p, &ref, err);
+    if (!m) {
+        if (ref.data && ref.free_fn)
+            ref.free_fn ((void *) ref.data, ref.hint);
         return -err->code;
+    }
     void *handle = zsock_resolve (sock);
     int rc = 0;
     if (routing_id
         && zmq_send (handle, zframe_data (routing_id), zframe_size (routing_id),
                      ZMQ_SNDMORE) < 0)
         rc = -1;
-    size_t left = zmsg_size (m);
-    for (zframe_t *f = zmsg_first (m); rc == 0 && f; f = zmsg_next (m)) {
-        left--;
-        if (zmq_send (handle, zframe_data (f), zframe_size (f), left ? ZMQ_SNDMORE : 0) < 0)
+    /* Frames are handed to ZeroMQ, not copied: a chunk made with
+     * kiln_msg_put_chunk_ref goes out of its caller's buffer. */
+    while (rc == 0 && zmsg_size (m) > 0) {
+        zframe_t *f = zmsg_pop (m);
+        if (zframe_send (&f, handle, zmsg_size (m) || ref.data ? ZFRAME_MORE : 0) != 0) {
+            zframe_destroy (&f);
             rc = -1;
+        }
+    }
+    if (ref.data) {
+        zmq_msg_t part;
+        if (rc == 0 && zmq_msg_init_data (&part, (void *) ref.data, ref.len, ref.free_fn,
+                                          ref.hint) == 0) {
+            if (zmq_msg_send (&part, handle, 0) < 0) {
+                rc = -1;
+                zmq_msg_close (&part);      /* releases the data through free_fn */
+            }
+        }
+        else if (ref.free_fn)
+            ref.free_fn ((void *) ref.data, ref.hint);
     }
     int e = zmq_errno ();
     zmsg_destroy (&m);
@@ -1001,4 +1317,81 @@ kiln_proto_name_ok (const char *name)
             return false;
     }
     return true;
+}
+
+/* --- toolchains ------------------------------------------------------------------ */
+
+bool
+kiln_toolchain_word_ok (const char *s)
+{
+    size_t n = s ? strlen (s) : 0;
+    if (n == 0 || n > KILN_PROTO_MAX_ID)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char) s[i];
+        if (!isalnum (c) && !strchr ("._+-", c))
+            return false;
+    }
+    return true;
+}
+
+int
+kiln_toolchain_parse (const char *text, kiln_toolchain_id_t *out, kiln_err_t *err)
+{
+    memset (out, 0, sizeof *out);
+    char *fields[3] = { out->id, out->version, out->target };
+    const char *p = text ? text : "";
+    for (int i = 0; i < 3; i++) {
+        const char *end = i < 2 ? strchr (p, ' ') : p + strlen (p);
+        if (!end || (size_t) (end - p) > KILN_PROTO_MAX_ID)
+            return kiln_error (err, KILN_EPROTO, "toolchain '%.200s' is not \"ID VERSION TARGET\"",
+                               text ? text : "");
+        memcpy (fields[i], p, (size_t) (end - p));
+        fields[i][end - p] = '\0';
+        if (!kiln_toolchain_word_ok (fields[i]))
+            return kiln_error (err, KILN_EPROTO, "toolchain '%.200s': '%s' is not 1..%d characters "
+                               "of [A-Za-z0-9._+-]", text ? text : "", fields[i],
+                               KILN_PROTO_MAX_ID);
+        p = end + (i < 2);
+    }
+    return 0;
+}
+
+char *
+kiln_toolchain_format (const kiln_toolchain_id_t *tc, char *buf, size_t size)
+{
+    snprintf (buf, size, "%s %s %s", tc->id, tc->version, tc->target);
+    return buf;
+}
+
+/* --- CurveZMQ ---------------------------------------------------------------------- */
+
+int
+kiln_proto_curve_client (zsock_t *sock, const char *cert, const char *broker_cert,
+                         kiln_err_t *err)
+{
+    if (!zsys_has_curve ())
+        return kiln_error (err, KILN_EUNSUPPORTED, "this libzmq has no CurveZMQ");
+    zcert_t *mine = zcert_load (cert);
+    if (!mine)
+        return kiln_error (err, KILN_EIO, "could not load the certificate '%s' (and its "
+                           "secret part '%s_secret')", cert, cert);
+    zcert_t *server = zcert_load (broker_cert);
+    if (!server) {
+        zcert_destroy (&mine);
+        return kiln_error (err, KILN_EIO, "could not load the broker's certificate '%s'",
+                           broker_cert);
+    }
+    static const uint8_t zero[32] = { 0 };
+    if (memcmp (zcert_secret_key (mine), zero, 32) == 0) {
+        zcert_destroy (&mine);
+        zcert_destroy (&server);
+        return kiln_error (err, KILN_EINVAL, "certificate '%s' has no secret key (is "
+                           "'%s_secret' there?)", cert, cert);
+    }
+    zcert_apply (mine, sock);
+    zsock_set_curve_serverkey (sock, zcert_public_txt (server));
+    zcert_destroy (&mine);
+    zcert_destroy (&server);
+    return 0;
 }

@@ -973,6 +973,37 @@ s_eval_reduce (s_fold_t *f)
     return S_FOLDED;
 }
 
+/* Trilu: keep the elements of the last two axes with j - i >= k (upper)
+ * or <= k (lower), zero the others; masks are built this way. */
+static int
+s_eval_trilu (s_fold_t *f)
+{
+    const s_val_t *x = &f->in[0];
+    if (x->shape.rank < 2)
+        return s_fail (f, KILN_ESHAPE, "input has rank %d, expected at least 2", x->shape.rank);
+    int64_t k = 0;
+    if (f->n_in > 1 && f->in[1].dt) {
+        if (f->in[1].n != 1)
+            return s_fail (f, KILN_ESHAPE, "k must be a scalar");
+        k = s_geti (&f->in[1], 0);
+    }
+    bool upper = kiln_node_attr_int (f->node, "upper", 1) != 0;
+    int rc = s_out (f, 0, x->dt, &x->shape);
+    if (rc != S_FOLDED)
+        return rc;
+    int64_t rows = x->shape.dims[x->shape.rank - 2], cols = x->shape.dims[x->shape.rank - 1];
+    size_t es = s_esz (x->dt);
+    for (int64_t e = 0; e < x->n; e++) {
+        int64_t j = e % cols, i = (e / cols) % rows;
+        /* i, j < 2^31 and |k| is clamped, so j - i - k cannot overflow. */
+        int64_t kk = k < -KILN_MAX_DIM ? -KILN_MAX_DIM - 1 : k > KILN_MAX_DIM ? KILN_MAX_DIM + 1 : k;
+        bool keep = upper ? j - i >= kk : j - i <= kk;
+        if (keep)
+            memcpy (f->out[0] + (size_t) e * es, x->data + (size_t) e * es, es);
+    }
+    return S_FOLDED;
+}
+
 /* --- the table ------------------------------------------------------- */
 
 #define S_DATA_DEPENDENT "its output shape depends on the values of its input, known only at run time; kiln compiles for fixed shapes"
@@ -1033,6 +1064,7 @@ static const s_fold_op_t s_fold_ops[] = {
     { "Sum",             s_eval_elementwise, false, false, NULL },
     { "Tile",            s_eval_expand_tile, true,  false, NULL },
     { "Transpose",       s_eval_transpose,   true,  false, NULL },
+    { "Trilu",           s_eval_trilu,       false, false, NULL },
     { "Unique",          NULL,               false, false, S_DATA_DEPENDENT },
     { "Unsqueeze",       s_eval_view,        true,  false, NULL },
     { "Where",           s_eval_where,       false, false, NULL },

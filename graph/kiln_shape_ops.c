@@ -627,12 +627,15 @@ kiln_pad_params (const kiln_graph_t *g, const kiln_node_t *node,
             || pads[r + i] > KILN_MAX_DIM)
             return kiln_error (err, KILN_ELIMIT, "pads for axis %d are out of range", i);
         int64_t d = in->dims[i] + pads[i] + pads[r + i];
-        if (d < 0)
+        /* Negative pads crop first (as onnxruntime does); what is left
+         * is padded. */
+        int64_t kept = in->dims[i] + (pads[i] < 0 ? pads[i] : 0) + (pads[r + i] < 0 ? pads[r + i] : 0);
+        if (d < 0 || kept < 0)
             return kiln_error (err, KILN_ESHAPE, "pads %lld and %lld crop axis %d of %s below zero",
                                (long long) pads[i], (long long) pads[r + i], i, s_shape (in, sb));
         if ((rc = s_dim_ok (d, "a padded dimension", err)))
             return rc;
-        if (*mode != KILN_PAD_CONSTANT && in->dims[i] == 0 && d > 0)
+        if (*mode != KILN_PAD_CONSTANT && kept == 0 && d > 0)
             return kiln_error (err, KILN_ESHAPE, "cannot %s-pad axis %d of %s: it is empty", m, i,
                                s_shape (in, sb));
         out->dims[i] = d;

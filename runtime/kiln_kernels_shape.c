@@ -346,20 +346,24 @@ s_run_pad (const kiln_kplan_t *plan, void *const *data)
     uint8_t *y = data[plan->out];
     int r = sp->rank;
     size_t es = sp->esz;
+    /* Along each axis the kept part of X starts at pads[r + i] (what a
+     * negative begin pad crops) and is in_dims[i] long; pads[i] is the
+     * (non-negative) padding in front of it. */
     int64_t ow = sp->dims[r - 1], iw = sp->in_dims[r - 1], pb = sp->pads[r - 1];
     int64_t rows = s_prod (sp->dims, 0, r - 1);
     int64_t idx[KILN_MAX_RANK] = { 0 };
     for (int64_t row = 0; row < rows; row++, y += (size_t) ow * es) {
         /* The source row, or none (a row of the constant). */
-        int64_t src = 0;
+        int64_t src = sp->pads[2 * r - 1];
         bool fill = false;
         for (int i = 0; i < r - 1; i++) {
             int64_t j = s_pad_src (sp->mode, idx[i], sp->pads[i], sp->in_dims[i]);
             if (j < 0)
                 fill = true;
-            src = src * sp->in_dims[i] + (j < 0 ? 0 : j);
+            else
+                src += (sp->pads[r + i] + j) * sp->st[i];
         }
-        const uint8_t *xr = x + (size_t) (src * iw) * es;
+        const uint8_t *xr = x + (size_t) src * es;
         for (int64_t c = 0; c < ow; c++) {
             int64_t j = fill ? -1 : s_pad_src (sp->mode, c, pb, iw);
             if (j < 0)
@@ -423,24 +427,36 @@ s_prep_pad (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_
         return kiln_error (err, KILN_EFORMAT, "X has rank %d, Y rank %d", r, y->shape.rank);
     if (mode < S_PAD_CONSTANT || mode > S_PAD_EDGE)
         return kiln_error (err, KILN_EFORMAT, "mode %lld", (long long) mode);
-    for (int i = 0; i < r; i++) {
-        int64_t pb = sp->pads[i], pe = sp->pads[r + i], d = x->shape.dims[i];
+    int64_t pads[2 * KILN_MAX_RANK], st = 1;
+    memcpy (pads, sp->pads, sizeof pads);
+    for (int i = r - 1; i >= 0; i--) {
+        int64_t pb = pads[i], pe = pads[r + i], d = x->shape.dims[i];
         if (pb < -KILN_MAX_DIM || pb > KILN_MAX_DIM || pe < -KILN_MAX_DIM || pe > KILN_MAX_DIM
             || d + pb + pe != y->shape.dims[i])
             return kiln_error (err, KILN_EFORMAT, "axis %d: %lld + %lld + %lld is not %lld", i,
                                (long long) pb, (long long) d, (long long) pe,
                                (long long) y->shape.dims[i]);
-        if (mode != S_PAD_CONSTANT && d == 0 && y->shape.dims[i] > 0)
+        /* Negative pads crop X first; the rest pads what is left, as
+         * onnxruntime does. */
+        int64_t kept = d + (pb < 0 ? pb : 0) + (pe < 0 ? pe : 0);
+        if (kept < 0)
+            return kiln_error (err, KILN_EFORMAT, "axis %d: pads %lld and %lld crop more than its %lld",
+                               i, (long long) pb, (long long) pe, (long long) d);
+        if (mode != S_PAD_CONSTANT && kept == 0 && y->shape.dims[i] > 0)
             return kiln_error (err, KILN_EFORMAT, "axis %d is empty and cannot be padded from", i);
         sp->dims[i] = y->shape.dims[i];
-        sp->in_dims[i] = d;
+        sp->in_dims[i] = kept;
+        sp->pads[i] = pb > 0 ? pb : 0;
+        sp->pads[r + i] = pb < 0 ? -pb : 0;
+        sp->st[i] = st;
+        st *= d;
     }
     if ((rc = s_value_bytes (x->dtype, value, sp->value, err)))
         return rc;
     /* A scalar is a row of one. */
     if (r == 0) {
-        sp->dims[0] = sp->in_dims[0] = 1;
-        sp->pads[0] = 0;
+        sp->dims[0] = sp->in_dims[0] = sp->st[0] = 1;
+        sp->pads[0] = sp->pads[1] = 0;
         r = 1;
     }
     sp->rank = r;
@@ -492,48 +508,59 @@ s_resize_coord (const kiln_kshape_plan_t *sp, int a, int64_t o, int64_t *i0, int
     *w1 = r;
 }
 
+/* Row by row: the neighbours and weights of the outer axes are worked
+ * out once per output row (at most 2^(rank-1) combinations, in `off` and
+ * `wt`), the last axis's per element. */
 static void
 s_run_resize (const kiln_kplan_t *plan, void *const *data)
 {
     const kiln_kshape_plan_t *sp = &plan->u.shape;
     const float *x = data[plan->in[0]];
     float *y = data[plan->out];
-    int r = sp->rank;
-    int64_t n = s_prod (sp->dims, 0, r), st[KILN_MAX_RANK];
-    int64_t c = 1;
+    int r = sp->rank, last = r - 1;
+    int64_t st[KILN_MAX_RANK], c = 1;
     for (int i = r - 1; i >= 0; i--) {
         st[i] = c;
         c *= sp->in_dims[i];
     }
+    int64_t rows = s_prod (sp->dims, 0, last), ow = sp->dims[last];
     int64_t idx[KILN_MAX_RANK] = { 0 };
-    int64_t lo[KILN_MAX_RANK], hi[KILN_MAX_RANK];
-    double w[KILN_MAX_RANK];
-    for (int64_t e = 0; e < n; e++) {
-        int active[KILN_MAX_RANK], k = 0;
-        int64_t base = 0;
-        for (int a = 0; a < r; a++) {
-            s_resize_coord (sp, a, idx[a], &lo[a], &hi[a], &w[a]);
-            if (w[a] != 0.0 && hi[a] != lo[a])
-                active[k++] = a;
-            base += lo[a] * st[a];
-        }
-        double acc = 0.0;
-        for (int m = 0; m < (1 << k); m++) {
-            double wt = 1.0;
-            int64_t off = base;
-            for (int j = 0; j < k; j++) {
-                int a = active[j];
-                if (m & (1 << j)) {
-                    wt *= w[a];
-                    off += (hi[a] - lo[a]) * st[a];
-                }
-                else
-                    wt *= 1.0 - w[a];
+    int64_t off[1 << (KILN_MAX_RANK - 1)];
+    double wt[1 << (KILN_MAX_RANK - 1)];
+    for (int64_t row = 0; row < rows; row++, y += ow) {
+        int n = 1;
+        off[0] = 0;
+        wt[0] = 1.0;
+        for (int a = 0; a < last; a++) {
+            int64_t lo, hi;
+            double w;
+            s_resize_coord (sp, a, idx[a], &lo, &hi, &w);
+            if (w == 0.0 || hi == lo) {
+                for (int m = 0; m < n; m++)
+                    off[m] += lo * st[a];
+                continue;
             }
-            acc += wt * x[off];
+            /* Each combination so far splits into its lo and hi halves. */
+            for (int m = 0; m < n; m++) {
+                off[n + m] = off[m] + hi * st[a];
+                wt[n + m] = wt[m] * w;
+                off[m] += lo * st[a];
+                wt[m] *= 1.0 - w;
+            }
+            n *= 2;
         }
-        y[e] = (float) acc;
-        for (int a = r - 1; a >= 0; a--) {
+        for (int64_t q = 0; q < ow; q++) {
+            int64_t lo, hi;
+            double w, acc = 0.0;
+            s_resize_coord (sp, last, q, &lo, &hi, &w);
+            for (int m = 0; m < n; m++) {
+                const float *xr = x + off[m];
+                acc += wt[m] * (w == 0.0 ? (double) xr[lo]
+                                         : (1.0 - w) * xr[lo] + w * (double) xr[hi]);
+            }
+            y[q] = (float) acc;
+        }
+        for (int a = last - 1; a >= 0; a--) {
             if (++idx[a] < sp->dims[a])
                 break;
             idx[a] = 0;

@@ -1,74 +1,150 @@
-/* kiln-worker --broker tcp://127.0.0.1:PORT [--name NAME] [--slots N] [-v] */
+/* kiln-worker --broker ENDPOINT [--name NAME] [--slots N] [--toolchain NAME=CMD]... */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/kiln_log.h"
+#include "worker/kiln_toolchain.h"
 #include "worker/kiln_worker.h"
 
 static const char *s_usage =
     "usage: kiln-worker --broker ENDPOINT [options]\n"
-    "  A farm worker: takes jobs from the broker and runs the compiler on them\n"
+    "  A farm worker: takes jobs from the broker and runs a toolchain on them\n"
     "  in child processes.\n"
     "options:\n"
-    "  --broker tcp://HOST:PORT   the broker to serve\n"
-    "  --name NAME                name in logs and provenance (default: host:pid)\n"
-    "  --slots N                  jobs to run at once (default 1, at most 256)\n"
-    "  --timeout SECONDS          kill a compile that runs longer (default 600)\n"
-    "  --cc PATH                  the compiler program (default: kiln-cc next to\n"
-    "                             kiln-worker)\n"
-    "  -v, --verbose              log more (twice: debug)\n";
+    "  --broker tcp://HOST:PORT      the broker to serve\n"
+    "  --name NAME                   name in logs, status and provenance (default:\n"
+    "                                host:pid; with --cert the certificate's name wins)\n"
+    "  --slots N                     jobs to run at once (default 1, at most 256)\n"
+    "  --timeout SECONDS             longest compile this worker runs (default 600)\n"
+    "  --toolchain NAME[@VER]=CMD    also run an external toolchain: CMD with {input},\n"
+    "                                {output}, {workdir} and {args} replaced (see\n"
+    "                                docs/operations.md); repeatable\n"
+    "  --target TARGET               the target of the external toolchains (default:\n"
+    "                                the builtin compiler's, e.g. cpu-x86_64)\n"
+    "  --no-builtin                  do not offer the builtin compiler\n"
+    "  --cc PATH                     the builtin compiler program (default: kiln-cc next\n"
+    "                                to kiln-worker)\n"
+    "  --cache DIR                   keep weight blobs here between jobs and restarts\n"
+    "                                (default: a private directory removed at exit)\n"
+    "  --cache-max-bytes N[KMG]      cap on the blob cache (default 16G)\n"
+    "  --cert FILE                   CurveZMQ: this worker's certificate (kiln cert)\n"
+    "  --broker-cert FILE            CurveZMQ: the broker's public certificate\n"
+    "  --heartbeat-ms MS             heartbeat interval (default 1000)\n"
+    "  --liveness-ms MS              reconnect when the broker is silent this long\n"
+    "                                (default 5000)\n"
+    "  -v, --verbose                 log more (twice: debug)\n";
 
-/* A whole number in [lo, hi], or -1. */
-static long
-s_number (const char *text, long lo, long hi)
+/* A whole number in [lo, hi] with an optional K/M/G suffix, or -1. */
+static long long
+s_number (const char *text, long long lo, long long hi)
 {
     char *end;
-    long v = strtol (text, &end, 10);
-    return (*text && !*end && v >= lo && v <= hi) ? v : -1;
+    long long v = strtoll (text, &end, 10);
+    if (end == text)
+        return -1;
+    long long mult = 1;
+    if (*end == 'K' || *end == 'k')
+        mult = 1LL << 10;
+    else if (*end == 'M' || *end == 'm')
+        mult = 1LL << 20;
+    else if (*end == 'G' || *end == 'g')
+        mult = 1LL << 30;
+    if (mult != 1)
+        end++;
+    if (*end || v < 0 || v > hi / mult)
+        return -1;
+    v *= mult;
+    return v >= lo && v <= hi ? v : -1;
 }
 
 int
 main (int argc, char **argv)
 {
+    /* The job wrapper for external toolchains (see kiln_toolchain.h). */
+    if (argc > 1 && strcmp (argv[1], "--wrap") == 0)
+        return kiln_toolchain_wrap_main (argc, argv);
+
     kiln_worker_config_t cfg;
     memset (&cfg, 0, sizeof cfg);
     int verbose = 0;
-    enum { OPT_BROKER = 256, OPT_NAME, OPT_SLOTS, OPT_TIMEOUT, OPT_CC };
+    enum { OPT_BROKER = 256, OPT_NAME, OPT_SLOTS, OPT_TIMEOUT, OPT_CC, OPT_TOOLCHAIN,
+           OPT_TARGET, OPT_NO_BUILTIN, OPT_CACHE, OPT_CACHE_MAX, OPT_CERT, OPT_BROKER_CERT,
+           OPT_HEARTBEAT, OPT_LIVENESS };
     static const struct option opts[] = {
         { "broker", required_argument, NULL, OPT_BROKER },
         { "name", required_argument, NULL, OPT_NAME },
         { "slots", required_argument, NULL, OPT_SLOTS },
         { "timeout", required_argument, NULL, OPT_TIMEOUT },
         { "cc", required_argument, NULL, OPT_CC },
+        { "toolchain", required_argument, NULL, OPT_TOOLCHAIN },
+        { "target", required_argument, NULL, OPT_TARGET },
+        { "no-builtin", no_argument, NULL, OPT_NO_BUILTIN },
+        { "cache", required_argument, NULL, OPT_CACHE },
+        { "cache-max-bytes", required_argument, NULL, OPT_CACHE_MAX },
+        { "cert", required_argument, NULL, OPT_CERT },
+        { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
+        { "heartbeat-ms", required_argument, NULL, OPT_HEARTBEAT },
+        { "liveness-ms", required_argument, NULL, OPT_LIVENESS },
         { "verbose", no_argument, NULL, 'v' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     int c;
+    long long v;
     while ((c = getopt_long (argc, argv, "vh", opts, NULL)) != -1) {
         switch (c) {
         case OPT_BROKER: cfg.endpoint = optarg; break;
         case OPT_NAME: cfg.name = optarg; break;
         case OPT_CC: cfg.cc_path = optarg; break;
-        case OPT_SLOTS:
-            if ((cfg.slots = (int) s_number (optarg, 1, 256)) < 0) {
-                fprintf (stderr, "kiln-worker: --slots wants 1..256, got '%s'\n", optarg);
+        case OPT_TARGET: cfg.target = optarg; break;
+        case OPT_NO_BUILTIN: cfg.no_builtin = 1; break;
+        case OPT_CACHE: cfg.cache_dir = optarg; break;
+        case OPT_CERT: cfg.cert_path = optarg; break;
+        case OPT_BROKER_CERT: cfg.broker_cert = optarg; break;
+        case OPT_TOOLCHAIN:
+            if (cfg.n_toolchains >= KILN_WORKER_MAX_TOOLCHAINS) {
+                fprintf (stderr, "kiln-worker: at most %d --toolchain options\n",
+                         KILN_WORKER_MAX_TOOLCHAINS);
                 return 2;
             }
+            cfg.toolchains[cfg.n_toolchains++] = optarg;
+            break;
+        case OPT_SLOTS:
+            if ((v = s_number (optarg, 1, 256)) < 0)
+                goto bad_number;
+            cfg.slots = (int) v;
             break;
         case OPT_TIMEOUT:
-            if ((cfg.timeout_s = (int) s_number (optarg, 1, 7 * 24 * 3600)) < 0) {
-                fprintf (stderr, "kiln-worker: --timeout wants whole seconds, got '%s'\n",
-                         optarg);
-                return 2;
-            }
+            if ((v = s_number (optarg, 1, 7 * 24 * 3600)) < 0)
+                goto bad_number;
+            cfg.timeout_s = (int) v;
+            break;
+        case OPT_CACHE_MAX:
+            if ((v = s_number (optarg, 1 << 20, 1LL << 50)) < 0)
+                goto bad_number;
+            cfg.cache_max_bytes = (uint64_t) v;
+            break;
+        case OPT_HEARTBEAT:
+            if ((v = s_number (optarg, 10, 60000)) < 0)
+                goto bad_number;
+            cfg.heartbeat_ms = (int) v;
+            break;
+        case OPT_LIVENESS:
+            if ((v = s_number (optarg, 100, 3600000)) < 0)
+                goto bad_number;
+            cfg.liveness_ms = (int) v;
             break;
         case 'v': verbose++; break;
         case 'h': fputs (s_usage, stdout); return 0;
         default: fputs (s_usage, stderr); return 2;
         }
+        continue;
+bad_number:
+        fprintf (stderr, "kiln-worker: '%s' is not a valid number for this option\n%s",
+                 optarg, s_usage);
+        return 2;
     }
     if (optind != argc || !cfg.endpoint) {
         fprintf (stderr, "kiln-worker: %s\n%s", optind != argc ? "unexpected argument"

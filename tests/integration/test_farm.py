@@ -160,15 +160,23 @@ def test_compile_failure_comes_back_with_the_compiler_log(farm, tmp_path):
     assert "status 3" in proc.stderr
     assert "node 'boom' (Conv): refused by the test" in proc.stderr
     assert not (tmp_path / "x.kar").exists()
-    # Failures are not cached: a healthy worker builds it next time.
+    # The failure is cached with its log: asking again does not compile again.
+    again = run(["kiln"] + compile_args(farm, MODEL, tmp_path / "x.kar"), timeout=120)
+    assert again.returncode != 0
+    assert "cached failure" in again.stderr
+    assert "node 'boom' (Conv): refused by the test" in again.stderr
+    assert broker_log(farm).count("queued for") == 1
+    # --retry-failed builds it again, here on a healthy worker.
     start_worker(farm, "worker-2")
     wait_for_log(farm, "worker worker-2 ready")
     for p in farm.workers[:1]:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=10)
     wait_for_log(farm, "worker worker-1 dropped")
-    ok = compile_json(farm, MODEL, tmp_path / "y.kar")
+    ok = compile_json(farm, MODEL, tmp_path / "y.kar", "--retry-failed")
     assert ok["cached"] is False and ok["worker"] == "worker-2"
+    # ... and the success replaces the cached failure.
+    assert compile_json(farm, MODEL, tmp_path / "z.kar")["cached"] is True
 
 
 def test_compile_that_outlives_the_timeout_is_killed(farm, tmp_path):
@@ -202,7 +210,7 @@ def test_broker_requeues_job_when_worker_dies(farm, tmp_path):
     res = json.loads(out)
     assert res["worker"] == "healthy"
     log = broker_log(farm)
-    assert "worker doomed dropped: silent for" in log
+    assert "worker doomed dropped: " in log
     assert "back in the queue" in log
     assert "(attempt 2" in log
 
@@ -226,7 +234,7 @@ def test_compile_against_a_silent_endpoint_times_out(tmp_path):
     port = free_port()
     t0 = time.monotonic()
     proc = run(["kiln", "compile", MODEL, "-o", tmp_path / "x.kar", "--broker",
-                f"tcp://127.0.0.1:{port}", "--timeout", "2"], timeout=60)
+                f"tcp://127.0.0.1:{port}", "--wait", "2"], timeout=60)
     assert proc.returncode != 0
     assert "no answer from the broker" in proc.stderr
     assert time.monotonic() - t0 < 20

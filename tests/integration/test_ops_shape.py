@@ -611,6 +611,62 @@ def test_op_matches_reference(tmp_path, env, name, optlevel):
     _check(nodes, feeds, expected, tmp_path, env, inits, opset, optlevel=optlevel)
 
 
+def _onnx_slice_indices(d, start, end, step):
+    """The indices ONNX's Slice reads along an axis of size d: negative
+    starts and ends count from the end, then clamp to 0..d (positive
+    step) or start to 0..d-1 and end to -1..d-1 (negative step).  Unlike
+    Python's slicing, a start before the beginning with a negative step
+    clamps to 0 rather than giving nothing."""
+    start = start + d if start < 0 else start
+    end = end + d if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), d), min(max(end, 0), d)
+    else:
+        start, end = min(max(start, 0), d - 1), min(max(end, -1), d - 1)
+    return list(range(start, end, step))
+
+
+def test_random_slices_transposes_and_pads_match_numpy(tmp_path, env):
+    """Many random parameters in one model: each output is one op."""
+    rng = np.random.default_rng(11)
+    x = _rand(4, 5, 3, 6)
+    nodes, inits, expected = [], {}, {}
+    for k in range(12):
+        # Slice: random starts/ends (past the ends too), steps of either sign.
+        axes = rng.permutation(4)[:rng.integers(1, 5)]
+        st, en, sp, want = [], [], [], x
+        for a in axes:
+            d = x.shape[a]
+            step = int(rng.choice([-3, -2, -1, 1, 2, 3]))
+            s0, e0 = (int(v) for v in rng.integers(-d - 2, d + 3, size=2))
+            st.append(s0)
+            en.append(e0)
+            sp.append(step)
+            want = np.take(want, _onnx_slice_indices(d, s0, e0, step), axis=a)
+        inits.update({f"st{k}": _i64(st), f"en{k}": _i64(en), f"ax{k}": _i64(axes),
+                      f"sp{k}": _i64(sp)})
+        nodes.append(helper.make_node("Slice", ["x", f"st{k}", f"en{k}", f"ax{k}", f"sp{k}"],
+                                      [f"s{k}"]))
+        expected[f"s{k}"] = want
+        # Transpose by a random permutation.
+        perm = [int(v) for v in rng.permutation(4)]
+        nodes.append(helper.make_node("Transpose", ["x"], [f"t{k}"], perm=perm))
+        expected[f"t{k}"] = x.transpose(perm)
+        # Pad in a random mode, pads up to the dims (reflect: less).
+        mode = ["constant", "reflect", "edge"][k % 3]
+        lim = [d - 1 if mode == "reflect" else d for d in x.shape]
+        pb = [int(rng.integers(-1, m + 1)) for m in lim]
+        pe = [int(rng.integers(-1, m + 1)) for m in lim]
+        inits[f"p{k}"] = _i64(pb + pe)
+        nodes.append(helper.make_node("Pad", ["x", f"p{k}"], [f"p{k}_y"], mode=mode))
+        crop = tuple(slice(max(0, -b), x.shape[i] + min(0, e) if e < 0 else None)
+                     for i, (b, e) in enumerate(zip(pb, pe)))
+        np_mode = {"edge": "edge", "reflect": "reflect", "constant": "constant"}[mode]
+        grown = np.pad(x[crop], [(max(b, 0), max(e, 0)) for b, e in zip(pb, pe)], mode=np_mode)
+        expected[f"p{k}_y"] = grown
+    _check(nodes, {"x": x}, expected, tmp_path, env, inits, 13)
+
+
 # --- what folding leaves, and what it refuses -------------------------------------
 
 def test_folding_leaves_no_shape_arithmetic_in_the_graph(tmp_path, env):
@@ -652,6 +708,69 @@ def test_refusals_name_the_node(tmp_path, env, what):
     assert proc.returncode != 0
     for w in want:
         assert w in proc.stderr, (w, proc.stderr)
+
+
+# --- models exported from torch ----------------------------------------------------
+
+class _UNetish(torch.nn.Module):
+    """Concat of a skip connection, ConvTranspose up-sampling, and the two
+    interpolations torch exports as Resize."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.up = torch.nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.c3 = torch.nn.Conv2d(16, 4, 1)
+
+    def forward(self, x):
+        a = F.relu(self.c1(x))
+        u = self.up(F.relu(self.c2(a)))
+        y = self.c3(torch.cat([a, u], 1))
+        return (F.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False)
+                + F.interpolate(y, scale_factor=2, mode="nearest"))
+
+
+class _Views(torch.nn.Module):
+    """view from size(0), permute, strided slicing, expand, repeat, the
+    pixel shuffles (DepthToSpace/SpaceToDepth) and F.pad's modes."""
+
+    def forward(self, x):
+        b = x.size(0)
+        y = x.view(b, -1, 4).permute(0, 2, 1)[:, 1:, ::2]
+        z = y.flatten(1).unsqueeze(-1).expand(-1, -1, 3).repeat(1, 2, 1)
+        p = F.pixel_unshuffle(F.pixel_shuffle(x.view(b, 4, 3, 4), 2), 2)
+        q = torch.cat([F.pad(p, (1, 2, 2, 1), mode="reflect"),
+                       F.pad(p, (1, 2, 2, 1), mode="replicate"),
+                       F.pad(p, (1, 2, 2, 1), value=3.0)], 1)
+        return z.sum() + q
+
+
+class _CausalMask(torch.nn.Module):
+    """A causal mask from tril/triu of a constant (Trilu, folded away)."""
+
+    def forward(self, x):
+        n = x.shape[1]
+        keep = torch.ones(n, n).tril().bool()
+        return x.masked_fill(~keep, float("-inf")).softmax(-1) + torch.triu(torch.ones(n, n), 1)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("name", ["unet", "views", "causal"])
+def test_torch_exported_model_matches_torch(tmp_path, env, name):
+    torch.manual_seed(3)
+    module, x = {"unet": (_UNetish(), torch.rand(1, 3, 16, 16)),
+                 "views": (_Views(), torch.rand(2, 3, 16)),
+                 "causal": (_CausalMask(), torch.rand(2, 5, 5))}[name]
+    module.eval()
+    with torch.no_grad():
+        want = module(x).numpy()
+    path = tmp_path / f"{name}.onnx"
+    torch.onnx.export(module, (x,), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=14)
+    got = _kiln(onnx.load(str(path)), {"x": x.numpy()}, ["y"], tmp_path, env)["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # --- a torch-exported attention block ----------------------------------------------

@@ -223,7 +223,7 @@ START_TEST (test_broker_refuses_truncated_msgpack_and_keeps_serving)
     zsock_t *d = s_dealer ();
     kiln_err_t err = { 0 };
     s_hdr_t h;
-    s_hdr (&h, 4, 1, "PING", 0);
+    s_hdr (&h, 4, KILN_PROTO_VERSION, "PING", 0);
     kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 9);
     zmsg_t *raw = zmsg_new ();
     zmsg_addmem (raw, h.sbuf.data, h.sbuf.size - 3);   /* cut the end off */
@@ -247,7 +247,7 @@ START_TEST (test_broker_refuses_unknown_command_and_keeps_serving)
     zsock_t *d = s_dealer ();
     kiln_err_t err = { 0 };
     s_hdr_t h;
-    s_hdr (&h, 4, 1, "SELF_DESTRUCT", 0);
+    s_hdr (&h, 4, KILN_PROTO_VERSION, "SELF_DESTRUCT", 0);
     kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 11);
     zmsg_t *raw = s_hdr_msg (&h);
     kiln_msg_t *r = s_exchange (d, &raw, REPLY_TIMEOUT_MS, &err);
@@ -264,11 +264,11 @@ START_TEST (test_broker_refuses_wrong_version_and_keeps_serving)
     zsock_t *d = s_dealer ();
     kiln_err_t err = { 0 };
     s_hdr_t h;
-    s_hdr (&h, 4, 2, "PING", 0);
+    s_hdr (&h, 4, KILN_PROTO_VERSION + 1, "PING", 0);
     kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 13);
     zmsg_t *raw = s_hdr_msg (&h);
     kiln_msg_t *r = s_exchange (d, &raw, REPLY_TIMEOUT_MS, &err);
-    s_expect_error (r, KILN_EPROTO, "protocol version 2");
+    s_expect_error (r, KILN_EPROTO, "protocol version 3");
     ck_assert_uint_eq (r->req_id, 13);
     kiln_msg_destroy (&r);
     ck_assert (s_ping (d, 14, REPLY_TIMEOUT_MS));
@@ -281,7 +281,7 @@ START_TEST (test_broker_refuses_missing_fields_and_results_sent_to_it)
     zsock_t *d = s_dealer ();
     kiln_err_t err = { 0 };
     s_hdr_t h;
-    s_hdr (&h, 4, 1, "COMPILE", 0);
+    s_hdr (&h, 4, KILN_PROTO_VERSION, "COMPILE", 0);
     kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 15);
     zmsg_t *raw = s_hdr_msg (&h);
     kiln_msg_t *r = s_exchange (d, &raw, REPLY_TIMEOUT_MS, &err);
@@ -304,9 +304,17 @@ START_TEST (test_broker_refuses_worker_messages_before_ready)
 {
     zsock_t *d = s_dealer ();
     kiln_err_t err = { 0 };
+    /* A worker's heartbeat names the worker. */
     kiln_msg_t *m = kiln_msg_new (KILN_CMD_HEARTBEAT);
+    kiln_msg_set_str (&m->name, "ghost");
     zmsg_t *raw = kiln_msg_encode (&m, &err);
     kiln_msg_t *r = s_exchange (d, &raw, REPLY_TIMEOUT_MS, &err);
+    s_expect_error (r, KILN_ENOTFOUND, "READY");
+    kiln_msg_destroy (&r);
+    m = kiln_msg_new (KILN_CMD_DONE);
+    m->job_id = 3;
+    raw = kiln_msg_encode (&m, &err);
+    r = s_exchange (d, &raw, REPLY_TIMEOUT_MS, &err);
     s_expect_error (r, KILN_ENOTFOUND, "READY");
     kiln_msg_destroy (&r);
     zsock_destroy (&d);
@@ -319,7 +327,7 @@ START_TEST (test_broker_refuses_oversize_frames_and_keeps_serving)
     kiln_err_t err = { 0 };
     /* a payload frame over the chunk size */
     s_hdr_t h;
-    s_hdr (&h, 4, 1, "PING", 1);
+    s_hdr (&h, 4, KILN_PROTO_VERSION, "PING", 1);
     kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 18);
     zmsg_t *raw = s_hdr_msg (&h);
     size_t big = KILN_CHUNK_BYTES * 2;

@@ -25,7 +25,8 @@ s_input (kiln_graph_t *g, const char *name, kiln_dtype_t dt, int rank, const int
 {
     kiln_err_t err;
     kiln_shape_t s = { .rank = rank };
-    memcpy (s.dims, dims, (size_t) rank * sizeof *dims);
+    for (int i = 0; i < rank; i++)
+        s.dims[i] = dims[i];
     int t = kiln_graph_add_tensor (g, name, dt, &s, &err);
     ck_assert_msg (t >= 0, "%s", err.msg);
     ck_assert_msg (kiln_graph_add_input (g, t, &err) == 0, "%s", err.msg);

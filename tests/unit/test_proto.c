@@ -189,13 +189,15 @@ START_TEST (test_small_commands_round_trip)
     kiln_msg_t *m = kiln_msg_new (KILN_CMD_READY);
     kiln_msg_set_str (&m->name, "host-1:123");
     m->slots = 4;
-    kiln_msg_set_str (&m->compiler_id, "kiln-builtin");
-    kiln_msg_set_str (&m->compiler_version, "0.1.0");
-    kiln_msg_set_str (&m->target, "cpu-x86_64");
+    kiln_msg_add_strs (&m->toolchains, &m->n_toolchains, "kiln-builtin 0.1.0 cpu-x86_64");
+    kiln_msg_add_strs (&m->toolchains, &m->n_toolchains, "neuronx-cc 2.1 trn1");
     kiln_msg_t *b = s_round_trip (m);
     ck_assert_int_eq (b->cmd, KILN_CMD_READY);
     ck_assert_str_eq (b->name, "host-1:123");
     ck_assert_uint_eq (b->slots, 4);
+    ck_assert_uint_eq (b->n_toolchains, 2);
+    ck_assert_str_eq (b->toolchains[1], "neuronx-cc 2.1 trn1");
+    ck_assert_uint_eq (b->n_blobs, 0);
     kiln_msg_destroy (&b);
 
     m = kiln_msg_new (KILN_CMD_ERROR);
@@ -237,6 +239,9 @@ START_TEST (test_small_commands_round_trip)
     m->job_id = 9;
     strcpy (m->action_key, HEX_A);
     strcpy (m->graph_digest, HEX_B);
+    kiln_msg_set_str (&m->compiler_id, "kiln-builtin");
+    kiln_msg_set_str (&m->compiler_version, "0.1.0");
+    kiln_msg_set_str (&m->target, "cpu-x86_64");
     ck_assert_int_eq (kiln_msg_put_structure (m, "s", 1, &err), 0);
     b = s_round_trip (m);
     ck_assert_int_eq (b->cmd, KILN_CMD_JOB);
@@ -367,7 +372,7 @@ START_TEST (test_wrong_version_is_refused_naming_both_versions)
 {
     s_hdr_t h;
     s_hdr_begin (&h, 4);
-    kiln_mpk_pack_kv_i64 (&h.pk, "v", 2);
+    kiln_mpk_pack_kv_i64 (&h.pk, "v", KILN_PROTO_VERSION + 1);
     kiln_mpk_pack_kv_str (&h.pk, "cmd", "PING");
     kiln_mpk_pack_kv_i64 (&h.pk, "frames", 0);
     kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 77);
@@ -375,7 +380,7 @@ START_TEST (test_wrong_version_is_refused_naming_both_versions)
     uint64_t req = 0;
     ck_assert_int_eq (s_decode_raw (h.sbuf.data, h.sbuf.size, NULL, 0, &err, &req),
                       KILN_EPROTO);
-    ck_assert_ptr_nonnull (strstr (err.msg, "version 2"));
+    ck_assert_ptr_nonnull (strstr (err.msg, "version 3"));
     ck_assert_uint_eq (req, 77);    /* the reply can still name the request */
     s_hdr_end (&h);
 
@@ -393,7 +398,7 @@ START_TEST (test_unknown_command_is_refused_by_name)
 {
     s_hdr_t h;
     s_hdr_begin (&h, 3);
-    kiln_mpk_pack_kv_i64 (&h.pk, "v", 1);
+    kiln_mpk_pack_kv_i64 (&h.pk, "v", KILN_PROTO_VERSION);
     kiln_mpk_pack_kv_str (&h.pk, "cmd", "LAUNCH\x01");
     kiln_mpk_pack_kv_i64 (&h.pk, "frames", 0);
     kiln_err_t err;
@@ -410,7 +415,7 @@ START_TEST (test_missing_and_mistyped_fields_are_named)
     s_hdr_t h;
     /* PING without req_id */
     s_hdr_begin (&h, 3);
-    kiln_mpk_pack_kv_i64 (&h.pk, "v", 1);
+    kiln_mpk_pack_kv_i64 (&h.pk, "v", KILN_PROTO_VERSION);
     kiln_mpk_pack_kv_str (&h.pk, "cmd", "PING");
     kiln_mpk_pack_kv_i64 (&h.pk, "frames", 0);
     ck_assert_int_eq (s_decode_raw (h.sbuf.data, h.sbuf.size, NULL, 0, &err, NULL),
@@ -419,7 +424,7 @@ START_TEST (test_missing_and_mistyped_fields_are_named)
     s_hdr_end (&h);
     /* READY with a string where slots should be */
     s_hdr_begin (&h, 8);
-    kiln_mpk_pack_kv_i64 (&h.pk, "v", 1);
+    kiln_mpk_pack_kv_i64 (&h.pk, "v", KILN_PROTO_VERSION);
     kiln_mpk_pack_kv_str (&h.pk, "cmd", "READY");
     kiln_mpk_pack_kv_i64 (&h.pk, "frames", 0);
     kiln_mpk_pack_kv_str (&h.pk, "name", "w");
@@ -436,7 +441,7 @@ START_TEST (test_missing_and_mistyped_fields_are_named)
     memset (name, 'n', sizeof name - 1);
     name[sizeof name - 1] = '\0';
     s_hdr_begin (&h, 8);
-    kiln_mpk_pack_kv_i64 (&h.pk, "v", 1);
+    kiln_mpk_pack_kv_i64 (&h.pk, "v", KILN_PROTO_VERSION);
     kiln_mpk_pack_kv_str (&h.pk, "cmd", "READY");
     kiln_mpk_pack_kv_i64 (&h.pk, "frames", 0);
     kiln_mpk_pack_kv_str (&h.pk, "name", name);
@@ -451,12 +456,12 @@ START_TEST (test_missing_and_mistyped_fields_are_named)
 }
 END_TEST
 
-/* A COMPILE header with one blob of `blob_size` declared and `frames`. */
+/* A COMPILE header with one inline blob of `blob_size` declared and `frames`. */
 static void
 s_compile_header (s_hdr_t *h, uint64_t struct_size, uint64_t blob_size, uint64_t frames)
 {
     s_hdr_begin (h, 11);
-    kiln_mpk_pack_kv_i64 (&h->pk, "v", 1);
+    kiln_mpk_pack_kv_i64 (&h->pk, "v", KILN_PROTO_VERSION);
     kiln_mpk_pack_kv_str (&h->pk, "cmd", "COMPILE");
     kiln_mpk_pack_kv_i64 (&h->pk, "frames", (int64_t) frames);
     kiln_mpk_pack_kv_i64 (&h->pk, "req_id", 4);
@@ -468,9 +473,10 @@ s_compile_header (s_hdr_t *h, uint64_t struct_size, uint64_t blob_size, uint64_t
     kiln_mpk_pack_kv_i64 (&h->pk, "struct_size", (int64_t) struct_size);
     kiln_mpk_pack_cstr (&h->pk, "blobs");
     msgpack_pack_array (&h->pk, 1);
-    msgpack_pack_map (&h->pk, 2);
+    msgpack_pack_map (&h->pk, 3);
     kiln_mpk_pack_kv_str (&h->pk, "digest", HEX_B);
     kiln_mpk_pack_kv_i64 (&h->pk, "size", (int64_t) blob_size);
+    kiln_mpk_pack_kv_bool (&h->pk, "inline", true);
 }
 
 START_TEST (test_payload_that_does_not_match_the_header_is_refused)
@@ -573,7 +579,7 @@ START_TEST (test_messages_cross_a_socket_pair_and_too_many_frames_are_drained)
     zmsg_t *fat = zmsg_new ();
     s_hdr_t h;
     s_hdr_begin (&h, 4);
-    kiln_mpk_pack_kv_i64 (&h.pk, "v", 1);
+    kiln_mpk_pack_kv_i64 (&h.pk, "v", KILN_PROTO_VERSION);
     kiln_mpk_pack_kv_str (&h.pk, "cmd", "PING");
     kiln_mpk_pack_kv_i64 (&h.pk, "frames", 1);
     kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 19);
@@ -641,6 +647,170 @@ START_TEST (test_docs_hold_the_tables_generated_from_the_x_macro)
 }
 END_TEST
 
+START_TEST (test_blob_refs_and_inline_blobs_mix_in_one_graph_payload)
+{
+    kiln_err_t err = { 0 };
+    kiln_msg_t *m = kiln_msg_new (KILN_CMD_COMPILE);
+    m->req_id = 8;
+    strcpy (m->graph_digest, HEX_A);
+    strcpy (m->action_key, HEX_B);
+    kiln_msg_set_str (&m->compiler_id, "kiln-builtin");
+    kiln_msg_set_str (&m->compiler_version, "0.1.0");
+    kiln_msg_set_str (&m->target, "cpu-x86_64");
+    m->priority = -7;
+    m->timeout_ms = 1500;
+    m->retry_failed = true;
+    kiln_msg_set_str (&m->client, "alice@laptop");
+    uint8_t d1[KILN_DIGEST_LEN], d2[KILN_DIGEST_LEN], d3[KILN_DIGEST_LEN];
+    kiln_sha256 ("a", 1, d1);
+    kiln_sha256 ("bb", 2, d2);
+    kiln_sha256 ("ccc", 3, d3);
+    ck_assert_int_eq (kiln_msg_put_structure (m, "S", 1, &err), 0);
+    ck_assert_int_eq (kiln_msg_add_blob_ref (m, d1, 3ULL << 30, &err), 0);   /* by reference */
+    ck_assert_int_eq (kiln_msg_put_blob (m, d2, "bb", 2, &err), 0);
+    ck_assert_int_eq (kiln_msg_add_blob_ref (m, d3, 3, &err), 0);
+    kiln_msg_t *b = s_round_trip (m);
+    ck_assert_uint_eq (b->n_blobs, 3);
+    ck_assert (!b->blobs[0].in_msg && b->blobs[1].in_msg && !b->blobs[2].in_msg);
+    ck_assert_uint_eq (b->blobs[0].size, 3ULL << 30);
+    ck_assert_int_eq (b->priority, -7);
+    ck_assert_uint_eq (b->timeout_ms, 1500);
+    ck_assert (b->retry_failed);
+    ck_assert_str_eq (b->client, "alice@laptop");
+    uint8_t *data;
+    size_t len;
+    ck_assert_int_eq (kiln_msg_blob_part (b, 1, &data, &len, &err), 0);
+    ck_assert_uint_eq (len, 2);
+    ck_assert_mem_eq (data, "bb", 2);
+    free (data);
+    ck_assert_int_eq (kiln_msg_blob_part (b, 0, &data, &len, &err), -KILN_EINVAL);
+    ck_assert_ptr_null (data);
+    kiln_msg_destroy (&b);
+
+    /* a priority beyond the bound is refused by the encoder */
+    m = kiln_msg_new (KILN_CMD_COMPILE);
+    m->req_id = 9;
+    strcpy (m->graph_digest, HEX_A);
+    strcpy (m->action_key, HEX_B);
+    kiln_msg_set_str (&m->compiler_id, "c");
+    kiln_msg_set_str (&m->compiler_version, "v");
+    kiln_msg_set_str (&m->target, "t");
+    kiln_msg_put_structure (m, "S", 1, &err);
+    m->priority = -(KILN_PROTO_MAX_PRIORITY + 1);
+    ck_assert_ptr_null (kiln_msg_encode (&m, &err));
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+    ck_assert_ptr_nonnull (strstr (err.msg, "priority"));
+}
+END_TEST
+
+static int s_freed;
+
+static void
+s_count_free (void *data, void *hint)
+{
+    s_freed++;
+}
+
+START_TEST (test_chunks_round_trip_and_must_sit_on_chunk_boundaries)
+{
+    kiln_err_t err = { 0 };
+    uint64_t size = 2 * (uint64_t) KILN_CHUNK_BYTES + 5;
+    uint8_t *blob = calloc (1, KILN_CHUNK_BYTES);
+    blob[0] = 42;
+    /* the last chunk: 5 bytes */
+    kiln_msg_t *m = kiln_msg_new (KILN_CMD_CHUNK);
+    strcpy (m->digest, HEX_A);
+    m->blob_size = size;
+    m->offset = 2 * (uint64_t) KILN_CHUNK_BYTES;
+    ck_assert_int_lt (kiln_msg_put_chunk (m, blob, KILN_CHUNK_BYTES, &err), 0);
+    ck_assert_int_eq (kiln_msg_put_chunk (m, blob, 5, &err), 0);
+    kiln_msg_t *b = s_round_trip (m);
+    ck_assert_int_eq (b->cmd, KILN_CMD_CHUNK);
+    ck_assert_uint_eq (b->offset, 2 * (uint64_t) KILN_CHUNK_BYTES);
+    ck_assert_uint_eq (zframe_size (kiln_msg_chunk_frame (b)), 5);
+    ck_assert_int_eq (zframe_data (kiln_msg_chunk_frame (b))[0], 42);
+    kiln_msg_destroy (&b);
+
+    /* a full chunk by reference: the buffer is released once, after use */
+    s_freed = 0;
+    m = kiln_msg_new (KILN_CMD_CHUNK);
+    strcpy (m->digest, HEX_A);
+    m->blob_size = size;
+    m->offset = 0;
+    m->job_id = 4;
+    ck_assert_int_eq (kiln_msg_put_chunk_ref (m, blob, KILN_CHUNK_BYTES, s_count_free, NULL,
+                                              &err), 0);
+    b = s_round_trip (m);
+    ck_assert_int_eq (s_freed, 1);
+    ck_assert_uint_eq (zframe_size (kiln_msg_chunk_frame (b)), KILN_CHUNK_BYTES);
+    ck_assert_uint_eq (b->job_id, 4);
+    kiln_msg_destroy (&b);
+    s_freed = 0;
+    m = kiln_msg_new (KILN_CMD_CHUNK);
+    strcpy (m->digest, HEX_A);
+    m->blob_size = size;
+    ck_assert_int_eq (kiln_msg_put_chunk_ref (m, blob, KILN_CHUNK_BYTES, s_count_free, NULL,
+                                              &err), 0);
+    kiln_msg_destroy (&m);             /* never sent: still released */
+    ck_assert_int_eq (s_freed, 1);
+
+    /* offsets off a boundary, or past the end, are refused */
+    uint64_t bad[] = { 1, KILN_CHUNK_BYTES + 1, 3 * (uint64_t) KILN_CHUNK_BYTES };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s_hdr_t h;
+        s_hdr_begin (&h, 6);
+        kiln_mpk_pack_kv_i64 (&h.pk, "v", KILN_PROTO_VERSION);
+        kiln_mpk_pack_kv_str (&h.pk, "cmd", "CHUNK");
+        kiln_mpk_pack_kv_i64 (&h.pk, "frames", 1);
+        kiln_mpk_pack_kv_str (&h.pk, "digest", HEX_A);
+        kiln_mpk_pack_kv_i64 (&h.pk, "blob_size", (int64_t) size);
+        kiln_mpk_pack_kv_i64 (&h.pk, "offset", (int64_t) bad[i]);
+        size_t one = 5;
+        ck_assert_int_eq (s_decode_raw (h.sbuf.data, h.sbuf.size, &one, 1, &err, NULL),
+                          KILN_EPROTO);
+        ck_assert_ptr_nonnull (strstr (err.msg, "offset"));
+        s_hdr_end (&h);
+    }
+    free (blob);
+}
+END_TEST
+
+START_TEST (test_string_lists_are_bounded_and_toolchains_parse)
+{
+    kiln_err_t err = { 0 };
+    kiln_msg_t *m = kiln_msg_new (KILN_CMD_READY);
+    kiln_msg_set_str (&m->name, "w");
+    m->slots = 1;
+    char big[KILN_PROTO_MAX_TOOLCHAIN + 2];
+    memset (big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    kiln_msg_add_strs (&m->toolchains, &m->n_toolchains, big);
+    ck_assert_ptr_null (kiln_msg_encode (&m, &err));
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+
+    m = kiln_msg_new (KILN_CMD_READY);
+    kiln_msg_set_str (&m->name, "w");
+    m->slots = 1;
+    for (int i = 0; i <= KILN_PROTO_MAX_TOOLCHAINS; i++)
+        kiln_msg_add_strs (&m->toolchains, &m->n_toolchains, "a b c");
+    ck_assert_ptr_null (kiln_msg_encode (&m, &err));
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+    ck_assert_ptr_nonnull (strstr (err.msg, "toolchains"));
+
+    kiln_toolchain_id_t tc;
+    ck_assert_int_eq (kiln_toolchain_parse ("neuronx-cc 2.14.1 trn1", &tc, &err), 0);
+    ck_assert_str_eq (tc.id, "neuronx-cc");
+    ck_assert_str_eq (tc.version, "2.14.1");
+    ck_assert_str_eq (tc.target, "trn1");
+    char buf[KILN_PROTO_MAX_TOOLCHAIN + 1];
+    ck_assert_str_eq (kiln_toolchain_format (&tc, buf, sizeof buf), "neuronx-cc 2.14.1 trn1");
+    const char *bad[] = { "", "a b", "a b c d", "a  b c", "a b c ", "a/b 1 t", "a b\tc" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg (kiln_toolchain_parse (bad[i], &tc, &err) == -KILN_EPROTO,
+                       "'%s' was accepted", bad[i]);
+}
+END_TEST
+
 int
 main (void)
 {
@@ -661,6 +831,9 @@ main (void)
     tcase_add_test (tc, test_messages_cross_a_socket_pair_and_too_many_frames_are_drained);
     tcase_add_test (tc, test_only_loopback_endpoints_count_as_local);
     tcase_add_test (tc, test_docs_hold_the_tables_generated_from_the_x_macro);
+    tcase_add_test (tc, test_blob_refs_and_inline_blobs_mix_in_one_graph_payload);
+    tcase_add_test (tc, test_chunks_round_trip_and_must_sit_on_chunk_boundaries);
+    tcase_add_test (tc, test_string_lists_are_bounded_and_toolchains_parse);
     suite_add_tcase (s, tc);
     SRunner *sr = srunner_create (s);
     srunner_run_all (sr, CK_NORMAL);

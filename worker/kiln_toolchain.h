@@ -1,0 +1,89 @@
+/*
+ * kiln_toolchain — what a worker can compile with: the builtin compiler
+ * (kiln-cc, in a child process) and external toolchains given on the
+ * command line as `--toolchain NAME[@VERSION]=COMMAND`.
+ *
+ * A toolchain is named by three words, "ID VERSION TARGET" (see
+ * kiln_toolchain_id_t): the builtin one is "kiln-builtin 0.1.0 cpu-x86_64";
+ * an external one takes its id and version from the spec (version "0"
+ * when left out) and the worker's target.  A job names the three words it
+ * needs (they are part of its action key) and goes only to a worker that
+ * offers them.
+ *
+ * An external COMMAND is split into words like a shell would split it
+ * (single and double quotes, backslash), without any expansion, and run
+ * directly (no shell: write `sh -c '...'` to get one).  In each word these
+ * placeholders are replaced:
+ *   {input}    the graph to compile, WORKDIR/model.kgraph (docs/graph-format.md)
+ *   {output}   the file the toolchain must write, WORKDIR/toolchain.out
+ *   {workdir}  the job's private directory (also the current directory)
+ *   {args}     the job's normalised compiler arguments; a word that is
+ *              exactly "{args}" becomes one word per argument (none if empty)
+ * The command exits 0 on success; then the worker wraps {output} into an
+ * unsigned kiln artifact: the manifest (graph digest, action key,
+ * toolchain id, version, arguments and target, and the graph's inputs and
+ * outputs) and one payload member, "toolchain.out", holding the file's
+ * bytes.  The broker checks that artifact against the job and signs it
+ * like any other.  The wrapping runs in the job's child process
+ * (`kiln-worker --wrap ...`), so a large output never stalls the worker.
+ */
+#ifndef KILN_TOOLCHAIN_H
+#define KILN_TOOLCHAIN_H
+
+#include <stdbool.h>
+
+#include "common/kiln_error.h"
+#include "common/kiln_proto.h"
+
+#define KILN_TOOLCHAIN_MAX_WORDS   256       /* words of one command */
+#define KILN_TOOLCHAIN_MAX_COMMAND 4096      /* bytes of one command */
+#define KILN_TOOLCHAIN_MEMBER      "toolchain.out"
+
+typedef struct kiln_toolchain {
+    kiln_toolchain_id_t id;      /* what it is called on the wire */
+    bool builtin;                /* kiln-cc; else `words` */
+    char **words;                /* the command split, owned */
+    int n_words;
+} kiln_toolchain_t;
+
+/* Parse "NAME[@VERSION]=COMMAND" for a worker whose target is `target`.
+ * Release *out with kiln_toolchain_release. */
+int kiln_toolchain_parse_spec (const char *spec, const char *target,
+                               kiln_toolchain_t *out, kiln_err_t *err);
+/* The builtin compiler as a toolchain. */
+void kiln_toolchain_builtin (kiln_toolchain_t *out);
+void kiln_toolchain_release (kiln_toolchain_t *tc);
+
+/* Split `command` into words (quotes and backslash as in sh, nothing
+ * expanded).  Caller frees each word and the array. */
+int kiln_toolchain_split (const char *command, char ***words, int *n,
+                          kiln_err_t *err);
+
+/* The argument vector for one job: the command's words with the
+ * placeholders replaced.  NULL-terminated; caller frees each string and
+ * the array (kiln_toolchain_argv_free). */
+char **kiln_toolchain_argv (const kiln_toolchain_t *tc, const char *input,
+                            const char *output, const char *workdir,
+                            const char *args, kiln_err_t *err);
+void kiln_toolchain_argv_free (char **argv);
+
+/* What the wrapper needs to know about the job. */
+typedef struct kiln_wrap_job {
+    const char *graph;           /* WORKDIR/model.kgraph */
+    const char *output;          /* the toolchain's output file */
+    const char *kar;             /* where the unsigned artifact goes */
+    const char *action_key;
+    const char *graph_digest;
+    const char *args;            /* normalised */
+    kiln_toolchain_id_t toolchain;
+} kiln_wrap_job_t;
+
+/* Wrap the toolchain's output into an unsigned artifact (see above). */
+int kiln_toolchain_wrap (const kiln_wrap_job_t *job, kiln_err_t *err);
+
+/* `kiln-worker --wrap ...`: run the command after "--", then wrap its
+ * output.  Exits with the command's status, or 125 when wrapping fails
+ * (the reason on stderr, which is the job's log). */
+int kiln_toolchain_wrap_main (int argc, char **argv);
+
+#endif
