@@ -21,6 +21,7 @@
 
 #include <czmq.h>
 #include <jansson.h>
+#include <openssl/rand.h>
 
 #include "artifact/kiln_artifact.h"
 #include "broker/kiln_sched.h"
@@ -101,6 +102,7 @@ struct s_worker {
     int busy;                            /* RUNNING jobs it holds */
     int64_t last_seen;                   /* zclock_mono of its last message */
     int64_t since;                       /* zclock_mono of its READY */
+    uint64_t session;                    /* its READY's session, echoed in JOBs */
     uint64_t dispatched, done, failed;
     zhashx_t *blobs;                     /* hex digest -> itself: blobs it holds */
 };
@@ -135,6 +137,7 @@ struct kiln_broker {
     char name[KILN_PROTO_MAX_NAME + 1];  /* provenance "broker" */
     bool curve;                          /* clients and workers authenticate */
     zactor_t *auth;                      /* zauth, with curve */
+    zactor_t *monitor;                   /* refused handshakes, with curve */
     zsock_t *router;
     zloop_t *loop;
     kiln_key_t *key;                     /* the farm's signing key */
@@ -145,7 +148,9 @@ struct kiln_broker {
     zhashx_t *jobs;                      /* action key -> s_job_t (owns) */
     zhashx_t *jobs_by_id;                /* decimal id -> s_job_t */
     zlistx_t *outbox;                    /* s_outgoing_t, in order */
-    uint64_t next_job_id;
+    uint64_t epoch;                      /* this instance, random; in replies to clients */
+    uint64_t next_job_id;                /* starts at a random point: a stale DONE from a
+                                            worker of an earlier instance names no job */
     uint64_t queued_bytes;               /* structures held for jobs */
     uint64_t uploads;                    /* uploads in progress */
     int64_t started;                     /* zclock_mono at start */
@@ -295,6 +300,7 @@ s_post (kiln_broker_t *self, zframe_t *rid, kiln_msg_t **msg)
         return;
     }
     out->msg = *msg;
+    out->msg->epoch = self->epoch;      /* sent only with the commands that carry it */
     *msg = NULL;
     zlistx_add_end (self->outbox, out);
 }
@@ -609,6 +615,7 @@ s_job_start (kiln_broker_t *self, s_job_t *job, s_worker_t *w)
     memcpy (msg->action_key, job->action_key, KILN_HEX_LEN);
     memcpy (msg->graph_digest, job->graph_digest, KILN_HEX_LEN);
     msg->timeout_ms = job->timeout_ms;
+    msg->session = w->session;
     int rc = job->args[0] ? kiln_msg_set_str (&msg->compiler_args, job->args) : 0;
     if (rc == 0)
         rc = kiln_msg_set_str (&msg->compiler_id, job->toolchain.id);
@@ -822,6 +829,7 @@ s_on_ready (kiln_broker_t *self, zframe_t *rid, const char *key, s_worker_t *w,
     w->toolchains = tcs;
     w->n_toolchains = msg->n_toolchains;
     w->slots = (int) msg->slots;
+    w->session = msg->session;
     w->last_seen = w->since = zclock_mono ();
     for (uint32_t i = 0; i < msg->n_blobs; i++)
         s_worker_holds (w, msg->blobs[i].digest);
@@ -866,7 +874,9 @@ s_job_succeed (kiln_broker_t *self, s_job_t *job, s_worker_t *w, kiln_msg_t *msg
         || !(art = kiln_artifact_read_mem (bytes, len, &err))) {
         s_fmt (message, sizeof message, "worker %s returned an unreadable artifact: %s",
                w->name, err.msg);
-        s_job_fail (self, job, KILN_EVERIFY, message, NULL, false);
+        kiln_log_err ("job %llu: %s", (unsigned long long) job->id, message);
+        w->failed++;
+        s_job_requeue (self, job, message, false);
         goto done;
     }
     const kiln_manifest_t *m = kiln_artifact_manifest (art);
@@ -883,7 +893,9 @@ s_job_succeed (kiln_broker_t *self, s_job_t *job, s_worker_t *w, kiln_msg_t *msg
                m->compiler_version, m->target, S_KEY_SHORT, job->action_key, S_KEY_SHORT,
                job->graph_digest, job->toolchain.id, job->toolchain.version,
                job->toolchain.target);
-        s_job_fail (self, job, KILN_EVERIFY, message, NULL, false);
+        kiln_log_err ("job %llu: %s", (unsigned long long) job->id, message);
+        w->failed++;
+        s_job_requeue (self, job, message, false);
         goto done;
     }
     provenance = s_provenance (self, w, job);
@@ -1966,6 +1978,26 @@ s_on_heartbeat (zloop_t *loop, int timer_id, void *arg)
     return 0;
 }
 
+/* A handshake the transport refused: log it (who it was, the transport
+ * does not say; the ZAP status and the reason it does). */
+static int
+s_on_monitor (zloop_t *loop, zsock_t *sock, void *arg)
+{
+    zmsg_t *ev = zmsg_recv (sock);
+    char *name = ev ? zmsg_popstr (ev) : NULL;
+    char *value = ev ? zmsg_popstr (ev) : NULL;
+    if (name && strcmp (name, "HANDSHAKE_FAILED_AUTH") == 0)
+        kiln_log_warn ("refused a connection: its CurveZMQ certificate is not trusted "
+                       "(ZAP status %s)", value ? value : "?");
+    else if (name)
+        kiln_log_warn ("refused a connection: %s (a peer without CurveZMQ, or with another "
+                       "broker's key)", name);
+    zstr_free (&name);
+    zstr_free (&value);
+    zmsg_destroy (&ev);
+    return 0;
+}
+
 /* Turn on CurveZMQ: the broker's certificate, and zauth checking every
  * client and worker against the certificates in trust_dir. */
 static int
@@ -1992,6 +2024,13 @@ s_setup_curve (kiln_broker_t *self, const kiln_broker_config_t *cfg, kiln_err_t 
     zsock_set_curve_server (self->router, 1);
     zsock_set_zap_domain (self->router, "kiln");
     self->curve = true;
+    self->monitor = zactor_new (zmonitor, self->router);
+    if (self->monitor) {
+        zstr_sendx (self->monitor, "LISTEN", "HANDSHAKE_FAILED_NO_DETAIL",
+                    "HANDSHAKE_FAILED_PROTOCOL", "HANDSHAKE_FAILED_AUTH", NULL);
+        zstr_sendx (self->monitor, "START", NULL);
+        zsock_wait (self->monitor);
+    }
     return 0;
 }
 
@@ -2107,7 +2146,21 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
         goto fail;
     }
     zloop_reader_set_tolerant (self->loop, self->router);
+    if (self->monitor
+        && zloop_reader (self->loop, zactor_sock (self->monitor), s_on_monitor, self) != 0) {
+        kiln_error (err, KILN_ESYS, "could not set up the event loop");
+        goto fail;
+    }
     self->started = zclock_mono ();
+    uint8_t random[16];
+    if (RAND_bytes (random, sizeof random) != 1) {
+        kiln_error (err, KILN_ECRYPTO, "no random bytes for the broker's epoch");
+        goto fail;
+    }
+    memcpy (&self->epoch, random, 8);
+    memcpy (&self->next_job_id, random + 8, 8);
+    self->epoch |= 1;
+    self->next_job_id = (self->next_job_id >> 16) + 1;    /* room for 2^16 restarts' worth */
     return self;
 fail:
     kiln_broker_destroy (&self);
@@ -2121,6 +2174,7 @@ kiln_broker_destroy (kiln_broker_t **self_p)
         return;
     kiln_broker_t *self = *self_p;
     zloop_destroy (&self->loop);
+    zactor_destroy (&self->monitor);
     zsock_destroy (&self->router);
     zactor_destroy (&self->auth);
     zlistx_destroy (&self->outbox);

@@ -82,8 +82,10 @@ struct kiln_client {
     char *cert, *broker_cert;        /* owned, or NULL */
     int heartbeat_ms, liveness_ms, broker_timeout_ms;
     zsock_t *dealer;                 /* connected to the broker, or NULL */
+    zactor_t *monitor;               /* zmonitor on dealer: refused handshakes */
     uint64_t next_req;               /* id of the next request */
     uint32_t credit;                 /* chunks the broker lets us send */
+    uint64_t epoch;                  /* the broker instance we talk to, 0 = not known */
     atomic_int in_zmq;               /* chunk frames ZeroMQ still holds */
     kiln_client_stats_t stats;
 };
@@ -107,12 +109,23 @@ s_open (kiln_client_t *self, kiln_err_t *err)
         zsock_destroy (&self->dealer);
         return -err->code;
     }
+    /* A broker that refuses our credentials (or their absence) closes the
+     * connection during the handshake, and would look like silence: the
+     * monitor tells us why instead. */
+    self->monitor = zactor_new (zmonitor, self->dealer);
+    if (self->monitor) {
+        zstr_sendx (self->monitor, "LISTEN", "HANDSHAKE_FAILED_NO_DETAIL",
+                    "HANDSHAKE_FAILED_PROTOCOL", "HANDSHAKE_FAILED_AUTH", NULL);
+        zstr_sendx (self->monitor, "START", NULL);
+        zsock_wait (self->monitor);
+    }
     if (zsock_connect (self->dealer, "%s", self->endpoint) != 0) {
         zsock_destroy (&self->dealer);
         return kiln_error (err, KILN_EINVAL, "could not connect to '%s': %s", self->endpoint,
                            zmq_strerror (zmq_errno ()));
     }
     self->credit = 0;
+    self->epoch = 0;
     return 0;
 }
 
@@ -121,6 +134,7 @@ s_open (kiln_client_t *self, kiln_err_t *err)
 static void
 s_close (kiln_client_t *self)
 {
+    zactor_destroy (&self->monitor);
     zsock_destroy (&self->dealer);
     int64_t until = zclock_mono () + S_DRAIN_MS;
     while (atomic_load (&self->in_zmq) > 0 && zclock_mono () < until)
@@ -128,6 +142,34 @@ s_close (kiln_client_t *self)
     if (atomic_load (&self->in_zmq) > 0)
         kiln_log_err ("ZeroMQ still holds %d chunks after %d ms",
                       atomic_load (&self->in_zmq), S_DRAIN_MS);
+}
+
+/* Read one monitor event; a refused handshake fills `err` and returns
+ * true. */
+static bool
+s_refused (kiln_client_t *self, kiln_err_t *err)
+{
+    zmsg_t *ev = zmsg_recv (self->monitor);
+    char *name = ev ? zmsg_popstr (ev) : NULL;
+    char *value = ev ? zmsg_popstr (ev) : NULL;
+    bool refused = false;
+    if (name && strcmp (name, "HANDSHAKE_FAILED_AUTH") == 0) {
+        kiln_error (err, KILN_EVERIFY, "the broker at %s refused our CurveZMQ certificate "
+                    "(ZAP status %s): is it in the broker's --trust directory?", self->endpoint,
+                    value ? value : "?");
+        refused = true;
+    }
+    else if (name && strncmp (name, "HANDSHAKE_FAILED", 16) == 0) {
+        kiln_error (err, KILN_EPROTO, "the handshake with the broker at %s failed (%s): %s",
+                    self->endpoint, name + 17,
+                    self->cert ? "is it the broker whose certificate we were given?"
+                               : "it may require CurveZMQ (set KILN_CERT and KILN_BROKER_CERT)");
+        refused = true;
+    }
+    zstr_free (&name);
+    zstr_free (&value);
+    zmsg_destroy (&ev);
+    return refused;
 }
 
 static void
@@ -705,6 +747,18 @@ s_handle (s_engine_t *e, kiln_msg_t *msg)
 {
     kiln_client_t *self = e->self;
     kiln_err_t err = { 0 };
+    /* Another broker instance answers: the one we talked to restarted and
+     * forgot our requests, uploads and credit.  What we sent it before it
+     * knew us is answered as nonsense (chunks of uploads it never began):
+     * those answers come before this point is passed for good, and find no
+     * upload to fail. */
+    if (msg->epoch && msg->epoch != self->epoch) {
+        if (self->epoch) {
+            self->credit = 0;
+            s_resend_all (e, false, "the broker restarted");
+        }
+        self->epoch = msg->epoch;
+    }
     if (msg->cmd == KILN_CMD_CREDIT) {
         self->credit += (uint32_t) msg->credit;
         if (msg->digest[0])
@@ -895,12 +949,21 @@ kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, size_t 
             wait = deadline - now;
         if (wait < 0)
             wait = 0;
-        zmq_pollitem_t item = { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 };
-        int got = zmq_poll (&item, 1, (long) wait);
+        zmq_pollitem_t items[2] = {
+            { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 },
+            { self->monitor ? zsock_resolve (self->monitor) : NULL, 0, ZMQ_POLLIN, 0 },
+        };
+        int got = zmq_poll (items, self->monitor ? 2 : 1, (long) wait);
         if (got < 0 && zmq_errno () != EINTR) {
             rc = kiln_error (err, KILN_EIO, "waiting for the broker: %s",
                              zmq_strerror (zmq_errno ()));
             s_cancel_all (&e, KILN_EIO, err->msg);
+            break;
+        }
+        if (got > 0 && self->monitor && (items[1].revents & ZMQ_POLLIN)
+            && s_refused (self, err)) {
+            rc = -err->code;
+            s_cancel_all (&e, err->code, err->msg);
             break;
         }
         for (int k = 0; got > 0 && k < 1024 && e.left > 0; k++) {
@@ -994,9 +1057,17 @@ kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_t *e
                                (int) ((wait_ms > 0 ? wait_ms : 10000) + 999) / 1000);
         if (zsys_interrupted)
             return kiln_error (err, KILN_ECANCELED, "interrupted");
-        zmq_pollitem_t item = { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 };
-        int n = zmq_poll (&item, 1, (long) (left < S_MAX_POLL_MS ? left : S_MAX_POLL_MS));
+        zmq_pollitem_t items[2] = {
+            { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 },
+            { self->monitor ? zsock_resolve (self->monitor) : NULL, 0, ZMQ_POLLIN, 0 },
+        };
+        int n = zmq_poll (items, self->monitor ? 2 : 1,
+                          (long) (left < S_MAX_POLL_MS ? left : S_MAX_POLL_MS));
         if (n <= 0)
+            continue;
+        if (self->monitor && (items[1].revents & ZMQ_POLLIN) && s_refused (self, err))
+            return -err->code;
+        if (!(items[0].revents & ZMQ_POLLIN))
             continue;
         kiln_err_t rerr = { 0 };
         kiln_msg_t *reply = kiln_msg_recv (self->dealer, NULL, NULL, &rerr);

@@ -130,6 +130,8 @@ typedef enum {
     X (message,          STR,   KILN_ERR_MSG_MAX - 1,       "human-readable error message")                     \
     X (log,              STR,   KILN_MAX_LOG_BYTES,         "compiler output (stdout and stderr)")              \
     X (pending,          U64,   UINT64_MAX,                 "requests the broker holds for this connection")    \
+    X (epoch,            U64,   UINT64_MAX,                 "the broker's instance (random at start): a change means it restarted") \
+    X (session,          U64,   UINT64_MAX,                 "a worker's registration: JOBs of an older one are dropped") \
     X (report,           STR,   KILN_PROTO_MAX_REPORT,      "the broker's state as JSON (docs/operations.md)")  \
     X (broker,           STR,   KILN_PROTO_MAX_NAME,        "broker name")                                      \
     X (workers,          U64,   UINT64_MAX,                 "workers registered")                               \
@@ -147,17 +149,17 @@ typedef enum {
        REQ (blobs) OPT (priority) OPT (timeout_ms) OPT (retry_failed) OPT (client))   \
     C (MISSING, KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
        "the broker lacks these blobs: send them as CHUNKs, then COMPILE again",       \
-       REQ (req_id) REQ (blobs) REQ (credit))                                         \
+       REQ (req_id) REQ (blobs) REQ (credit) OPT (epoch))                             \
     C (ACCEPTED, KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                            \
        "the request waits for job job_id (queued, running or shared); RESULT or ERROR follows", \
-       REQ (req_id) REQ (job_id))                                                     \
+       REQ (req_id) REQ (job_id) OPT (epoch))                                         \
     C (CHUNK,   KILN_PEER_CLIENT | KILN_PEER_BROKER,                                  \
        KILN_PEER_BROKER | KILN_PEER_WORKER, CHUNK,                                    \
        "one chunk of a blob (client upload, or broker answer to FETCH)",              \
        OPT (job_id) REQ (digest) REQ (blob_size) REQ (offset))                        \
     C (CREDIT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
        "the client may send `credit` more chunks; `digest`: that blob is stored",     \
-       REQ (credit) OPT (digest))                                                     \
+       REQ (credit) OPT (digest) OPT (epoch))                                         \
     C (RESULT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, ARTIFACT,                         \
        "the signed artifact for a COMPILE",                                           \
        REQ (req_id) REQ (artifact) REQ (action_key) REQ (graph_digest) REQ (cached)   \
@@ -165,7 +167,7 @@ typedef enum {
     C (ERROR,   KILN_PEER_ANY,    KILN_PEER_ANY,    NONE,                             \
        "a request failed or a message was refused",                                   \
        OPT (req_id) OPT (job_id) REQ (code) REQ (message) OPT (log) OPT (cached)      \
-       OPT (digest))                                                                  \
+       OPT (digest) OPT (epoch))                                                      \
     C (CANCEL,  KILN_PEER_CLIENT | KILN_PEER_BROKER,                                  \
        KILN_PEER_BROKER | KILN_PEER_WORKER, NONE,                                     \
        "client: forget request req_id; broker: stop job job_id (no DONE follows)",    \
@@ -185,15 +187,15 @@ typedef enum {
        REQ (req_id) REQ (report))                                                     \
     C (READY,   KILN_PEER_WORKER, KILN_PEER_BROKER, NONE,                             \
        "a worker registers (again) with all its slots free and the blobs it holds",   \
-       REQ (name) REQ (slots) REQ (toolchains) OPT (blobs))                           \
+       REQ (name) REQ (slots) REQ (toolchains) OPT (blobs) OPT (session))             \
     C (HEARTBEAT, KILN_PEER_ANY, KILN_PEER_ANY, NONE,                                 \
        "liveness, every second both ways; a worker names itself, a client hears `pending`", \
-       OPT (pending) OPT (name))                                                                 \
+       OPT (pending) OPT (name) OPT (epoch))                                                                 \
     C (JOB,     KILN_PEER_BROKER, KILN_PEER_WORKER, GRAPH,                            \
        "compile this graph with this toolchain; FETCH what is not inline; answered by DONE", \
        REQ (job_id) REQ (action_key) REQ (graph_digest) OPT (compiler_args)           \
        REQ (compiler_id) REQ (compiler_version) REQ (target) OPT (timeout_ms)         \
-       REQ (struct_size) REQ (blobs))                                                 \
+       REQ (struct_size) REQ (blobs) OPT (session))                                   \
     C (FETCH,   KILN_PEER_WORKER, KILN_PEER_BROKER, NONE,                             \
        "send `count` chunks of a blob from `offset`; answered by CHUNKs",             \
        REQ (job_id) REQ (digest) REQ (offset) REQ (count))                            \

@@ -7,6 +7,10 @@
 
 #include <cblas.h>
 
+#include "common/kiln_pack.h"
+#include "runtime/kiln_exec.h"
+#include "runtime/kiln_gemm.h"
+
 typedef int (*s_prepare_fn) (kiln_program_t *p, kiln_prog_op_t *op,
                              kiln_kplan_t *plan, kiln_err_t *err);
 typedef void (*s_run_fn) (const kiln_kplan_t *plan, void *const *data);
@@ -255,8 +259,9 @@ s_run_RELU (const kiln_kplan_t *plan, void *const *data)
 {
     const float *x = data[plan->in[0]];
     float *y = data[plan->out];
+    /* x < 0 is false for NaN, which passes through. */
     for (int64_t i = 0; i < plan->u.flat.n; i++)
-        y[i] = x[i] > 0.0f ? x[i] : (x[i] != x[i] ? x[i] : 0.0f);
+        y[i] = x[i] < 0.0f ? 0.0f : x[i];
 }
 
 /* --- matrix products ------------------------------------------------ */
@@ -276,6 +281,88 @@ s_get_mnk (kiln_prog_op_t *op, int64_t *m, int64_t *n, int64_t *k,
     return 0;
 }
 
+/* The fused epilogue of conv2d, gemm and matmul: `activation` (with
+ * `act_alpha`, `act_beta`) applied last, and `residual` (1: the last
+ * operand, shaped like the output, is added before the activation). */
+static int
+s_get_epilogue (const kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                kiln_err_t *err)
+{
+    int64_t v;
+    int rc;
+    plan->epi.act = KILN_ACT_NONE;
+    plan->epi.residual = -1;
+    if (kiln_prog_op_has (op, "activation")) {
+        if ((rc = kiln_prog_op_int (op, "activation", &v, err)))
+            return rc;
+        if (v < 0 || v >= KILN_ACT_COUNT)
+            return kiln_error (err, KILN_EFORMAT, "unknown activation %lld",
+                               (long long) v);
+        plan->epi.act = (kiln_act_t) v;
+        double a = 0, b = 0;
+        if (v == KILN_ACT_CLIP
+            && ((rc = kiln_prog_op_float (op, "act_alpha", &a, err))
+                || (rc = kiln_prog_op_float (op, "act_beta", &b, err))))
+            return rc;
+        if (v == KILN_ACT_LEAKY
+            && (rc = kiln_prog_op_float (op, "act_alpha", &a, err)))
+            return rc;
+        if (a != a || b != b)
+            return kiln_error (err, KILN_EFORMAT, "activation bounds are NaN");
+        plan->epi.a = (float) a;
+        plan->epi.b = (float) b;
+    }
+    if (kiln_prog_op_has (op, "residual")) {
+        if ((rc = kiln_prog_op_int (op, "residual", &v, err)))
+            return rc;
+        if (v != 0 && v != 1)
+            return kiln_error (err, KILN_EFORMAT, "residual must be 0 or 1");
+        if (v) {
+            if (plan->n_in < 3)
+                return kiln_error (err, KILN_EFORMAT, "residual needs an operand");
+            plan->epi.residual = plan->n_in - 1;
+            if ((rc = s_need_numel (p, plan->in[plan->n_in - 1],
+                                    s_numel (s_t (p, plan->out)), "the residual",
+                                    err)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static bool
+s_has_epilogue (const kiln_kplan_t *plan)
+{
+    return plan->epi.act != KILN_ACT_NONE || plan->epi.residual >= 0;
+}
+
+/* The epilogue over a whole output, after a BLAS product. */
+static void
+s_epilogue_after (const kiln_kplan_t *plan, void *const *data, float *y,
+                  int64_t n)
+{
+    if (plan->epi.residual >= 0) {
+        const float *r = data[plan->in[plan->epi.residual]];
+        for (int64_t i = 0; i < n; i++)
+            y[i] += r[i];
+    }
+    kiln_act_apply (y, n, plan->epi.act, plan->epi.a, plan->epi.b);
+}
+
+/* `packed_b` (optional, 0/1) */
+static int
+s_get_packed (kiln_prog_op_t *op, const char *name, bool *out, kiln_err_t *err)
+{
+    int64_t v = 0;
+    int rc;
+    if (kiln_prog_op_has (op, name) && (rc = kiln_prog_op_int (op, name, &v, err)))
+        return rc;
+    if (v != 0 && v != 1)
+        return kiln_error (err, KILN_EFORMAT, "%s must be 0 or 1", name);
+    *out = v == 1;
+    return 0;
+}
+
 static int
 s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                   kiln_err_t *err)
@@ -284,7 +371,9 @@ s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (rc)
         return rc;
     int64_t m, n, k;
-    if ((rc = s_get_mnk (op, &m, &n, &k, err)))
+    if ((rc = s_get_mnk (op, &m, &n, &k, err))
+        || (rc = s_get_epilogue (p, op, plan, err))
+        || (rc = s_get_packed (op, "packed_b", &plan->u.mm.packed_b, err)))
         return rc;
     int64_t batch[KILN_PROG_MAX_PARAM_INTS], ba[KILN_PROG_MAX_PARAM_INTS],
         bb[KILN_PROG_MAX_PARAM_INTS];
@@ -310,12 +399,25 @@ s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (!s_mul3 (na, m, k, &want)
         || (rc = s_need_numel (p, plan->in[0], want, "A", err)))
         return rc ? rc : kiln_error (err, KILN_EFORMAT, "A is too large");
-    if (!s_mul3 (nb, k, n, &want)
-        || (rc = s_need_numel (p, plan->in[1], want, "B", err)))
+    if (plan->u.mm.packed_b) {
+        if (nb != 1 || !kiln_pack_b_elems (k, n, &want))
+            return kiln_error (err, KILN_EFORMAT, "a packed B must be one matrix");
+        if ((rc = s_need_numel (p, plan->in[1], want, "packed B", err)))
+            return rc;
+    } else if (!s_mul3 (nb, k, n, &want)
+               || (rc = s_need_numel (p, plan->in[1], want, "B", err)))
         return rc ? rc : kiln_error (err, KILN_EFORMAT, "B is too large");
     if (!s_mul3 (nbatch, m, n, &want)
         || (rc = s_need_numel (p, plan->out, want, "the output", err)))
         return rc ? rc : kiln_error (err, KILN_EFORMAT, "output is too large");
+    /* A, B, then the bias of n (broadcast over rows), then the residual. */
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (extra < 0 || extra > 1)
+        return kiln_error (err, KILN_EFORMAT, "takes A, B, an optional bias and "
+                           "an optional residual");
+    plan->u.mm.bias = extra ? 2 : -1;
+    if (extra && (rc = s_need_numel (p, plan->in[2], n, "the bias", err)))
+        return rc;
 
     plan->u.mm.m = (int) m;
     plan->u.mm.n = (int) n;
@@ -336,7 +438,67 @@ s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.mm.flat = nb == 1 && na == nbatch
                       && !__builtin_mul_overflow (nbatch, m, &rows)
                       && s_blas_ok (rows);
+    plan->u.mm.engine = plan->u.mm.packed_b || plan->u.mm.bias >= 0
+                        || s_has_epilogue (plan);
+    if (plan->u.mm.engine) {
+        int64_t rows_a = plan->u.mm.flat ? nbatch * m : m;
+        plan->ws_bytes = kiln_gemm_ws_bytes (rows_a, n, k, false,
+                                             plan->u.mm.packed_b);
+    }
     return 0;
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+} s_gctx_t;
+
+/* Product `idx` of a matmul run by kiln_gemm: one per batch element, or
+ * one over all rows when the batch is flat. */
+static void
+s_mm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
+{
+    const s_gctx_t *ctx = ctx_;
+    const kiln_kplan_t *plan = ctx->plan;
+    void *const *data = ctx->data;
+    int64_t m = plan->u.mm.m, n = plan->u.mm.n, k = plan->u.mm.k;
+    int64_t oa = 0, ob = 0, rows = m;
+    if (plan->u.mm.flat) {
+        rows = plan->u.mm.nbatch * m;
+    } else {
+        int64_t rest = idx;
+        for (int i = plan->u.mm.rank - 1; i >= 0; i--) {
+            int64_t ii = rest % plan->u.mm.batch[i];
+            rest /= plan->u.mm.batch[i];
+            oa += ii * plan->u.mm.sa[i];
+            ob += ii * plan->u.mm.sb[i];
+        }
+    }
+    float *y = (float *) data[plan->out] + idx * m * n;
+    memset (g, 0, sizeof *g);
+    g->m = rows;
+    g->n = n;
+    g->k = k;
+    g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, (const float *) data[plan->in[0]] + oa,
+                           k, 1, NULL };
+    if (plan->u.mm.packed_b)
+        g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED, data[plan->in[1]], 0, 0, NULL };
+    else
+        g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED,
+                               (const float *) data[plan->in[1]] + ob, n, 1, NULL };
+    g->c = y;
+    g->ldc = n;
+    g->alpha = 1.0f;
+    if (plan->u.mm.bias >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) { data[plan->in[plan->u.mm.bias]],
+                                             0, 1, 1.0f };
+    if (plan->epi.residual >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) data[plan->in[plan->epi.residual]] + idx * m * n,
+            n, 1, 1.0f };
+    g->act = plan->epi.act;
+    g->act_a = plan->epi.a;
+    g->act_b = plan->epi.b;
 }
 
 static void
@@ -347,6 +509,11 @@ s_run_MATMUL (const kiln_kplan_t *plan, void *const *data)
     int m = plan->u.mm.m, n = plan->u.mm.n, k = plan->u.mm.k, r = plan->u.mm.rank;
     if (plan->u.mm.nbatch == 0 || m == 0 || n == 0)
         return;
+    if (plan->u.mm.engine) {
+        s_gctx_t ctx = { plan, data };
+        kiln_gemm_run (s_mm_get, &ctx, plan->u.mm.flat ? 1 : plan->u.mm.nbatch);
+        return;
+    }
     if (k == 0) {
         memset (y, 0, (size_t) (plan->u.mm.nbatch * m * n) * sizeof *y);
         return;
@@ -386,18 +553,27 @@ s_prepare_GEMM (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if ((rc = s_get_mnk (op, &m, &n, &k, err))
         || (rc = kiln_prog_op_int (op, "trans_a", &ta, err))
         || (rc = kiln_prog_op_int (op, "trans_b", &tb, err))
-        || (rc = kiln_prog_op_float (op, "alpha", &alpha, err)))
+        || (rc = kiln_prog_op_float (op, "alpha", &alpha, err))
+        || (rc = s_get_epilogue (p, op, plan, err))
+        || (rc = s_get_packed (op, "packed_b", &plan->u.gemm.packed_b, err)))
         return rc;
     if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1))
         return kiln_error (err, KILN_EFORMAT, "trans_a and trans_b must be 0 or 1");
+    if (plan->u.gemm.packed_b && !kiln_pack_b_elems (k, n, &want))
+        return kiln_error (err, KILN_EFORMAT, "packed B too large");
     if (!s_mul3 (m, k, 1, &want)
         || (rc = s_need_numel (p, plan->in[0], want, "A", err))
-        || !s_mul3 (k, n, 1, &want)
+        || (!plan->u.gemm.packed_b && !s_mul3 (k, n, 1, &want))
+        || (plan->u.gemm.packed_b && !kiln_pack_b_elems (k, n, &want))
         || (rc = s_need_numel (p, plan->in[1], want, "B", err))
         || !s_mul3 (m, n, 1, &want)
         || (rc = s_need_numel (p, plan->out, want, "the output", err)))
         return rc ? rc : kiln_error (err, KILN_EFORMAT, "operands too large");
-    plan->u.gemm.has_c = plan->n_in == 3;
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (extra < 0 || extra > 1)
+        return kiln_error (err, KILN_EFORMAT, "takes A, B, an optional C and an "
+                           "optional residual");
+    plan->u.gemm.has_c = extra == 1;
     if (plan->u.gemm.has_c) {
         int64_t c[2];
         if ((rc = kiln_prog_op_float (op, "beta", &beta, err))
@@ -419,7 +595,45 @@ s_prepare_GEMM (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.gemm.tb = tb;
     plan->u.gemm.alpha = (float) alpha;
     plan->u.gemm.beta = (float) beta;
+    plan->u.gemm.engine = plan->u.gemm.packed_b || s_has_epilogue (plan);
+    if (plan->u.gemm.engine)
+        plan->ws_bytes = kiln_gemm_ws_bytes (m, n, k, false, plan->u.gemm.packed_b);
     return 0;
+}
+
+static void
+s_gemm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
+{
+    const s_gctx_t *ctx = ctx_;
+    const kiln_kplan_t *plan = ctx->plan;
+    void *const *data = ctx->data;
+    int64_t m = plan->u.gemm.m, n = plan->u.gemm.n, k = plan->u.gemm.k;
+    memset (g, 0, sizeof *g);
+    g->m = m;
+    g->n = n;
+    g->k = k;
+    g->a = plan->u.gemm.ta
+           ? (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[0]], 1, m, NULL }
+           : (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[0]], k, 1, NULL };
+    if (plan->u.gemm.packed_b)
+        g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED, data[plan->in[1]], 0, 0, NULL };
+    else if (plan->u.gemm.tb)
+        g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[1]], 1, k, NULL };
+    else
+        g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[1]], n, 1, NULL };
+    g->c = data[plan->out];
+    g->ldc = n;
+    g->alpha = plan->u.gemm.alpha;
+    if (plan->u.gemm.has_c)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            data[plan->in[2]], plan->u.gemm.c0 == 1 ? 0 : plan->u.gemm.c1,
+            plan->u.gemm.c1 == 1 ? 0 : 1, plan->u.gemm.beta };
+    if (plan->epi.residual >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) { data[plan->in[plan->epi.residual]],
+                                             n, 1, 1.0f };
+    g->act = plan->epi.act;
+    g->act_a = plan->epi.a;
+    g->act_b = plan->epi.b;
 }
 
 static void
@@ -430,6 +644,11 @@ s_run_GEMM (const kiln_kplan_t *plan, void *const *data)
     int m = plan->u.gemm.m, n = plan->u.gemm.n, k = plan->u.gemm.k;
     if (m == 0 || n == 0)
         return;
+    if (plan->u.gemm.engine) {
+        s_gctx_t ctx = { plan, data };
+        kiln_gemm_run (s_gemm_get, &ctx, 1);
+        return;
+    }
     float beta = 0.0f;
     if (plan->u.gemm.has_c) {
         /* Y = beta * broadcast(C), then sgemm accumulates alpha * A B. */
@@ -519,12 +738,15 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return rc;
     s_win_t w;
     int64_t group, x[4], y[4], want;
+    bool packed;
     if ((rc = s_get_window (op, &w, err))
-        || (rc = kiln_prog_op_int (op, "group", &group, err)))
+        || (rc = kiln_prog_op_int (op, "group", &group, err))
+        || (rc = s_get_epilogue (p, op, plan, err))
+        || (rc = s_get_packed (op, "packed", &packed, err)))
         return rc;
     const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
     if (!s_nchw (tx, x) || !s_nchw (ty, y) || tx->shape.rank != ty->shape.rank
-        || s_t (p, plan->in[1])->shape.rank != tx->shape.rank)
+        || (!packed && s_t (p, plan->in[1])->shape.rank != tx->shape.rank))
         return kiln_error (err, KILN_EFORMAT, "X, W and Y must all have rank 3 "
                            "or all rank 4");
     if (group < 1 || x[1] % group != 0 || y[1] % group != 0 || y[0] != x[0])
@@ -541,16 +763,29 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (!s_mul3 (cg, w.k[0], w.k[1], &rows) || !s_mul3 (y[2], y[3], 1, &cols)
         || !s_mul3 (y[1], rows, 1, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
-    if ((rc = s_need_numel (p, plan->in[1], want, "W", err)))
+    if (packed && !kiln_pack_conv_elems (y[1], cg, w.k[0], w.k[1], group, &want))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large");
+    if ((rc = s_need_numel (p, plan->in[1], want, packed ? "packed W" : "W", err)))
         return rc;
     if (!s_blas_ok (rows) || !s_blas_ok (cols) || !s_blas_ok (mg))
         return kiln_error (err, KILN_EFORMAT, "convolution too large for BLAS");
-    plan->u.conv.bias = plan->n_in == 3;
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (extra < 0 || extra > 1)
+        return kiln_error (err, KILN_EFORMAT, "takes X, W, an optional bias and "
+                           "an optional residual");
+    plan->u.conv.bias = extra == 1;
     if (plan->u.conv.bias && (rc = s_need_numel (p, plan->in[2], y[1], "bias", err)))
         return rc;
-    plan->u.conv.im2col = !(w.k[0] == 1 && w.k[1] == 1 && w.s[0] == 1
-                            && w.s[1] == 1 && w.p[0] == 0 && w.p[1] == 0
-                            && w.p[2] == 0 && w.p[3] == 0);
+    plan->u.conv.pointwise = w.k[0] == 1 && w.k[1] == 1 && w.s[0] == 1
+                             && w.s[1] == 1 && w.p[0] == 0 && w.p[1] == 0
+                             && w.p[2] == 0 && w.p[3] == 0;
+    plan->u.conv.packed = packed;
+    /* Without packed weights and without a workspace, one input channel
+     * per group runs the direct depthwise loops; anything else unpacked
+     * goes through im2col and sgemm. */
+    plan->u.conv.depthwise = !packed && cg == 1 && plan->scratch < 0;
+    plan->u.conv.im2col = !packed && !plan->u.conv.depthwise
+                          && !plan->u.conv.pointwise;
     if (plan->u.conv.im2col) {
         int64_t need;
         if (!s_mul3 (rows, cols, 1, &need))
@@ -575,6 +810,15 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.conv.pt = w.p[0];
     plan->u.conv.pl = w.p[1];
     plan->u.conv.group = group;
+    if (packed) {
+        kiln_pack_conv_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
+        plan->u.conv.geo = (kiln_gconv_t) {
+            .c = cg, .h = x[2], .w = x[3], .oh = y[2], .ow = y[3],
+            .kh = w.k[0], .kw = w.k[1], .sh = w.s[0], .sw = w.s[1],
+            .dh = w.d[0], .dw = w.d[1], .pt = w.p[0], .pl = w.p[1] };
+        /* B is packed block by block, even a pointwise one read in place */
+        plan->ws_bytes = kiln_gemm_ws_bytes (mg, cols, rows, true, false);
+    }
     return 0;
 }
 
@@ -609,20 +853,149 @@ s_im2col (const kiln_kplan_t *plan, const float *x, int64_t cg, float *col)
             }
 }
 
+/* Product `idx` (batch element idx / group, group idx % group) of a
+ * convolution with packed weights. */
+static void
+s_conv_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
+{
+    const s_gctx_t *ctx = ctx_;
+    const kiln_kplan_t *plan = ctx->plan;
+    void *const *data = ctx->data;
+    int64_t groups = plan->u.conv.group, ni = idx / groups, gi = idx % groups;
+    int64_t cg = plan->u.conv.c / groups, mg = plan->u.conv.m / groups;
+    int64_t hw = plan->u.conv.h * plan->u.conv.w;
+    int64_t ohw = plan->u.conv.oh * plan->u.conv.ow;
+    const float *x = (const float *) data[plan->in[0]]
+                     + (ni * plan->u.conv.c + gi * cg) * hw;
+    int64_t yoff = (ni * plan->u.conv.m + gi * mg) * ohw;
+    memset (g, 0, sizeof *g);
+    g->m = mg;
+    g->n = ohw;
+    g->k = cg * plan->u.conv.kh * plan->u.conv.kw;
+    g->a = (kiln_gsrc_t) { KILN_GSRC_PACKED,
+                           (const float *) data[plan->in[1]] + gi * plan->u.conv.wpg,
+                           0, 0, NULL };
+    if (plan->u.conv.pointwise)
+        g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, x, hw, 1, NULL };
+    else
+        g->b = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &plan->u.conv.geo };
+    g->c = (float *) data[plan->out] + yoff;
+    g->ldc = ohw;
+    g->alpha = 1.0f;
+    if (plan->u.conv.bias)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) data[plan->in[2]] + gi * mg, 1, 0, 1.0f };
+    if (plan->epi.residual >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) data[plan->in[plan->epi.residual]] + yoff, ohw, 1, 1.0f };
+    g->act = plan->epi.act;
+    g->act_a = plan->epi.a;
+    g->act_b = plan->epi.b;
+}
+
+/* Output planes [first, first + count) of a depthwise convolution: each
+ * output row accumulates one shifted input row per tap. */
+static void
+s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
+             int64_t count)
+{
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    const float *res = plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL;
+    float *y = data[plan->out];
+    int64_t h = plan->u.conv.h, w = plan->u.conv.w;
+    int64_t oh = plan->u.conv.oh, ow = plan->u.conv.ow;
+    int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw;
+    int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    int64_t mg = plan->u.conv.m / plan->u.conv.group;
+    for (int64_t pl = first; pl < first + count; pl++) {
+        int64_t ni = pl / plan->u.conv.m, o = pl % plan->u.conv.m;
+        /* Output channel o reads input channel o / mg (one per group). */
+        const float *xp = x + (ni * plan->u.conv.c + o / mg) * h * w;
+        const float *wp = wt + o * kh * kw;
+        float *yp = y + pl * oh * ow;
+        float b = bias ? bias[o] : 0.0f;
+        for (int64_t r = 0; r < oh; r++) {
+            float *yr = yp + r * ow;
+            for (int64_t q = 0; q < ow; q++)
+                yr[q] = b;
+            for (int64_t i = 0; i < kh; i++) {
+                int64_t ih = r * sh - plan->u.conv.pt + i * plan->u.conv.dh;
+                if (ih < 0 || ih >= h)
+                    continue;
+                const float *xr = xp + ih * w;
+                for (int64_t j = 0; j < kw; j++) {
+                    float wv = wp[i * kw + j];
+                    int64_t off = j * plan->u.conv.dw - plan->u.conv.pl;
+                    /* q with 0 <= q·sw + off < w */
+                    int64_t qlo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+                    int64_t qhi = off > w - 1 ? 0 : (w - 1 - off) / sw + 1;
+                    if (qhi > ow)
+                        qhi = ow;
+                    if (sw == 1) {
+                        const float *xs = xr + off;
+                        for (int64_t q = qlo; q < qhi; q++)
+                            yr[q] += wv * xs[q];
+                    } else {
+                        for (int64_t q = qlo; q < qhi; q++)
+                            yr[q] += wv * xr[q * sw + off];
+                    }
+                }
+            }
+            if (res) {
+                const float *rr = res + pl * oh * ow + r * ow;
+                for (int64_t q = 0; q < ow; q++)
+                    yr[q] += rr[q];
+            }
+            kiln_act_apply (yr, ow, plan->epi.act, plan->epi.a, plan->epi.b);
+        }
+    }
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    int64_t planes, per;
+} s_dw_t;
+
+static void
+s_dw_task (void *arg, int task, int worker)
+{
+    const s_dw_t *d = arg;
+    int64_t first = (int64_t) task * d->per;
+    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
+    s_dw_planes (d->plan, d->data, first, count);
+}
+
 static void
 s_run_CONV2D (const kiln_kplan_t *plan, void *const *data)
 {
+    int64_t g = plan->u.conv.group;
+    int64_t ohw = plan->u.conv.oh * plan->u.conv.ow;
+    if (ohw == 0 || plan->u.conv.m == 0 || plan->u.conv.n == 0)
+        return;
+    if (plan->u.conv.packed) {
+        s_gctx_t ctx = { plan, data };
+        kiln_gemm_run (s_conv_get, &ctx, plan->u.conv.n * g);
+        return;
+    }
+    if (plan->u.conv.depthwise) {
+        int64_t planes = plan->u.conv.n * plan->u.conv.m;
+        int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
+        if (tasks > planes)
+            tasks = planes;
+        s_dw_t d = { plan, data, planes, (planes + tasks - 1) / tasks };
+        kiln_exec_parallel (s_dw_task, &d, (int) ((planes + d.per - 1) / d.per));
+        return;
+    }
     const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
     const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
     float *y = data[plan->out];
     float *col = plan->u.conv.im2col ? data[plan->scratch] : NULL;
-    int64_t g = plan->u.conv.group;
     int64_t cg = plan->u.conv.c / g, mg = plan->u.conv.m / g;
     int64_t hw = plan->u.conv.h * plan->u.conv.w;
-    int64_t ohw = plan->u.conv.oh * plan->u.conv.ow;
     int64_t rows = cg * plan->u.conv.kh * plan->u.conv.kw;
-    if (ohw == 0 || mg == 0)
-        return;
     for (int64_t n = 0; n < plan->u.conv.n; n++)
         for (int64_t gi = 0; gi < g; gi++) {
             const float *xg = x + (n * plan->u.conv.c + gi * cg) * hw;
@@ -633,7 +1006,7 @@ s_run_CONV2D (const kiln_kplan_t *plan, void *const *data)
                 s_im2col (plan, xg, cg, col);
                 bmat = col;
             }
-            if (rows == 0)
+            if (rows == 0 || mg == 0)
                 memset (yg, 0, (size_t) (mg * ohw) * sizeof *yg);
             else
                 cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, (int) mg,
@@ -647,6 +1020,8 @@ s_run_CONV2D (const kiln_kplan_t *plan, void *const *data)
                         row[i] += bv;
                 }
         }
+    if (s_has_epilogue (plan))
+        s_epilogue_after (plan, data, y, plan->u.conv.n * plan->u.conv.m * ohw);
 }
 
 static int
@@ -821,6 +1196,7 @@ kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
     memcpy (plan->in, op->inputs, sizeof plan->in);
     plan->out = op->outputs[0];
     plan->scratch = op->scratch;
+    plan->epi.residual = -1;
     op->params_used = 0;
     int rc = s_table[op->kernel].prepare (p, op, plan, err);
     if (rc == 0)

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "common/kiln_program.h"
+#include "runtime/kiln_gemm.h"
 #include "runtime/kiln_kernels_math.h"
 #include "runtime/kiln_kernels_shape.h"
 
@@ -36,6 +37,12 @@ typedef struct kiln_kplan {
     int n_in;
     int out;                        /* result tensor index */
     int scratch;                    /* workspace tensor index or -1 */
+    size_t ws_bytes;                /* per-worker workspace (kiln_exec.h) */
+    struct {                        /* fused epilogue: conv2d, gemm, matmul */
+        kiln_act_t act;
+        float a, b;                 /* clip's bounds, leaky_relu's slope */
+        int residual;               /* operand index of the residual or -1 */
+    } epi;
     union {
         struct {                    /* add, sub, mul, div */
             int rank;               /* after merging dimensions, >= 1 */
@@ -54,6 +61,9 @@ typedef struct kiln_kplan {
             int64_t sb[KILN_MAX_RANK];
             int64_t nbatch;
             bool flat;              /* B shared: one sgemm over all rows */
+            bool engine;            /* kiln_gemm (packed B or an epilogue) */
+            bool packed_b;          /* B is the weight, packed */
+            int bias;               /* operand index of the bias or -1 */
         } mm;
         struct {                    /* gemm */
             int m, n, k;
@@ -61,12 +71,19 @@ typedef struct kiln_kplan {
             float alpha, beta;
             bool has_c;
             int64_t c0, c1;         /* C's shape broadcast to [m, n] */
+            bool engine;            /* kiln_gemm (packed B or an epilogue) */
+            bool packed_b;          /* op(B) is the weight, packed */
         } gemm;
         struct {                    /* conv2d */
             int64_t n, c, h, w, m, oh, ow;
             int64_t kh, kw, sh, sw, dh, dw, pt, pl;
             int64_t group;
             bool bias, im2col;
+            bool packed;            /* W packed (kiln_pack.h): kiln_gemm */
+            bool depthwise;         /* one channel per group, direct loops */
+            bool pointwise;         /* 1x1, stride 1, unpadded */
+            int64_t wpg;            /* packed W floats per group */
+            kiln_gconv_t geo;       /* one group's geometry for kiln_gemm */
         } conv;
         struct {                    /* maxpool2d */
             int64_t planes, h, w, oh, ow;

@@ -9,6 +9,7 @@
 
 #include "common/kiln_program.h"
 #include "runtime/kiln_cores.h"
+#include "runtime/kiln_exec.h"
 #include "runtime/kiln_kernels.h"
 #include "runtime/kiln_rt_priv.h"
 
@@ -22,6 +23,7 @@ struct kiln_model {
     kiln_artifact_t *art;           /* verified artifact: manifest, members */
     kiln_program_t *prog;           /* decoded and checked program */
     kiln_kplan_t *plans;            /* one per op */
+    kiln_exec_t *exec;              /* workspace, profile (kiln_exec.h) */
     uint8_t *arena;                 /* 64-byte aligned, prog->arena_size */
     const uint8_t *weights;         /* weights.bin, in art or weights_copy */
     uint8_t *weights_copy;          /* aligned copy when the member is not */
@@ -100,6 +102,7 @@ kiln_model_destroy (kiln_model_t **self_p)
         return;
     kiln_model_t *m = *self_p;
     pthread_mutex_destroy (&m->lock);
+    kiln_exec_destroy (&m->exec);
     free (m->data);
     free (m->plans);
     free (m->arena);
@@ -194,6 +197,8 @@ s_prepare (kiln_model_t *m, kiln_err_t *err)
     for (int i = 0; i < p->n_ops; i++)
         if ((rc = kiln_kernel_prepare (p, i, &m->plans[i], err)))
             return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
+    if (!(m->exec = kiln_exec_new (p, m->plans, err)))
+        return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
 
     /* Weights are used where they lie when malloc-aligned (every weight's
      * offset is a multiple of 64, and no kernel needs more than 16 bytes
@@ -321,8 +326,7 @@ kiln_model_run_here (kiln_model_t *m, const kiln_rt_tensor_t *inputs,
         int t = p->inputs[i];
         memcpy (m->data[t], inputs[i].data, (size_t) p->tensors[t].size);
     }
-    for (int i = 0; i < p->n_ops; i++)
-        kiln_kernel_run (&m->plans[i], m->data);
+    kiln_exec_run (m->exec, m->data);
     for (int i = 0; i < n_outputs; i++) {
         int t = p->outputs[i];
         outputs[i].dtype = man->outputs[i].dtype;

@@ -1,11 +1,14 @@
 /*
  * kiln-run — verify an artifact, run it once on .npy inputs and write one
- * OUTPUTNAME.npy per output.  Links only libkilnrt.
+ * OUTPUTNAME.npy per output; with --bench N, time N runs after a warm-up
+ * (like onnxruntime_perf_test or trtexec).  Links only libkilnrt.
  */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include "common/kiln_fs.h"
 #include "runtime/kiln_npy.h"
@@ -16,6 +19,7 @@
 static const char s_usage[] =
     "usage: kiln-run ARTIFACT.kar --keyring DIR --input NAME=x.npy ...\n"
     "                --output-dir DIR [--dynamic-batch [--replicas N]]\n"
+    "                [--bench N [--json]]\n"
     "\n"
     "Verify ARTIFACT.kar against the public keys in the keyring, run it once\n"
     "and write one OUTPUTNAME.npy per output into the output directory.\n"
@@ -28,7 +32,29 @@ static const char s_usage[] =
     "                   outputs are joined and trimmed\n"
     "  --replicas N     with --dynamic-batch: load the model N times, one per\n"
     "                   core round-robin (default: one per core, at most one\n"
-    "                   per chunk)\n";
+    "                   per chunk)\n"
+    "  --bench N        after a warm-up, run N more times and print the latency\n"
+    "                   per inference (min, median, p99, mean) and the peak\n"
+    "                   RSS; --output-dir is then optional.  Intra-op threads:\n"
+    "                   KILN_RT_THREADS; per-kernel times: KILN_RT_PROFILE=1\n"
+    "  --json           with --bench: print one JSON object instead\n";
+
+#define S_MAX_BENCH 1000000
+
+static int
+s_cmp_double (const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
+static double
+s_now_ms (void)
+{
+    struct timespec ts;
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
+}
 
 #define S_MAX_REPLICAS 1024
 
@@ -63,8 +89,8 @@ main (int argc, char **argv)
     const char *artifact = NULL, *keyring = NULL, *outdir = NULL;
     const char *specs[S_MAX_INPUTS];
     int n_specs = 0;
-    bool dynamic = false;
-    long replicas_opt = 0;
+    bool dynamic = false, json = false;
+    long replicas_opt = 0, bench = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp (a, "-h") == 0 || strcmp (a, "--help") == 0) {
@@ -74,6 +100,19 @@ main (int argc, char **argv)
         const char **slot = NULL;
         if (strcmp (a, "--dynamic-batch") == 0) {
             dynamic = true;
+            continue;
+        }
+        if (strcmp (a, "--json") == 0) {
+            json = true;
+            continue;
+        }
+        if (strcmp (a, "--bench") == 0) {
+            char *end = NULL;
+            bench = i + 1 < argc ? strtol (argv[++i], &end, 10) : 0;
+            if (!end || *end || bench < 1 || bench > S_MAX_BENCH) {
+                fprintf (stderr, "kiln-run: --bench wants 1..%d\n", S_MAX_BENCH);
+                return 1;
+            }
             continue;
         }
         if (strcmp (a, "--replicas") == 0) {
@@ -110,10 +149,12 @@ main (int argc, char **argv)
         }
         *slot = argv[++i];
     }
-    if (!artifact || !keyring || !outdir) {
+    if (!artifact || !keyring || (!outdir && !bench)) {
         fputs (s_usage, stderr);
         return s_fail ("an artifact, --keyring and --output-dir are required");
     }
+    if (json && !bench)
+        return s_fail ("--json goes with --bench");
     if (replicas_opt && !dynamic)
         return s_fail ("--replicas goes with --dynamic-batch");
 
@@ -222,10 +263,52 @@ main (int argc, char **argv)
             goto done;
         }
     }
-    if ((dynamic ? kiln_model_run_batched (replicas, n_replicas, ins, n_in, outs,
-                                           n_out, &err)
-                 : kiln_model_run (model, ins, n_in, outs, n_out, &err))
-        || kiln_mkdir_p (outdir, 0755, &err))
+    /* The first run is part of the warm-up when benchmarking. */
+    long warmup = bench / 10 < 1 ? 1 : bench / 10 > 10 ? 10 : bench / 10;
+    double *times = bench ? calloc ((size_t) bench, sizeof *times) : NULL;
+    if (bench && !times) {
+        snprintf (msg, sizeof msg, "out of memory");
+        goto done;
+    }
+    for (long r = 0; r < (bench ? warmup + bench : 1); r++) {
+        double t0 = s_now_ms ();
+        if (dynamic ? kiln_model_run_batched (replicas, n_replicas, ins, n_in, outs,
+                                              n_out, &err)
+                    : kiln_model_run (model, ins, n_in, outs, n_out, &err)) {
+            free (times);
+            goto done;
+        }
+        if (bench && r >= warmup)
+            times[r - warmup] = s_now_ms () - t0;
+    }
+    if (bench) {
+        double sum = 0;
+        for (long r = 0; r < bench; r++)
+            sum += times[r];
+        qsort (times, (size_t) bench, sizeof *times, s_cmp_double);
+        long p99 = (long) ((double) bench * 0.99 + 0.999999) - 1;
+        struct rusage ru;
+        long rss_kib = getrusage (RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+        const char *thr = getenv ("KILN_RT_THREADS");
+        if (json)
+            printf ("{\"runs\":%ld,\"warmup\":%ld,\"min_ms\":%.4f,\"median_ms\":"
+                    "%.4f,\"p99_ms\":%.4f,\"mean_ms\":%.4f,\"peak_rss_kib\":%ld}\n",
+                    bench, warmup, times[0], times[bench / 2],
+                    times[p99 < 0 ? 0 : p99], sum / (double) bench, rss_kib);
+        else
+            printf ("%ld runs after %ld warm-up (KILN_RT_THREADS=%s)\n"
+                    "latency per inference: min %.3f ms, median %.3f ms, "
+                    "p99 %.3f ms, mean %.3f ms\npeak RSS: %.1f MiB\n", bench,
+                    warmup, thr ? thr : "default", times[0], times[bench / 2],
+                    times[p99 < 0 ? 0 : p99], sum / (double) bench,
+                    (double) rss_kib / 1024.0);
+    }
+    free (times);
+    if (!outdir) {
+        status = 0;
+        goto done;
+    }
+    if (kiln_mkdir_p (outdir, 0755, &err))
         goto done;
 
     /* Output names may collide once sanitized: later ones get a suffix. */

@@ -95,10 +95,12 @@ struct kiln_worker {
     bool own_cache;                      /* remove it at exit */
     kiln_blobcache_t *cache;
     zsock_t *dealer;                     /* to the broker; NULL when down */
+    zactor_t *monitor;                   /* zmonitor on dealer: refused handshakes */
     zloop_t *loop;
     s_run_t **runs;                      /* cfg.slots entries, NULL = free */
     zhashx_t *fetches;                   /* hex digest -> s_fetch_t (owns) */
     int64_t broker_seen;                 /* zclock_mono of the broker's last message */
+    uint64_t session;                    /* of our last READY; JOBs of older ones are stale */
     bool reconnect;                      /* the loop stopped to reconnect */
 };
 
@@ -126,6 +128,7 @@ s_send_ready (kiln_worker_t *self)
     if (!msg)
         return;
     msg->slots = (uint64_t) self->cfg.slots;
+    msg->session = ++self->session;
     int rc = kiln_msg_set_str (&msg->name, self->name);
     for (int i = 0; rc == 0 && i < self->n_toolchains; i++) {
         char tc[KILN_PROTO_MAX_TOOLCHAIN + 1];
@@ -739,6 +742,13 @@ static void
 s_on_job (kiln_worker_t *self, kiln_msg_t *msg)
 {
     kiln_err_t err = { 0 };
+    if (msg->session && msg->session != self->session) {
+        /* Given before our last READY, which made the broker take it back. */
+        kiln_log_info ("job %llu: given to an earlier registration (session %llu, now %llu); "
+                       "ignored", (unsigned long long) msg->job_id,
+                       (unsigned long long) msg->session, (unsigned long long) self->session);
+        return;
+    }
     int slot = -1;
     for (int i = 0; i < self->cfg.slots && slot < 0; i++)
         if (!self->runs[i])
@@ -936,8 +946,32 @@ s_disconnect (kiln_worker_t *self)
 {
     if (!self->dealer)
         return;
+    if (self->monitor) {
+        zloop_reader_end (self->loop, zactor_sock (self->monitor));
+        zactor_destroy (&self->monitor);
+    }
     zloop_reader_end (self->loop, self->dealer);
     zsock_destroy (&self->dealer);
+}
+
+/* The broker refused our handshake: say why (the transport keeps trying,
+ * so that a certificate added to the broker's --trust later lets us in). */
+static int
+s_on_monitor (zloop_t *loop, zsock_t *sock, void *arg)
+{
+    kiln_worker_t *self = arg;
+    zmsg_t *ev = zmsg_recv (sock);
+    char *name = ev ? zmsg_popstr (ev) : NULL;
+    if (name && strcmp (name, "HANDSHAKE_FAILED_AUTH") == 0)
+        kiln_log_err ("the broker at %s refused this worker's certificate: is it in the "
+                      "broker's --trust directory?", self->endpoint);
+    else if (name)
+        kiln_log_err ("the handshake with the broker at %s failed (%s): %s", self->endpoint,
+                      name, self->cfg.cert_path ? "is it the broker whose certificate we have?"
+                      : "it may require CurveZMQ (--cert and --broker-cert)");
+    zstr_free (&name);
+    zmsg_destroy (&ev);
+    return 0;
 }
 
 static int
@@ -958,13 +992,21 @@ s_connect (kiln_worker_t *self, kiln_err_t *err)
         zsock_destroy (&self->dealer);
         return -err->code;
     }
+    self->monitor = zactor_new (zmonitor, self->dealer);
+    if (self->monitor) {
+        zstr_sendx (self->monitor, "LISTEN", "HANDSHAKE_FAILED_NO_DETAIL",
+                    "HANDSHAKE_FAILED_PROTOCOL", "HANDSHAKE_FAILED_AUTH", NULL);
+        zstr_sendx (self->monitor, "START", NULL);
+        zsock_wait (self->monitor);
+        zloop_reader (self->loop, zactor_sock (self->monitor), s_on_monitor, self);
+    }
     if (zsock_connect (self->dealer, "%s", self->endpoint) != 0) {
-        zsock_destroy (&self->dealer);
+        s_disconnect (self);
         return kiln_error (err, KILN_EINVAL, "could not connect to '%s': %s", self->endpoint,
                            zmq_strerror (zmq_errno ()));
     }
     if (zloop_reader (self->loop, self->dealer, s_on_message, self) != 0) {
-        zsock_destroy (&self->dealer);
+        s_disconnect (self);
         return kiln_error (err, KILN_ESYS, "could not watch the socket");
     }
     zloop_reader_set_tolerant (self->loop, self->dealer);
@@ -1095,6 +1137,9 @@ kiln_worker_new (const kiln_worker_config_t *cfg, kiln_err_t *err)
         goto fail;
     }
     zhashx_set_destructor (self->fetches, (zhashx_destructor_fn *) s_fetch_destroy);
+    /* Sessions are per process; starting at the clock keeps them apart
+     * across restarts too. */
+    self->session = (uint64_t) zclock_time ();
     self->cfg.endpoint = self->endpoint;
     self->cfg.name = NULL;
     self->cfg.cc_path = NULL;

@@ -1,0 +1,55 @@
+/*
+ * kiln_pack — the packed weight layouts of the program format, written
+ * once for the compiler (which packs constant weights when it emits a
+ * program) and the runtime (whose matrix-product engine reads them, and
+ * packs activations the same way while it runs).
+ *
+ * A matrix product C[m, n] = A[m, k] · B[k, n] is computed in tiles of
+ * KILN_PACK_MR rows by KILN_PACK_NR columns.  Packed, each operand is a
+ * sequence of panels that the tile loop reads front to back:
+ *
+ *   A packed: ceil(m / MR) panels; panel p holds rows p·MR .. p·MR+MR-1,
+ *             k-major: element (p·MR + r, kk) at [p][kk][r], i.e.
+ *             p·k·MR + kk·MR + r.  Rows past m are zero.
+ *   B packed: ceil(n / NR) panels; panel q holds columns q·NR .. q·NR+NR-1,
+ *             k-major: element (kk, q·NR + j) at q·k·NR + kk·NR + j.
+ *             Columns past n are zero.
+ *
+ * A convolution's weights W[M, C/group, kh, kw] are, per group, the A
+ * operand with rows = that group's output channels and k running
+ * tap-major: kk = (i·kw + j)·(C/group) + c for tap (i, j) and input
+ * channel c, so that a run of k for one tap reads the same place of
+ * consecutive input planes.  The packed conv weights are the groups'
+ * packed A operands one after the other.
+ *
+ * These layouts are part of the program format (docs/program-format.md):
+ * changing them changes what a `packed` weight means.
+ */
+#ifndef KILN_PACK_H
+#define KILN_PACK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define KILN_PACK_MR 8      /* rows of an A panel */
+#define KILN_PACK_NR 32     /* columns of a B panel */
+
+/* Elements of packed A for [m, k] (ceil(m / MR)·MR·k), and of packed B
+ * for [k, n]; false on overflow of int64_t. */
+bool kiln_pack_a_elems (int64_t m, int64_t k, int64_t *out);
+bool kiln_pack_b_elems (int64_t k, int64_t n, int64_t *out);
+/* Elements of packed conv weights: group · packed A of [M/group, K]. */
+bool kiln_pack_conv_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
+                           int64_t group, int64_t *out);
+
+/* Pack A[m, k], element (i, kk) at a[i·rs + kk·cs], into out (A packed). */
+void kiln_pack_a (const float *a, int64_t m, int64_t k, int64_t rs, int64_t cs,
+                  float *out);
+/* Pack B[k, n], element (kk, j) at b[kk·rs + j·cs], into out (B packed). */
+void kiln_pack_b (const float *b, int64_t k, int64_t n, int64_t rs, int64_t cs,
+                  float *out);
+/* Pack conv weights w[m, cg, kh, kw] (ONNX layout, all groups) into out. */
+void kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh,
+                     int64_t kw, int64_t group, float *out);
+
+#endif

@@ -1,0 +1,540 @@
+/*
+ * kiln_gemm — packed matrix products with fused epilogues.  See
+ * kiln_gemm.h for the contract and common/kiln_pack.h for the layouts.
+ */
+#include "runtime/kiln_gemm.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "runtime/kiln_exec.h"
+
+#define MR KILN_PACK_MR
+#define NR KILN_PACK_NR
+
+/* Blocking.  k runs in blocks of at most S_KC (the B block of a tile is
+ * S_KC × S_NC floats, 256 KiB, in L2; an A panel, S_KC × MR, in L1).  A
+ * block of A packed at run time holds at most S_MC rows. */
+#define S_KC 256
+#define S_NC 256
+#define S_MC 256
+
+static int64_t
+s_min (int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+static int64_t
+s_round_up (int64_t v, int64_t to)
+{
+    return (v + to - 1) / to * to;
+}
+
+/* --- micro-kernels ---------------------------------------------------
+ * c[MR × NR] (row stride ldc) = (accumulate ? c : 0) + a-panel · b-panel
+ * over kc steps; a holds MR floats per step, b NR. */
+typedef void (s_ukr_fn) (int64_t kc, const float *a, const float *b, float *c,
+                         int64_t ldc, bool accumulate);
+
+static void
+s_ukr_generic (int64_t kc, const float *a, const float *b, float *c,
+               int64_t ldc, bool accumulate)
+{
+    float acc[MR][NR];
+    memset (acc, 0, sizeof acc);
+    for (int64_t k = 0; k < kc; k++, a += MR, b += NR)
+        for (int r = 0; r < MR; r++)
+            for (int j = 0; j < NR; j++)
+                acc[r][j] += a[r] * b[j];
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NR; j++)
+            c[r * ldc + j] = accumulate ? c[r * ldc + j] + acc[r][j] : acc[r][j];
+}
+
+#if defined(__x86_64__)
+
+__attribute__ ((target ("avx512f"))) static void
+s_ukr_avx512 (int64_t kc, const float *a, const float *b, float *c,
+              int64_t ldc, bool accumulate)
+{
+    __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
+    __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
+    __m512 c20 = _mm512_setzero_ps (), c21 = _mm512_setzero_ps ();
+    __m512 c30 = _mm512_setzero_ps (), c31 = _mm512_setzero_ps ();
+    __m512 c40 = _mm512_setzero_ps (), c41 = _mm512_setzero_ps ();
+    __m512 c50 = _mm512_setzero_ps (), c51 = _mm512_setzero_ps ();
+    __m512 c60 = _mm512_setzero_ps (), c61 = _mm512_setzero_ps ();
+    __m512 c70 = _mm512_setzero_ps (), c71 = _mm512_setzero_ps ();
+#define S_ROW(r)                                                  \
+    do {                                                          \
+        __m512 ar = _mm512_set1_ps (a[r]);                        \
+        c##r##0 = _mm512_fmadd_ps (ar, b0, c##r##0);              \
+        c##r##1 = _mm512_fmadd_ps (ar, b1, c##r##1);              \
+    } while (0)
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_loadu_ps (b), b1 = _mm512_loadu_ps (b + 16);
+        S_ROW (0); S_ROW (1); S_ROW (2); S_ROW (3);
+        S_ROW (4); S_ROW (5); S_ROW (6); S_ROW (7);
+        a += MR;
+        b += NR;
+    }
+#undef S_ROW
+#define S_STORE(r)                                                            \
+    do {                                                                      \
+        float *cr = c + (r) * ldc;                                            \
+        if (accumulate) {                                                     \
+            c##r##0 = _mm512_add_ps (c##r##0, _mm512_loadu_ps (cr));          \
+            c##r##1 = _mm512_add_ps (c##r##1, _mm512_loadu_ps (cr + 16));     \
+        }                                                                     \
+        _mm512_storeu_ps (cr, c##r##0);                                       \
+        _mm512_storeu_ps (cr + 16, c##r##1);                                  \
+    } while (0)
+    S_STORE (0); S_STORE (1); S_STORE (2); S_STORE (3);
+    S_STORE (4); S_STORE (5); S_STORE (6); S_STORE (7);
+#undef S_STORE
+}
+
+/* Rows r0..r0+3, columns h..h+15 of the tile: 8 accumulators, which is
+ * what sixteen ymm registers allow next to the operands. */
+__attribute__ ((target ("avx2,fma"))) static void
+s_ukr_avx2_4x16 (int64_t kc, const float *a, const float *b, float *c,
+                 int64_t ldc, bool accumulate)
+{
+    __m256 c00 = _mm256_setzero_ps (), c01 = _mm256_setzero_ps ();
+    __m256 c10 = _mm256_setzero_ps (), c11 = _mm256_setzero_ps ();
+    __m256 c20 = _mm256_setzero_ps (), c21 = _mm256_setzero_ps ();
+    __m256 c30 = _mm256_setzero_ps (), c31 = _mm256_setzero_ps ();
+#define S_ROW(r)                                                  \
+    do {                                                          \
+        __m256 ar = _mm256_broadcast_ss (a + (r));                \
+        c##r##0 = _mm256_fmadd_ps (ar, b0, c##r##0);              \
+        c##r##1 = _mm256_fmadd_ps (ar, b1, c##r##1);              \
+    } while (0)
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_loadu_ps (b), b1 = _mm256_loadu_ps (b + 8);
+        S_ROW (0); S_ROW (1); S_ROW (2); S_ROW (3);
+        a += MR;
+        b += NR;
+    }
+#undef S_ROW
+#define S_STORE(r)                                                            \
+    do {                                                                      \
+        float *cr = c + (r) * ldc;                                            \
+        if (accumulate) {                                                     \
+            c##r##0 = _mm256_add_ps (c##r##0, _mm256_loadu_ps (cr));          \
+            c##r##1 = _mm256_add_ps (c##r##1, _mm256_loadu_ps (cr + 8));      \
+        }                                                                     \
+        _mm256_storeu_ps (cr, c##r##0);                                       \
+        _mm256_storeu_ps (cr + 8, c##r##1);                                   \
+    } while (0)
+    S_STORE (0); S_STORE (1); S_STORE (2); S_STORE (3);
+#undef S_STORE
+}
+
+static void
+s_ukr_avx2 (int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
+            bool accumulate)
+{
+    for (int r = 0; r < MR; r += 4)
+        for (int h = 0; h < NR; h += 16)
+            s_ukr_avx2_4x16 (kc, a + r, b + h, c + r * ldc + h, ldc, accumulate);
+}
+
+#endif
+
+static s_ukr_fn *s_ukr = s_ukr_generic;
+static const char *s_isa = "generic";
+static pthread_once_t s_isa_once = PTHREAD_ONCE_INIT;
+
+static void
+s_isa_init (void)
+{
+#if defined(__x86_64__)
+    const char *want = getenv ("KILN_RT_ISA");
+    bool any = !want || !want[0];
+    __builtin_cpu_init ();
+    if ((any || strcmp (want, "avx512") == 0) && __builtin_cpu_supports ("avx512f")) {
+        s_ukr = s_ukr_avx512;
+        s_isa = "avx512";
+    } else if ((any || strcmp (want, "avx512") == 0 || strcmp (want, "avx2") == 0)
+               && __builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma")) {
+        s_ukr = s_ukr_avx2;
+        s_isa = "avx2";
+    }
+#endif
+}
+
+const char *
+kiln_gemm_isa (void)
+{
+    pthread_once (&s_isa_once, s_isa_init);
+    return s_isa;
+}
+
+/* --- packing at run time --------------------------------------------- */
+
+/* Rows m0..m0+mr-1, k0..k0+kc-1 of a strided A into panels of kc × MR. */
+static void
+s_pack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
+                  int64_t kc, float *dst)
+{
+    for (int64_t p = 0; p * MR < mr; p++) {
+        float *panel = dst + p * kc * MR;
+        int64_t rows = s_min (MR, mr - p * MR);
+        if (rows < MR)
+            memset (panel, 0, (size_t) (kc * MR) * sizeof *panel);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *src = s->p + (m0 + p * MR + r) * s->rs + k0 * s->cs;
+            if (s->cs == 1)
+                for (int64_t kk = 0; kk < kc; kk++)
+                    panel[kk * MR + r] = src[kk];
+            else
+                for (int64_t kk = 0; kk < kc; kk++)
+                    panel[kk * MR + r] = src[kk * s->cs];
+        }
+    }
+}
+
+/* Columns n0..n0+nw-1, k0..k0+kc-1 of a strided B into panels of kc × NR. */
+static void
+s_pack_b_strided (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
+                  int64_t nw, float *dst)
+{
+    for (int64_t q = 0; q * NR < nw; q++) {
+        float *panel = dst + q * kc * NR;
+        int64_t j0 = n0 + q * NR, cols = s_min (NR, nw - q * NR);
+        if (s->cs == 1) {
+            for (int64_t kk = 0; kk < kc; kk++) {
+                const float *src = s->p + (k0 + kk) * s->rs + j0;
+                float *d = panel + kk * NR;
+                memcpy (d, src, (size_t) cols * sizeof *d);
+                if (cols < NR)
+                    memset (d + cols, 0, (size_t) (NR - cols) * sizeof *d);
+            }
+        } else {
+            /* Column by column: each reads its run of k in order. */
+            if (cols < NR)
+                memset (panel, 0, (size_t) (kc * NR) * sizeof *panel);
+            for (int64_t j = 0; j < cols; j++) {
+                const float *src = s->p + k0 * s->rs + (j0 + j) * s->cs;
+                for (int64_t kk = 0; kk < kc; kk++)
+                    panel[kk * NR + j] = src[kk * s->rs];
+            }
+        }
+    }
+}
+
+typedef struct {
+    int off, len;           /* columns of the panel */
+    int64_t oh, ow;         /* output position of the first */
+} s_seg_t;
+
+/* Columns n0..n0+nw-1 (output positions), k0..k0+kc-1 (tap-major) of the
+ * im2col matrix of a convolution input, into panels of kc × NR.  For one
+ * tap and a run of output positions in one output row, every input
+ * channel is read at the same offset in its plane: the loop over channels
+ * is innermost. */
+static void
+s_pack_b_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
+               int64_t nw, float *dst)
+{
+    const kiln_gconv_t *cv = s->conv;
+    int64_t hw = cv->h * cv->w;
+    for (int64_t q = 0; q * NR < nw; q++) {
+        float *panel = dst + q * kc * NR;
+        int64_t j0 = n0 + q * NR, cols = s_min (NR, nw - q * NR);
+        s_seg_t seg[NR];
+        int nseg = 0;
+        for (int64_t j = 0; j < cols;) {
+            int64_t oh = (j0 + j) / cv->ow, ow = (j0 + j) % cv->ow;
+            int64_t len = s_min (cols - j, cv->ow - ow);
+            seg[nseg++] = (s_seg_t) { (int) j, (int) len, oh, ow };
+            j += len;
+        }
+        if (cols < NR)
+            for (int64_t kk = 0; kk < kc; kk++)
+                memset (panel + kk * NR + cols, 0,
+                        (size_t) (NR - cols) * sizeof *panel);
+        for (int64_t k = k0; k < k0 + kc;) {
+            int64_t tap = k / cv->c, c0 = k % cv->c;
+            int64_t c1 = s_min (cv->c, c0 + (k0 + kc - k));
+            int64_t ki = tap / cv->kw, kj = tap % cv->kw;
+            float *rows = panel + (k - k0) * NR;
+            for (int si = 0; si < nseg; si++) {
+                const s_seg_t *sg = &seg[si];
+                int64_t ih = sg->oh * cv->sh - cv->pt + ki * cv->dh;
+                int64_t len = sg->len;
+                if (ih < 0 || ih >= cv->h) {
+                    for (int64_t c = c0; c < c1; c++)
+                        memset (rows + (c - c0) * NR + sg->off, 0,
+                                (size_t) len * sizeof *rows);
+                    continue;
+                }
+                /* Valid t: 0 <= iw0 + t·sw < w. */
+                int64_t iw0 = sg->ow * cv->sw - cv->pl + kj * cv->dw;
+                int64_t tlo = iw0 >= 0 ? 0 : (-iw0 + cv->sw - 1) / cv->sw;
+                int64_t thi = iw0 >= cv->w ? 0 : (cv->w - 1 - iw0) / cv->sw + 1;
+                if (tlo > len)
+                    tlo = len;
+                if (thi > len)
+                    thi = len;
+                if (thi < tlo)
+                    thi = tlo;
+                const float *src = s->p + c0 * hw + ih * cv->w + iw0;
+                float *d = rows + sg->off;
+                if (cv->sw == 1 && tlo == 0 && thi == len) {
+                    for (int64_t c = c0; c < c1; c++, src += hw, d += NR)
+                        memcpy (d, src, (size_t) len * sizeof *d);
+                    continue;
+                }
+                for (int64_t c = c0; c < c1; c++, src += hw, d += NR) {
+                    for (int64_t t = 0; t < tlo; t++)
+                        d[t] = 0.0f;
+                    if (cv->sw == 1)
+                        memcpy (d + tlo, src + tlo, (size_t) (thi - tlo) * sizeof *d);
+                    else
+                        for (int64_t t = tlo; t < thi; t++)
+                            d[t] = src[t * cv->sw];
+                    for (int64_t t = thi; t < len; t++)
+                        d[t] = 0.0f;
+                }
+            }
+            k += c1 - c0;
+        }
+    }
+}
+
+/* --- epilogue -------------------------------------------------------- */
+
+void
+kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
+{
+    switch (act) {
+    case KILN_ACT_RELU:
+        for (int64_t j = 0; j < n; j++)
+            v[j] = v[j] < 0.0f ? 0.0f : v[j];
+        break;
+    case KILN_ACT_CLIP:
+        for (int64_t j = 0; j < n; j++) {
+            float x = v[j] < a ? a : v[j];
+            v[j] = x > b ? b : x;
+        }
+        break;
+    case KILN_ACT_LEAKY:
+        for (int64_t j = 0; j < n; j++)
+            v[j] = v[j] < 0.0f ? v[j] * a : v[j];
+        break;
+    default:
+        break;
+    }
+}
+
+static void
+s_epilogue (const kiln_gemm_t *g, int64_t i0, int64_t j0, int64_t mr,
+            int64_t nr)
+{
+    for (int64_t i = i0; i < i0 + mr; i++) {
+        float *row = g->c + i * g->ldc + j0;
+        if (g->alpha != 1.0f)
+            for (int64_t j = 0; j < nr; j++)
+                row[j] *= g->alpha;
+        for (int a = 0; a < g->n_add; a++) {
+            const kiln_gadd_t *ad = &g->add[a];
+            const float *src = ad->p + i * ad->rs + j0 * ad->cs;
+            float sc = ad->scale;
+            if (ad->cs == 0) {
+                float v = sc * src[0];
+                for (int64_t j = 0; j < nr; j++)
+                    row[j] += v;
+            } else if (ad->cs == 1) {
+                if (sc == 1.0f)
+                    for (int64_t j = 0; j < nr; j++)
+                        row[j] += src[j];
+                else
+                    for (int64_t j = 0; j < nr; j++)
+                        row[j] += sc * src[j];
+            } else {
+                for (int64_t j = 0; j < nr; j++)
+                    row[j] += sc * src[j * ad->cs];
+            }
+        }
+        kiln_act_apply (row, nr, g->act, g->act_a, g->act_b);
+    }
+}
+
+/* --- driver ---------------------------------------------------------- */
+
+typedef struct {
+    int64_t kc, nkb;        /* k block, number of k blocks */
+    int64_t mc, nc;         /* rows and columns of a tile */
+    int64_t tm, tn;         /* tiles along m and n */
+} s_block_t;
+
+static int64_t
+s_kc (int64_t k, int64_t *nkb)
+{
+    *nkb = (k + S_KC - 1) / S_KC;
+    return *nkb ? (k + *nkb - 1) / *nkb : 0;
+}
+
+size_t
+kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
+                    bool b_packed)
+{
+    int64_t nkb, kc = s_kc (k, &nkb);
+    int64_t floats = MR * NR;                           /* an edge tile */
+    if (!b_packed)
+        floats += kc * s_min (s_round_up (n, NR), S_NC);
+    if (!a_packed)
+        floats += kc * s_min (s_round_up (m, MR), S_MC);
+    return (size_t) floats * sizeof (float) + 64;
+}
+
+static void
+s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
+{
+    bl->kc = s_kc (g->k, &bl->nkb);
+    bool a_packed = g->a.kind == KILN_GSRC_PACKED;
+    bl->mc = a_packed ? s_round_up (g->m, MR) : s_min (s_round_up (g->m, MR), S_MC);
+    bl->nc = s_min (s_round_up (g->n, NR), S_NC);
+    if (bl->mc < MR)
+        bl->mc = MR;
+    if (bl->nc < NR)
+        bl->nc = NR;
+    /* With several threads, cut finer until there are a few tiles per
+     * thread: columns first (each tile then packs its own B block once),
+     * rows when the columns run out. */
+    if (threads > 1) {
+        int64_t want = 4 * (int64_t) threads;
+        for (;;) {
+            int64_t tiles = count * ((g->m + bl->mc - 1) / bl->mc)
+                            * ((g->n + bl->nc - 1) / bl->nc);
+            if (tiles >= want)
+                break;
+            if (bl->nc > NR && (g->n + bl->nc / 2 - 1) / (bl->nc / 2)
+                                 > (g->n + bl->nc - 1) / bl->nc)
+                bl->nc = s_round_up (bl->nc / 2, NR);
+            else if (bl->mc > 4 * MR)
+                bl->mc = s_round_up (bl->mc / 2, MR);
+            else
+                break;
+        }
+    }
+    bl->tm = g->m ? (g->m + bl->mc - 1) / bl->mc : 0;
+    bl->tn = g->n ? (g->n + bl->nc - 1) / bl->nc : 0;
+}
+
+static void
+s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
+        int64_t n0, int64_t n1, float *ws)
+{
+    s_ukr_fn *ukr = s_ukr;
+    float *tmp = ws;                                    /* MR × NR */
+    float *bws = tmp + MR * NR;
+    float *aws = bws + (g->b.kind == KILN_GSRC_PACKED ? 0 : bl->kc * bl->nc);
+    if (bl->nkb == 0) {
+        for (int64_t i = m0; i < m1; i++)
+            memset (g->c + i * g->ldc + n0, 0, (size_t) (n1 - n0) * sizeof (float));
+        s_epilogue (g, m0, n0, m1 - m0, n1 - n0);
+        return;
+    }
+    for (int64_t kb = 0; kb < bl->nkb; kb++) {
+        int64_t k0 = kb * bl->kc, kc = s_min (bl->kc, g->k - k0);
+        bool last = kb == bl->nkb - 1;
+        const float *bp, *ap;
+        int64_t bstride, astride;
+        if (g->b.kind == KILN_GSRC_PACKED) {
+            bp = g->b.p + (n0 / NR) * g->k * NR + k0 * NR;
+            bstride = g->k * NR;
+        } else {
+            if (g->b.kind == KILN_GSRC_CONV)
+                s_pack_b_conv (&g->b, k0, kc, n0, n1 - n0, bws);
+            else
+                s_pack_b_strided (&g->b, k0, kc, n0, n1 - n0, bws);
+            bp = bws;
+            bstride = kc * NR;
+        }
+        if (g->a.kind == KILN_GSRC_PACKED) {
+            ap = g->a.p + (m0 / MR) * g->k * MR + k0 * MR;
+            astride = g->k * MR;
+        } else {
+            s_pack_a_strided (&g->a, m0, m1 - m0, k0, kc, aws);
+            ap = aws;
+            astride = kc * MR;
+        }
+        for (int64_t i = m0; i < m1; i += MR) {
+            const float *a = ap + (i - m0) / MR * astride;
+            int64_t mr = s_min (MR, m1 - i);
+            for (int64_t j = n0; j < n1; j += NR) {
+                const float *b = bp + (j - n0) / NR * bstride;
+                int64_t nr = s_min (NR, n1 - j);
+                float *c = g->c + i * g->ldc + j;
+                if (mr == MR && nr == NR) {
+                    ukr (kc, a, b, c, g->ldc, kb > 0);
+                } else {
+                    ukr (kc, a, b, tmp, NR, false);
+                    for (int64_t r = 0; r < mr; r++)
+                        for (int64_t q = 0; q < nr; q++)
+                            c[r * g->ldc + q] = kb > 0 ? c[r * g->ldc + q]
+                                                         + tmp[r * NR + q]
+                                                       : tmp[r * NR + q];
+                }
+                if (last)
+                    s_epilogue (g, i, j, mr, nr);
+            }
+        }
+    }
+}
+
+typedef struct {
+    kiln_gemm_get_fn *get;
+    const void *ctx;
+    s_block_t bl;
+    int64_t first;          /* task 0 of this section */
+    float *ws;
+    size_t ws_stride;       /* floats per worker */
+} s_run_t;
+
+static void
+s_task (void *arg, int task, int worker)
+{
+    const s_run_t *r = arg;
+    int64_t t = r->first + task, per = r->bl.tm * r->bl.tn;
+    kiln_gemm_t g;
+    r->get (r->ctx, t / per, &g);
+    t %= per;
+    int64_t m0 = t / r->bl.tn * r->bl.mc, n0 = t % r->bl.tn * r->bl.nc;
+    s_tile (&g, &r->bl, m0, s_min (g.m, m0 + r->bl.mc), n0,
+            s_min (g.n, n0 + r->bl.nc), r->ws + (size_t) worker * r->ws_stride);
+}
+
+void
+kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count)
+{
+    pthread_once (&s_isa_once, s_isa_init);
+    if (count <= 0)
+        return;
+    kiln_gemm_t g;
+    get (ctx, 0, &g);
+    if (g.m == 0 || g.n == 0)
+        return;
+    s_run_t r = { .get = get, .ctx = ctx };
+    s_blocking (&g, count, kiln_exec_threads (), &r.bl);
+    size_t bytes;
+    float *ws = kiln_exec_ws (&bytes);
+    r.ws = (float *) (((uintptr_t) ws + 63) & ~(uintptr_t) 63);
+    r.ws_stride = bytes / sizeof (float);
+    int64_t total = count * r.bl.tm * r.bl.tn;
+    for (int64_t first = 0; first < total; first += 1 << 30) {
+        r.first = first;
+        kiln_exec_parallel (s_task, &r, (int) s_min (total - first, 1 << 30));
+    }
+}

@@ -1,0 +1,104 @@
+/*
+ * kiln_gemm — the runtime's single-precision matrix-product engine, used
+ * by the convolution and matrix-product kernels.  Internal to libkilnrt.
+ *
+ * C[m, n] = act (alpha · A[m, k] · B[k, n] + addends), computed in tiles
+ * of KILN_PACK_MR × KILN_PACK_NR by a register-blocked micro-kernel for
+ * the CPU at hand (AVX-512, AVX2 + FMA, or portable C; KILN_RT_ISA=avx2 or
+ * generic forces a narrower one, for tests).  Operands are read from the
+ * packed layouts of common/kiln_pack.h: a weight packed by the compiler
+ * is used where it lies; any other operand is packed block by block into
+ * a per-worker workspace as the product runs.  A convolution's B operand
+ * (its im2col matrix) is never built: the blocks are gathered straight
+ * from the input planes.  The epilogue (alpha, a bias per row or per
+ * column, a residual, an activation) is applied to each tile while it is
+ * still in cache, so a fused Conv + bias + Add + Relu writes its output
+ * once.
+ *
+ * Work is split into tasks (column blocks, and row blocks when there are
+ * few columns) run on the intra-op pool (kiln_exec.h).  The sum over k of
+ * one element is always accumulated in the same order, whatever the
+ * thread count, so results do not depend on KILN_RT_THREADS.
+ */
+#ifndef KILN_GEMM_H
+#define KILN_GEMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kiln_pack.h"
+
+/* The activations an epilogue applies (the program's `activation`). */
+#define KILN_ACTS(X)                                             \
+    X (NONE,  0, "none")                                         \
+    X (RELU,  1, "relu")       /* max(v, 0), NaN kept */         \
+    X (CLIP,  2, "clip")       /* min(max(v, a), b) */           \
+    X (LEAKY, 3, "leaky_relu") /* v < 0 ? a·v : v */
+
+typedef enum {
+#define KILN_ACT_ENUM(id, num, name) KILN_ACT_##id = num,
+    KILN_ACTS (KILN_ACT_ENUM)
+#undef KILN_ACT_ENUM
+    KILN_ACT_COUNT
+} kiln_act_t;
+
+/* One group's convolution geometry: the B operand is the im2col matrix
+ * of `x` (c planes of h × w), rows tap-major (kiln_pack.h), columns the
+ * oh × ow output positions. */
+typedef struct kiln_gconv {
+    int64_t c, h, w, oh, ow;
+    int64_t kh, kw, sh, sw, dh, dw, pt, pl;
+} kiln_gconv_t;
+
+typedef enum {
+    KILN_GSRC_PACKED = 1,       /* p is the whole operand, packed */
+    KILN_GSRC_STRIDED = 2,      /* element (i, j) at p[i·rs + j·cs] */
+    KILN_GSRC_CONV = 3,         /* B only: im2col of p by `conv` */
+} kiln_gsrc_kind_t;
+
+typedef struct kiln_gsrc {
+    kiln_gsrc_kind_t kind;
+    const float *p;
+    int64_t rs, cs;
+    const kiln_gconv_t *conv;
+} kiln_gsrc_t;
+
+/* An addend: scale · p[i·rs + j·cs] (a stride of 0 broadcasts). */
+typedef struct kiln_gadd {
+    const float *p;
+    int64_t rs, cs;
+    float scale;
+} kiln_gadd_t;
+
+typedef struct kiln_gemm {
+    int64_t m, n, k;
+    kiln_gsrc_t a, b;
+    float *c;
+    int64_t ldc;                /* C(i, j) at c[i·ldc + j] */
+    float alpha;
+    kiln_gadd_t add[2];
+    int n_add;
+    kiln_act_t act;
+    float act_a, act_b;         /* clip's bounds, leaky_relu's slope */
+} kiln_gemm_t;
+
+/* Products with one shape that a kernel runs together (a batch, the
+ * groups of a convolution): `get` fills product `idx` of `count`. */
+typedef void (kiln_gemm_get_fn) (const void *ctx, int64_t idx, kiln_gemm_t *g);
+
+/* Workspace bytes one worker needs for products of this shape. */
+size_t kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
+                           bool b_packed);
+
+/* Run products 0..count-1 (all of the shape of product 0) on the pool,
+ * with the calling kernel's workspace (kiln_exec_ws). */
+void kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count);
+
+/* Apply an activation to n floats in place (also for other kernels). */
+void kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b);
+
+/* "avx512", "avx2" or "generic": the micro-kernel in use. */
+const char *kiln_gemm_isa (void);
+
+#endif
