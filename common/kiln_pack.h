@@ -22,6 +22,13 @@
  * consecutive input planes.  The packed conv weights are the groups'
  * packed A operands one after the other.
  *
+ * Winograd F(2x2, 3x3) weights (a 3x3, stride-1, ungrouped convolution
+ * at -O3): U = G·g·Gᵀ for each output channel m and input channel c, with
+ *     G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]],
+ * a 4x4 matrix; its element (i, j) is transform point ξ = 4·i + j.  The
+ * packed weights are, for ξ = 0..15 in turn, the packed A operand of
+ * U[ξ] as a [M, C] matrix (rows m, k running over c).
+ *
  * These layouts are part of the program format (docs/program-format.md):
  * changing them changes what a `packed` weight means.
  */
@@ -34,6 +41,9 @@
 #define KILN_PACK_MR 8      /* rows of an A panel */
 #define KILN_PACK_NR 32     /* columns of a B panel */
 
+/* Transform points of Winograd F(2x2, 3x3): 4 x 4. */
+#define KILN_PACK_WINO_POINTS 16
+
 /* Elements of packed A for [m, k] (ceil(m / MR)·MR·k), and of packed B
  * for [k, n]; false on overflow of int64_t. */
 bool kiln_pack_a_elems (int64_t m, int64_t k, int64_t *out);
@@ -41,6 +51,10 @@ bool kiln_pack_b_elems (int64_t k, int64_t n, int64_t *out);
 /* Elements of packed conv weights: group · packed A of [M/group, K]. */
 bool kiln_pack_conv_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
                            int64_t group, int64_t *out);
+
+/* Elements of packed Winograd F(2x2, 3x3) weights for m output and c
+ * input channels: 16 · packed A of [m, c]. */
+bool kiln_pack_wino_elems (int64_t m, int64_t c, int64_t *out);
 
 /* Pack A[m, k], element (i, kk) at a[i·rs + kk·cs], into out (A packed). */
 void kiln_pack_a (const float *a, int64_t m, int64_t k, int64_t rs, int64_t cs,
@@ -51,5 +65,9 @@ void kiln_pack_b (const float *b, int64_t k, int64_t n, int64_t rs, int64_t cs,
 /* Pack conv weights w[m, cg, kh, kw] (ONNX layout, all groups) into out. */
 void kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh,
                      int64_t kw, int64_t group, float *out);
+
+/* Transform 3x3 conv weights w[m, c, 3, 3] and pack them (Winograd);
+ * `out` must be zeroed first (padding rows stay zero). */
+void kiln_pack_wino (const float *w, int64_t m, int64_t c, float *out);
 
 #endif

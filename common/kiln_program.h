@@ -70,9 +70,9 @@
     X (MUL,            "mul",             2, 2, 1)         \
     X (DIV,            "div",             2, 2, 1)         \
     X (RELU,           "relu",            1, 1, 1)         \
-    X (MATMUL,         "matmul",          2, 2, 1)         \
-    X (GEMM,           "gemm",            2, 3, 1)         \
-    X (CONV2D,         "conv2d",          2, 3, 1)         \
+    X (MATMUL,         "matmul",          2, 4, 1)         \
+    X (GEMM,           "gemm",            2, 4, 1)         \
+    X (CONV2D,         "conv2d",          2, 4, 1)         \
     X (MAXPOOL2D,      "maxpool2d",       1, 1, 1)         \
     X (GLOBAL_AVGPOOL, "global_avgpool",  1, 1, 1)         \
     KILN_KERNELS_MATH (X)                                         \
@@ -155,6 +155,23 @@ typedef enum {
 #undef KILN_K_ENUM
     KILN_K_COUNT
 } kiln_kernel_t;
+
+/* The activations conv2d, gemm and matmul apply to their result (the
+ * optional parameter `activation`, with `act_alpha` / `act_beta`), after
+ * the bias and the residual: the compiler fuses a following Relu, Clip or
+ * LeakyRelu node into the product that feeds it. */
+#define KILN_ACTS(X)                                                      \
+    X (NONE,  0, "none")                                                  \
+    X (RELU,  1, "relu")       /* max(v, 0); NaN stays NaN */             \
+    X (CLIP,  2, "clip")       /* min(max(v, act_alpha), act_beta) */     \
+    X (LEAKY, 3, "leaky_relu") /* v < 0 ? act_alpha * v : v */
+
+typedef enum {
+#define KILN_ACT_ENUM(id, num, name) KILN_ACT_##id = num,
+    KILN_ACTS (KILN_ACT_ENUM)
+#undef KILN_ACT_ENUM
+    KILN_ACT_COUNT
+} kiln_act_t;
 
 /* Where a tensor lives and what the runtime does with it. */
 #define KILN_TENSOR_KINDS(X)                                              \

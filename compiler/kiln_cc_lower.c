@@ -1,7 +1,10 @@
 #include "compiler/kiln_cc_lower.h"
+#include "common/kiln_pack.h"
+#include "compiler/kiln_cc_fuse.h"
 #include "compiler/kiln_lower_math.h"
 #include "compiler/kiln_lower_shape.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,12 +48,21 @@ kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
     cx->opts = *opts;
     cx->prog = kiln_program_new ();
     cx->tmap = malloc ((size_t) (g->n_tensors + 1) * sizeof *cx->tmap);
-    if (!cx->prog || !cx->tmap) {
+    cx->producer = malloc ((size_t) (g->n_tensors + 1) * sizeof *cx->producer);
+    cx->skip = calloc ((size_t) g->n_nodes + 1, 1);
+    cx->fusion = calloc ((size_t) g->n_nodes + 1, sizeof *cx->fusion);
+    if (!cx->prog || !cx->tmap || !cx->producer || !cx->skip || !cx->fusion) {
         kiln_cc_ctx_release (cx);
         return kiln_error (err, KILN_ENOMEM, "out of memory");
     }
     for (int i = 0; i < g->n_tensors; i++)
-        cx->tmap[i] = -1;
+        cx->tmap[i] = cx->producer[i] = -1;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int o = 0; o < g->nodes[i].n_outputs; o++) {
+            int t = g->nodes[i].outputs[o];
+            if (t >= 0 && t < g->n_tensors)
+                cx->producer[t] = i;
+        }
     return 0;
 }
 
@@ -58,7 +70,12 @@ void
 kiln_cc_ctx_release (kiln_cc_ctx_t *cx)
 {
     kiln_program_destroy (&cx->prog);
+    for (int i = 0; i < cx->n_st; i++)
+        free (cx->st[i].data);
     free (cx->tmap);
+    free (cx->producer);
+    free (cx->skip);
+    free (cx->fusion);
     free (cx->storage_of);
     free (cx->st);
     memset (cx, 0, sizeof *cx);
@@ -114,7 +131,7 @@ s_weight_storage (kiln_cc_ctx_t *cx, int w, kiln_err_t *err)
     const kiln_weight_t *gw = &cx->g->weights[w];
     for (int i = 0; i < cx->n_st; i++) {
         const kiln_cc_storage_t *s = &cx->st[i];
-        if (!s->weight)
+        if (!s->weight || s->graph_weight < 0)
             continue;
         const kiln_weight_t *o = &cx->g->weights[s->graph_weight];
         if (s->graph_weight == w
@@ -377,6 +394,57 @@ kiln_cc_temp (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
     return s_ptensor (cx, dt, shape, KILN_TK_TEMP, s, err);
 }
 
+int
+kiln_cc_made_weight (kiln_cc_ctx_t *cx, const kiln_shape_t *shape, float **data,
+                     kiln_err_t *err)
+{
+    uint64_t bytes;
+    int rc = kiln_shape_bytes (shape, KILN_DT_FLOAT32, "folded weight", &bytes, err);
+    if (rc)
+        return rc;
+    if (bytes > KILN_MAX_BLOB_BYTES)
+        return s_fail (cx, KILN_ELIMIT, err, "a folded weight of %llu bytes is "
+                       "too large", (unsigned long long) bytes);
+    uint8_t *buf = calloc (1, bytes ? (size_t) bytes : 1);
+    if (!buf)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    int st = s_storage_new (cx, true, -1, bytes, -1, err);
+    if (st < 0) {
+        free (buf);
+        return st;
+    }
+    cx->st[st].data = buf;
+    int pt = s_ptensor (cx, KILN_DT_FLOAT32, shape, KILN_TK_WEIGHT, st, err);
+    if (pt < 0)
+        return pt;
+    *data = (float *) buf;
+    return pt;
+}
+
+const float *
+kiln_cc_const_f32 (const kiln_cc_ctx_t *cx, int gt)
+{
+    if (gt < 0 || gt >= cx->g->n_tensors)
+        return NULL;
+    const kiln_tensor_t *t = &cx->g->tensors[gt];
+    if (t->dtype != KILN_DT_FLOAT32 || t->weight < 0 || t->weight >= cx->g->n_weights
+        || t->shape.rank < 0)
+        return NULL;
+    const kiln_weight_t *w = &cx->g->weights[t->weight];
+    uint64_t bytes = (uint64_t) s_numel (&t->shape) * 4;
+    if (!w->data || w->size < bytes)
+        return NULL;
+    return (const float *) w->data;
+}
+
+bool
+kiln_cc_available (const kiln_cc_ctx_t *cx, int gt, int node)
+{
+    if (gt < 0 || gt >= cx->g->n_tensors)
+        return false;
+    return cx->producer[gt] < node;
+}
+
 /* --- views: Identity, Reshape, Flatten ------------------------------- */
 
 /* A view changes the shape, never the bytes.  From -O1 on, the output
@@ -478,6 +546,78 @@ s_lower_unary (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     return op < 0 ? op : 0;
 }
 
+/* --- fusion (kiln_cc_fuse.h) ---------------------------------------- */
+
+/* Append the residual the node's fusion adds, if any. */
+static int
+s_fused_operands (kiln_cc_ctx_t *cx, const kiln_cc_fusion_t *f, int *ins,
+                  int *n_in, kiln_err_t *err)
+{
+    if (f->residual < 0)
+        return 0;
+    int r = s_operand (cx, f->residual, err);
+    if (r < 0)
+        return r;
+    ins[(*n_in)++] = r;
+    return 0;
+}
+
+/* The parameters of the fused epilogue (docs/program-format.md). */
+static int
+s_fused_params (kiln_cc_ctx_t *cx, int op, const kiln_cc_fusion_t *f,
+                kiln_err_t *err)
+{
+    kiln_prog_op_t *o = &cx->prog->ops[op];
+    int rc;
+    if (f->residual >= 0 && (rc = kiln_prog_op_set_int (o, "residual", 1, err)))
+        return rc;
+    if (f->act == KILN_ACT_NONE)
+        return 0;
+    if ((rc = kiln_prog_op_set_int (o, "activation", f->act, err)))
+        return rc;
+    if ((f->act == KILN_ACT_CLIP || f->act == KILN_ACT_LEAKY)
+        && (rc = kiln_prog_op_set_float (o, "act_alpha", f->act_a, err)))
+        return rc;
+    if (f->act == KILN_ACT_CLIP
+        && (rc = kiln_prog_op_set_float (o, "act_beta", f->act_b, err)))
+        return rc;
+    return 0;
+}
+
+/* Fold BatchNormalization node `bn` into a convolution's constant weights
+ * w[m, per] and bias b[m] (or none): W' = W·s, B' = (B − mean)·s + beta
+ * with s = scale / sqrt(var + epsilon), in double.  Caller frees *wf, *bf. */
+static int
+s_fold_bn (kiln_cc_ctx_t *cx, int bn, const float *w, const float *b, int64_t m,
+           int64_t per, float **wf, float **bf, kiln_err_t *err)
+{
+    const kiln_node_t *n = &cx->g->nodes[bn];
+    const float *scale = kiln_cc_const_f32 (cx, n->inputs[1]);
+    const float *beta = kiln_cc_const_f32 (cx, n->inputs[2]);
+    const float *mean = kiln_cc_const_f32 (cx, n->inputs[3]);
+    const float *var = kiln_cc_const_f32 (cx, n->inputs[4]);
+    double eps = kiln_node_attr_float (n, "epsilon", 1e-5);
+    if (!w || !scale || !beta || !mean || !var)
+        return s_fail (cx, KILN_ECOMPILE, err, "internal error: batch norm "
+                       "folding needs constants");
+    *wf = malloc ((size_t) (m * per) * sizeof **wf + 1);
+    *bf = malloc ((size_t) m * sizeof **bf + 1);
+    if (!*wf || !*bf) {
+        free (*wf);
+        free (*bf);
+        *wf = *bf = NULL;
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    }
+    for (int64_t o = 0; o < m; o++) {
+        double sc = (double) scale[o] / sqrt ((double) var[o] + eps);
+        for (int64_t j = 0; j < per; j++)
+            (*wf)[o * per + j] = (float) ((double) w[o * per + j] * sc);
+        (*bf)[o] = (float) (((b ? (double) b[o] : 0.0) - (double) mean[o]) * sc
+                            + (double) beta[o]);
+    }
+    return 0;
+}
+
 /* --- MatMul and Gemm ------------------------------------------------ */
 
 /* numpy matmul: a 1-D operand is a row (A) or a column (B) vector whose
@@ -531,17 +671,38 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if ((rc = s_expect_shape (cx, y, &out, err)))
         return rc;
 
-    int ins[2];
+    /* A constant B that is one matrix is packed for the engine from -O2. */
+    const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
+    const float *bdata = kiln_cc_const_f32 (cx, b);
+    bool pack = cx->opts.optlevel >= 2 && bdata && s_numel (sb) == kk * n;
+    int ins[4], n_in = 2;
     if ((ins[0] = s_operand (cx, a, err)) < 0)
         return ins[0];
-    if ((ins[1] = s_operand (cx, b, err)) < 0)
+    if (pack) {
+        int64_t elems = 0;
+        float *pw;
+        if (!kiln_pack_b_elems (kk, n, &elems) || elems > KILN_MAX_TENSOR_ELEMS)
+            return s_fail (cx, KILN_ELIMIT, err, "packed B too large");
+        kiln_shape_t ps = { .rank = 1, .dims = { elems } };
+        if ((ins[1] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
+            return ins[1];
+        kiln_pack_b (bdata, kk, n, n, 1, pw);
+    } else if ((ins[1] = s_operand (cx, b, err)) < 0) {
         return ins[1];
-    int py = s_result (cx, y, err);
+    }
+    if (f->bias >= 0 && (ins[n_in++] = s_operand (cx, f->bias, err)) < 0)
+        return ins[n_in - 1];
+    if ((rc = s_fused_operands (cx, f, ins, &n_in, err)))
+        return rc;
+    int py = s_result (cx, f->out >= 0 ? f->out : y, err);
     if (py < 0)
         return py;
-    int op = s_emit (cx, k, ins, 2, &py, 1, err);
+    int op = s_emit (cx, k, ins, n_in, &py, 1, err);
     if (op < 0)
         return op;
+    if ((pack && (rc = s_set_int (cx, op, "packed_b", 1, err)))
+        || (rc = s_fused_params (cx, op, f, err)))
+        return rc;
     int64_t pa[KILN_MAX_RANK], pb[KILN_MAX_RANK];
     s_pad_dims (&ba, batch.rank, pa);
     s_pad_dims (&bb, batch.rank, pb);
@@ -595,14 +756,33 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                            "[%lld, %lld]", (long long) m, (long long) n);
     }
     bool with_c = c >= 0 && beta != 0.0;
-    int ins[3], n_in = with_c ? 3 : 2;
+    /* A constant B is packed as op(B) for the engine from -O2. */
+    const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
+    const float *bdata = kiln_cc_const_f32 (cx, b);
+    bool pack = cx->opts.optlevel >= 2 && bdata;
+    int ins[4], n_in = with_c ? 3 : 2;
     if ((ins[0] = s_operand (cx, a, err)) < 0)
         return ins[0];
-    if ((ins[1] = s_operand (cx, b, err)) < 0)
+    if (pack) {
+        int64_t elems = 0;
+        float *pw;
+        if (!kiln_pack_b_elems (kk, n, &elems) || elems > KILN_MAX_TENSOR_ELEMS)
+            return s_fail (cx, KILN_ELIMIT, err, "packed B too large");
+        kiln_shape_t ps = { .rank = 1, .dims = { elems } };
+        if ((ins[1] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
+            return ins[1];
+        if (tb)
+            kiln_pack_b (bdata, kk, n, 1, kk, pw);
+        else
+            kiln_pack_b (bdata, kk, n, n, 1, pw);
+    } else if ((ins[1] = s_operand (cx, b, err)) < 0) {
         return ins[1];
+    }
     if (with_c && (ins[2] = s_operand (cx, c, err)) < 0)
         return ins[2];
-    int py = s_result (cx, y, err);
+    if ((rc = s_fused_operands (cx, f, ins, &n_in, err)))
+        return rc;
+    int py = s_result (cx, f->out >= 0 ? f->out : y, err);
     if (py < 0)
         return py;
     int op = s_emit (cx, k, ins, n_in, &py, 1, err);
@@ -610,7 +790,9 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         return op;
     kiln_prog_op_t *o = &cx->prog->ops[op];
     if ((rc = kiln_prog_op_set_int (o, "trans_a", ta ? 1 : 0, err))
-        || (rc = kiln_prog_op_set_int (o, "trans_b", tb ? 1 : 0, err))
+        || (rc = kiln_prog_op_set_int (o, "trans_b", tb && !pack ? 1 : 0, err))
+        || (pack && (rc = kiln_prog_op_set_int (o, "packed_b", 1, err)))
+        || (rc = s_fused_params (cx, op, f, err))
         || (rc = kiln_prog_op_set_int (o, "m", m, err))
         || (rc = kiln_prog_op_set_int (o, "k", kk, err))
         || (rc = kiln_prog_op_set_int (o, "n", n, err))
@@ -619,6 +801,32 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if (with_c
         && ((rc = kiln_prog_op_set_float (o, "beta", beta, err))
             || (rc = kiln_prog_op_set_ints (o, "shape_c", cdims, 2, err))))
+        return rc;
+    return 0;
+}
+
+/* The decomposed LayerNormalization that starts at this ReduceMean
+ * (kiln_cc_fuse.h) as one layer_norm. */
+static int
+s_lower_fused_ln (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_err_t *err)
+{
+    const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
+    int ins[3], rc;
+    if ((ins[0] = s_operand (cx, node->inputs[0], err)) < 0)
+        return ins[0];
+    if ((ins[1] = s_operand (cx, f->ln_scale, err)) < 0)
+        return ins[1];
+    if ((ins[2] = s_operand (cx, f->ln_bias, err)) < 0)
+        return ins[2];
+    int py = s_result (cx, f->out, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, KILN_K_LAYER_NORM, ins, 3, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "axis", f->ln_axis, err))
+        || (rc = kiln_prog_op_set_float (&cx->prog->ops[op], "epsilon", f->ln_eps,
+                                         err)))
         return rc;
     return 0;
 }
@@ -768,30 +976,103 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if ((rc = s_expect_shape (cx, y, &out, err)))
         return rc;
 
-    int ins[3], n_in = b >= 0 ? 3 : 2;
-    if ((ins[0] = s_operand (cx, x, err)) < 0)
-        return ins[0];
-    if ((ins[1] = s_operand (cx, wt, err)) < 0)
-        return ins[1];
-    if (b >= 0 && (ins[2] = s_operand (cx, b, err)) < 0)
-        return ins[2];
-    int py = s_result (cx, y, err);
+    const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
+    int64_t cg = c / group;
+    int64_t per = cg;                   /* weights per output channel */
+    for (int i = 0; i < w.ns; i++)
+        per *= w.kernel[i];
+    const float *wdata = kiln_cc_const_f32 (cx, wt);
+    const float *bdata = b >= 0 ? kiln_cc_const_f32 (cx, b) : NULL;
+    /* One input channel per group runs the direct depthwise loops from
+     * -O2 on; other convolutions with constant weights get them packed
+     * for the matrix-product engine. */
+    bool depthwise = cg == 1 && cx->opts.optlevel >= 2;
+    bool pack = cx->opts.optlevel >= 2 && wdata && !depthwise;
+    /* -O3: 3x3 stride-1 convolutions by Winograd F(2x2, 3x3), when there
+     * are enough channels for the transforms to pay off. */
+    bool wino = cx->opts.optlevel >= 3 && pack && group == 1 && w.ns == 2
+                && w.kernel[0] == 3 && w.kernel[1] == 3 && w.strides[0] == 1
+                && w.strides[1] == 1 && w.dilations[0] == 1 && w.dilations[1] == 1
+                && c >= 16 && m >= 16
+                /* a few tiles of 2x2 at least: the transformed weights
+                 * are 16/9 of the direct ones to stream */
+                && ((w.out[0] + 1) / 2) * ((w.out[1] + 1) / 2) >= 8;
+    float *wfold = NULL, *bfold = NULL;
+    if (f->bn >= 0 && (rc = s_fold_bn (cx, f->bn, wdata, bdata, m, per, &wfold,
+                                       &bfold, err)))
+        return rc;
+    if (wfold)
+        wdata = wfold;
+
+    int ins[4], n_in = 0;
+    if ((ins[n_in++] = s_operand (cx, x, err)) < 0)
+        rc = ins[0];
+    if (!rc && pack) {
+        int64_t elems = 0;
+        float *pw;
+        kiln_shape_t ps = { .rank = 1 };
+        if (!(wino ? kiln_pack_wino_elems (m, c, &elems)
+                   : kiln_pack_conv_elems (m, cg, w.kernel[0],
+                                           w.ns > 1 ? w.kernel[1] : 1, group,
+                                           &elems))
+            || elems > KILN_MAX_TENSOR_ELEMS)
+            rc = s_fail (cx, KILN_ELIMIT, err, "packed weights too large");
+        ps.dims[0] = elems;
+        if (!rc && (ins[n_in++] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
+            rc = ins[n_in - 1];
+        if (!rc && wino)
+            kiln_pack_wino (wdata, m, c, pw);
+        else if (!rc)
+            kiln_pack_conv (wdata, m, cg, w.kernel[0], w.ns > 1 ? w.kernel[1] : 1,
+                            group, pw);
+    } else if (!rc && wfold) {
+        float *nw;
+        if ((ins[n_in++] = kiln_cc_made_weight (cx, &s_gt (cx, wt)->shape, &nw,
+                                                err)) < 0)
+            rc = ins[n_in - 1];
+        else
+            memcpy (nw, wfold, (size_t) (m * per) * sizeof *nw);
+    } else if (!rc && (ins[n_in++] = s_operand (cx, wt, err)) < 0) {
+        rc = ins[n_in - 1];
+    }
+    if (!rc && bfold) {
+        float *nb;
+        kiln_shape_t bs = { .rank = 1, .dims = { m } };
+        if ((ins[n_in++] = kiln_cc_made_weight (cx, &bs, &nb, err)) < 0)
+            rc = ins[n_in - 1];
+        else
+            memcpy (nb, bfold, (size_t) m * sizeof *nb);
+    } else if (!rc && b >= 0 && (ins[n_in++] = s_operand (cx, b, err)) < 0) {
+        rc = ins[n_in - 1];
+    }
+    free (wfold);
+    free (bfold);
+    if (rc)
+        return rc;
+    if ((rc = s_fused_operands (cx, f, ins, &n_in, err)))
+        return rc;
+    int py = s_result (cx, f->out >= 0 ? f->out : y, err);
     if (py < 0)
         return py;
     int op = s_emit (cx, k, ins, n_in, &py, 1, err);
     if (op < 0)
         return op;
     if ((rc = s_set_window (cx, op, &w, err))
-        || (rc = s_set_int (cx, op, "group", group, err)))
+        || (rc = s_set_int (cx, op, "group", group, err))
+        || (pack && (rc = s_set_int (cx, op, wino ? "winograd" : "packed", 1,
+                                     err)))
+        || (rc = s_fused_params (cx, op, f, err)))
         return rc;
     /* A 1x1, stride-1, unpadded convolution is a plain matrix product over
-     * the input as it is; any other needs the im2col workspace. */
-    bool direct = true;
+     * the input as it is; packed weights and the depthwise loops read the
+     * input in place too; any other needs the im2col workspace. */
+    bool direct = pack || depthwise;
+    bool pointwise = true;
     for (int i = 0; i < w.ns; i++)
         if (w.kernel[i] != 1 || w.strides[i] != 1 || w.pads[i] != 0
             || w.pads[w.ns + i] != 0)
-            direct = false;
-    if (!direct) {
+            pointwise = false;
+    if (!direct && !pointwise) {
         uint64_t rows = (uint64_t) (c / group), cols = 1;
         for (int i = 0; i < w.ns; i++) {
             rows *= (uint64_t) w.kernel[i];
@@ -1033,9 +1314,18 @@ kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err)
         if ((rc = kiln_program_add_io (cx->prog, false, pt, err)) < 0)
             return rc;
     }
+    if ((rc = kiln_cc_fuse (cx, err)))
+        return rc;
     for (int i = 0; i < g->n_nodes; i++) {
+        if (cx->skip[i])
+            continue;
         cx->node = i;
         const kiln_node_t *node = &g->nodes[i];
+        if (cx->fusion[i].ln_scale >= 0) {
+            if ((rc = s_lower_fused_ln (cx, node, err)))
+                return rc;
+            continue;
+        }
         const kiln_cc_lowering_t *l = kiln_cc_lowering_find (node->op);
         if (!l)
             return s_fail (cx, KILN_EUNSUPPORTED, err, "operator not supported "

@@ -36,12 +36,31 @@
 
 typedef struct kiln_cc_storage {
     bool weight;            /* in weights.bin (else in the arena) */
-    int graph_weight;       /* weights[] index when `weight` */
+    int graph_weight;       /* weights[] index when `weight`, -1 when `data` */
+    uint8_t *data;          /* a weight the compiler made (folded, packed):
+                             * its bytes, owned; else NULL */
     uint64_t size;          /* bytes */
     int def;                /* first op writing it; -1 before the first op */
     int last;               /* last op reading it; KILN_CC_END for outputs */
     uint64_t offset;        /* chosen by the planner */
 } kiln_cc_storage_t;
+
+/* What the fusion pass (kiln_cc_fuse.h) decided for one Conv, Gemm or
+ * MatMul node: the nodes after it that its kernel computes as well. */
+typedef struct kiln_cc_fusion {
+    int bn;                 /* BatchNormalization folded into the weights, or -1 */
+    int bias;               /* MatMul: constant tensor of n added per row, or -1 */
+    int residual;           /* tensor added before the activation, or -1 */
+    kiln_act_t act;         /* activation applied last */
+    double act_a, act_b;    /* clip's bounds, leaky_relu's slope */
+    int out;                /* graph tensor the fused op writes, or -1 when
+                             * nothing is fused (the node's own output) */
+    /* A ReduceMean that starts the decomposed LayerNormalization torch
+     * exports before opset 17: the whole pattern is one layer_norm. */
+    int ln_scale, ln_bias;  /* its constant scale and bias, or -1 */
+    int ln_axis;            /* first normalised axis */
+    double ln_eps;
+} kiln_cc_fusion_t;
 
 typedef struct kiln_cc_ctx {
     kiln_graph_t *g;                /* the validated graph (not owned) */
@@ -53,6 +72,9 @@ typedef struct kiln_cc_ctx {
     kiln_cc_storage_t *st;          /* storages */
     int n_st, cap_st;
     int node;                       /* node being lowered, for errors */
+    int *producer;                  /* graph tensor -> node writing it, or -1 */
+    uint8_t *skip;                  /* per node: 1 when dead or fused away */
+    kiln_cc_fusion_t *fusion;       /* per node (kiln_cc_fuse.h) */
 } kiln_cc_ctx_t;
 
 /* Lower one node; `kernel` is the kernel of its table entry (ops that
@@ -98,6 +120,18 @@ int kiln_cc_expect_shape (kiln_cc_ctx_t *cx, int gt, const kiln_shape_t *want,
  * does not use), written by the next op. */
 int kiln_cc_temp (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
                   kiln_err_t *err);
+/* A new float32 weight of `shape` whose bytes the compiler computes (a
+ * folded or packed weight): *data gets its zeroed buffer, owned by the
+ * context, to fill before planning.  Returns the program tensor. */
+int kiln_cc_made_weight (kiln_cc_ctx_t *cx, const kiln_shape_t *shape,
+                         float **data, kiln_err_t *err);
+/* The float32 data of graph tensor gt when it is a constant with its
+ * bytes, else NULL. */
+const float *kiln_cc_const_f32 (const kiln_cc_ctx_t *cx, int gt);
+/* Graph tensor gt is, or will be, computed by the time node `node` runs
+ * (a graph input, a constant, or the output of an earlier node). */
+bool kiln_cc_available (const kiln_cc_ctx_t *cx, int gt, int node);
+
 /* Lower output 0 of `node` as a view of its input 0 (an alias from -O1,
  * a copy at -O0). */
 int kiln_cc_lower_view (kiln_cc_ctx_t *cx, const kiln_node_t *node,

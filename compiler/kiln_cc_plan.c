@@ -126,7 +126,8 @@ s_pack_weights (kiln_cc_ctx_t *cx, uint8_t **out, size_t *out_len,
     for (int i = 0; i < cx->n_st; i++) {
         const kiln_cc_storage_t *s = &cx->st[i];
         if (s->weight && s->size)
-            memcpy (buf + s->offset, cx->g->weights[s->graph_weight].data,
+            memcpy (buf + s->offset, s->data ? s->data
+                                             : cx->g->weights[s->graph_weight].data,
                     (size_t) s->size);
     }
     *out = buf;

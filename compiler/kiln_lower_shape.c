@@ -215,6 +215,22 @@ kiln_lower_shape_strided (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     }
     else
         return kiln_cc_fail (cx, KILN_ECOMPILE, err, "no strided lowering for this op");
+    /* A nest that reads every element of X once, in order (a transpose
+     * that only moves unit axes, a full slice), is a view from -O1 on. */
+    if (cx->opts.optlevel >= 1 && offset == 0) {
+        int64_t want = 1, total = 1;
+        bool in_order = true;
+        for (int i = r - 1; i >= 0; i--) {
+            if (dims[i] == 1)
+                continue;
+            in_order = in_order && st[i] == want;
+            want *= dims[i];
+        }
+        for (int i = 0; i < xs->rank; i++)
+            total *= xs->dims[i];
+        if (in_order && want == total && node->n_outputs == 1)
+            return kiln_cc_lower_view (cx, node, k, err);
+    }
     int px = kiln_cc_operand (cx, x, err);
     if (px < 0)
         return px;

@@ -112,12 +112,19 @@ s_report (const kiln_exec_t *self, FILE *out)
              (unsigned long long) self->runs, (double) total / runs / 1e6,
              p->n_ops, kiln_exec_threads (), kiln_gemm_isa ());
     fprintf (out, "  %-20s %10s %7s %5s\n", "kernel", "ms/run", "share", "ops");
+    double all_flops = 0;
+    for (int i = 0; i < p->n_ops; i++)
+        all_flops += kiln_kernel_flops (&plans[i]);
     for (int k = 0; k < KILN_K_COUNT && by_kernel[k].count; k++)
         fprintf (out, "  %-20s %10.3f %6.1f%% %5d\n",
                  kiln_kernel_name ((kiln_kernel_t) by_kernel[k].key),
                  (double) by_kernel[k].ns / runs / 1e6,
                  total ? 100.0 * (double) by_kernel[k].ns / (double) total : 0.0,
                  by_kernel[k].count);
+    if (all_flops > 0 && total > 0)
+        fprintf (out, "  %.3f GFLOP per run (convolutions, matrix products): "
+                 "%.1f GFLOP/s over the whole run\n", all_flops / 1e9,
+                 all_flops / ((double) total / runs));
     s_row_t *ops = malloc ((size_t) p->n_ops * sizeof *ops + 1);
     if (!ops)
         return;
@@ -129,9 +136,13 @@ s_report (const kiln_exec_t *self, FILE *out)
         int i = ops[r].key;
         char shape[160];
         kiln_shape_str (&p->tensors[plans[i].out].shape, shape, sizeof shape);
-        fprintf (out, "  %5d %-18s %10.3f ms  -> %s\n", i,
-                 kiln_kernel_name (plans[i].kernel),
-                 (double) ops[r].ns / runs / 1e6, shape);
+        double ms = (double) ops[r].ns / runs / 1e6;
+        double flops = kiln_kernel_flops (&plans[i]);
+        char rate[32] = "";
+        if (flops > 0 && ms > 0)
+            snprintf (rate, sizeof rate, "%7.1f GFLOP/s", flops / ms / 1e6);
+        fprintf (out, "  %5d %-18s %10.3f ms %s -> %s\n", i,
+                 kiln_kernel_name (plans[i].kernel), ms, rate, shape);
     }
     free (ops);
 }
@@ -155,6 +166,13 @@ kiln_exec_ws (size_t *bytes)
 {
     *bytes = tls_ws_bytes;
     return tls_ws;
+}
+
+void
+kiln_exec_set_ws (float *ws, size_t bytes)
+{
+    tls_ws = ws;
+    tls_ws_bytes = bytes;
 }
 
 void

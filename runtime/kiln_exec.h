@@ -49,6 +49,10 @@ void kiln_exec_run (kiln_exec_t *self, void *const *data);
  * aligned, *bytes (a multiple of 64) for each worker, worker w's at
  * w · *bytes.  NULL outside kiln_exec_run. */
 float *kiln_exec_ws (size_t *bytes);
+/* Give the calling thread `ws` (64-byte aligned, `bytes` per worker for
+ * kiln_exec_threads() workers) as the workspace of kernels it runs
+ * outside kiln_exec_run: tests and benchmarks of single kernels. */
+void kiln_exec_set_ws (float *ws, size_t bytes);
 
 /* Threads one inference may use: KILN_RT_THREADS read once (1 when it is
  * unset or not a number in 1..KILN_EXEC_MAX_THREADS, with a warning). */

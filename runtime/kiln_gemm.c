@@ -13,6 +13,7 @@
 #endif
 
 #include "runtime/kiln_exec.h"
+#include "runtime/kiln_vmath.h"
 
 #define MR KILN_PACK_MR
 #define NR KILN_PACK_NR
@@ -38,30 +39,45 @@ s_round_up (int64_t v, int64_t to)
 
 /* --- micro-kernels ---------------------------------------------------
  * c[MR × NR] (row stride ldc) = (accumulate ? c : 0) + a-panel · b-panel
- * over kc steps; a holds MR floats per step, b NR. */
-typedef void (s_ukr_fn) (int64_t kc, const float *a, const float *b, float *c,
-                         int64_t ldc, bool accumulate);
+ * over kc steps; a holds MR floats per step, b NR floats per step at a
+ * stride of ldb.  The narrow kernels do MR × NR/2. */
+typedef void (s_ukr_fn) (int64_t kc, const float *a, const float *b,
+                         int64_t ldb, float *c, int64_t ldc, bool accumulate);
 
 static void
-s_ukr_generic (int64_t kc, const float *a, const float *b, float *c,
-               int64_t ldc, bool accumulate)
+s_ukr_generic_w (int64_t kc, const float *a, const float *b, int64_t ldb,
+                 float *c, int64_t ldc, bool accumulate, int width)
 {
     float acc[MR][NR];
     memset (acc, 0, sizeof acc);
-    for (int64_t k = 0; k < kc; k++, a += MR, b += NR)
+    for (int64_t k = 0; k < kc; k++, a += MR, b += ldb)
         for (int r = 0; r < MR; r++)
-            for (int j = 0; j < NR; j++)
+            for (int j = 0; j < width; j++)
                 acc[r][j] += a[r] * b[j];
     for (int r = 0; r < MR; r++)
-        for (int j = 0; j < NR; j++)
+        for (int j = 0; j < width; j++)
             c[r * ldc + j] = accumulate ? c[r * ldc + j] + acc[r][j] : acc[r][j];
+}
+
+static void
+s_ukr_generic (int64_t kc, const float *a, const float *b, int64_t ldb,
+               float *c, int64_t ldc, bool accumulate)
+{
+    s_ukr_generic_w (kc, a, b, ldb, c, ldc, accumulate, NR);
+}
+
+static void
+s_ukr_generic_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
+                  float *c, int64_t ldc, bool accumulate)
+{
+    s_ukr_generic_w (kc, a, b, ldb, c, ldc, accumulate, NR / 2);
 }
 
 #if defined(__x86_64__)
 
 __attribute__ ((target ("avx512f"))) static void
-s_ukr_avx512 (int64_t kc, const float *a, const float *b, float *c,
-              int64_t ldc, bool accumulate)
+s_ukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
+              float *c, int64_t ldc, bool accumulate)
 {
     __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
     __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
@@ -83,7 +99,7 @@ s_ukr_avx512 (int64_t kc, const float *a, const float *b, float *c,
         S_ROW (0); S_ROW (1); S_ROW (2); S_ROW (3);
         S_ROW (4); S_ROW (5); S_ROW (6); S_ROW (7);
         a += MR;
-        b += NR;
+        b += ldb;
     }
 #undef S_ROW
 #define S_STORE(r)                                                            \
@@ -101,11 +117,47 @@ s_ukr_avx512 (int64_t kc, const float *a, const float *b, float *c,
 #undef S_STORE
 }
 
+/* MR × 16: eight accumulators, enough to hide the FMA latency on CPUs
+ * that run one 512-bit FMA per cycle. */
+__attribute__ ((target ("avx512f"))) static void
+s_ukr_avx512_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
+                 float *c, int64_t ldc, bool accumulate)
+{
+    __m512 c0 = _mm512_setzero_ps (), c1 = _mm512_setzero_ps ();
+    __m512 c2 = _mm512_setzero_ps (), c3 = _mm512_setzero_ps ();
+    __m512 c4 = _mm512_setzero_ps (), c5 = _mm512_setzero_ps ();
+    __m512 c6 = _mm512_setzero_ps (), c7 = _mm512_setzero_ps ();
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_loadu_ps (b);
+        c0 = _mm512_fmadd_ps (_mm512_set1_ps (a[0]), b0, c0);
+        c1 = _mm512_fmadd_ps (_mm512_set1_ps (a[1]), b0, c1);
+        c2 = _mm512_fmadd_ps (_mm512_set1_ps (a[2]), b0, c2);
+        c3 = _mm512_fmadd_ps (_mm512_set1_ps (a[3]), b0, c3);
+        c4 = _mm512_fmadd_ps (_mm512_set1_ps (a[4]), b0, c4);
+        c5 = _mm512_fmadd_ps (_mm512_set1_ps (a[5]), b0, c5);
+        c6 = _mm512_fmadd_ps (_mm512_set1_ps (a[6]), b0, c6);
+        c7 = _mm512_fmadd_ps (_mm512_set1_ps (a[7]), b0, c7);
+        a += MR;
+        b += ldb;
+    }
+#define S_STORE(r)                                                            \
+    do {                                                                      \
+        float *cr = c + (r) * ldc;                                            \
+        if (accumulate)                                                       \
+            c##r = _mm512_add_ps (c##r, _mm512_loadu_ps (cr));                \
+        _mm512_storeu_ps (cr, c##r);                                          \
+    } while (0)
+    S_STORE (0); S_STORE (1); S_STORE (2); S_STORE (3);
+    S_STORE (4); S_STORE (5); S_STORE (6); S_STORE (7);
+#undef S_STORE
+}
+
 /* Rows r0..r0+3, columns h..h+15 of the tile: 8 accumulators, which is
  * what sixteen ymm registers allow next to the operands. */
 __attribute__ ((target ("avx2,fma"))) static void
-s_ukr_avx2_4x16 (int64_t kc, const float *a, const float *b, float *c,
-                 int64_t ldc, bool accumulate)
+s_ukr_avx2_4x16 (int64_t kc, const float *a, const float *b, int64_t ldb,
+                 float *c, int64_t ldc, bool accumulate)
 {
     __m256 c00 = _mm256_setzero_ps (), c01 = _mm256_setzero_ps ();
     __m256 c10 = _mm256_setzero_ps (), c11 = _mm256_setzero_ps ();
@@ -122,7 +174,7 @@ s_ukr_avx2_4x16 (int64_t kc, const float *a, const float *b, float *c,
         __m256 b0 = _mm256_loadu_ps (b), b1 = _mm256_loadu_ps (b + 8);
         S_ROW (0); S_ROW (1); S_ROW (2); S_ROW (3);
         a += MR;
-        b += NR;
+        b += ldb;
     }
 #undef S_ROW
 #define S_STORE(r)                                                            \
@@ -140,17 +192,27 @@ s_ukr_avx2_4x16 (int64_t kc, const float *a, const float *b, float *c,
 }
 
 static void
-s_ukr_avx2 (int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
-            bool accumulate)
+s_ukr_avx2 (int64_t kc, const float *a, const float *b, int64_t ldb, float *c,
+            int64_t ldc, bool accumulate)
 {
     for (int r = 0; r < MR; r += 4)
         for (int h = 0; h < NR; h += 16)
-            s_ukr_avx2_4x16 (kc, a + r, b + h, c + r * ldc + h, ldc, accumulate);
+            s_ukr_avx2_4x16 (kc, a + r, b + h, ldb, c + r * ldc + h, ldc,
+                             accumulate);
+}
+
+static void
+s_ukr_avx2_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
+               float *c, int64_t ldc, bool accumulate)
+{
+    for (int r = 0; r < MR; r += 4)
+        s_ukr_avx2_4x16 (kc, a + r, b, ldb, c + r * ldc, ldc, accumulate);
 }
 
 #endif
 
 static s_ukr_fn *s_ukr = s_ukr_generic;
+static s_ukr_fn *s_ukr_16 = s_ukr_generic_16;
 static const char *s_isa = "generic";
 static pthread_once_t s_isa_once = PTHREAD_ONCE_INIT;
 
@@ -163,13 +225,23 @@ s_isa_init (void)
     __builtin_cpu_init ();
     if ((any || strcmp (want, "avx512") == 0) && __builtin_cpu_supports ("avx512f")) {
         s_ukr = s_ukr_avx512;
+        s_ukr_16 = s_ukr_avx512_16;
         s_isa = "avx512";
     } else if ((any || strcmp (want, "avx512") == 0 || strcmp (want, "avx2") == 0)
                && __builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma")) {
         s_ukr = s_ukr_avx2;
+        s_ukr_16 = s_ukr_avx2_16;
         s_isa = "avx2";
     }
 #endif
+}
+
+void
+kiln_gemm_ukr (int width, int64_t kc, const float *a, const float *b,
+               int64_t ldb, float *c, int64_t ldc, bool accumulate)
+{
+    pthread_once (&s_isa_once, s_isa_init);
+    (width == NR ? s_ukr : s_ukr_16) (kc, a, b, ldb, c, ldc, accumulate);
 }
 
 const char *
@@ -182,7 +254,7 @@ kiln_gemm_isa (void)
 /* --- packing at run time --------------------------------------------- */
 
 /* Rows m0..m0+mr-1, k0..k0+kc-1 of a strided A into panels of kc × MR. */
-static void
+KILN_VCLONES static void
 s_pack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
                   int64_t kc, float *dst)
 {
@@ -204,7 +276,7 @@ s_pack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
 }
 
 /* Columns n0..n0+nw-1, k0..k0+kc-1 of a strided B into panels of kc × NR. */
-static void
+KILN_VCLONES static void
 s_pack_b_strided (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
                   int64_t nw, float *dst)
 {
@@ -242,7 +314,7 @@ typedef struct {
  * tap and a run of output positions in one output row, every input
  * channel is read at the same offset in its plane: the loop over channels
  * is innermost. */
-static void
+KILN_VCLONES static void
 s_pack_b_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
                int64_t nw, float *dst)
 {
@@ -314,7 +386,7 @@ s_pack_b_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
 
 /* --- epilogue -------------------------------------------------------- */
 
-void
+KILN_VCLONES void
 kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
 {
     switch (act) {
@@ -337,7 +409,7 @@ kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
     }
 }
 
-static void
+KILN_VCLONES static void
 s_epilogue (const kiln_gemm_t *g, int64_t i0, int64_t j0, int64_t mr,
             int64_t nr)
 {
@@ -478,9 +550,9 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
                 int64_t nr = s_min (NR, n1 - j);
                 float *c = g->c + i * g->ldc + j;
                 if (mr == MR && nr == NR) {
-                    ukr (kc, a, b, c, g->ldc, kb > 0);
+                    ukr (kc, a, b, NR, c, g->ldc, kb > 0);
                 } else {
-                    ukr (kc, a, b, tmp, NR, false);
+                    ukr (kc, a, b, NR, tmp, NR, false);
                     for (int64_t r = 0; r < mr; r++)
                         for (int64_t q = 0; q < nr; q++)
                             c[r * g->ldc + q] = kb > 0 ? c[r * g->ldc + q]

@@ -28,20 +28,7 @@
 #include <stdint.h>
 
 #include "common/kiln_pack.h"
-
-/* The activations an epilogue applies (the program's `activation`). */
-#define KILN_ACTS(X)                                             \
-    X (NONE,  0, "none")                                         \
-    X (RELU,  1, "relu")       /* max(v, 0), NaN kept */         \
-    X (CLIP,  2, "clip")       /* min(max(v, a), b) */           \
-    X (LEAKY, 3, "leaky_relu") /* v < 0 ? a·v : v */
-
-typedef enum {
-#define KILN_ACT_ENUM(id, num, name) KILN_ACT_##id = num,
-    KILN_ACTS (KILN_ACT_ENUM)
-#undef KILN_ACT_ENUM
-    KILN_ACT_COUNT
-} kiln_act_t;
+#include "common/kiln_program.h"
 
 /* One group's convolution geometry: the B operand is the im2col matrix
  * of `x` (c planes of h × w), rows tap-major (kiln_pack.h), columns the
@@ -97,6 +84,13 @@ void kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count);
 
 /* Apply an activation to n floats in place (also for other kernels). */
 void kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b);
+
+/* The micro-kernel, for kernels that block their own products (Winograd):
+ * c[MR × width] (row stride ldc) = (accumulate ? c : 0) + Σ over kc steps
+ * of a[MR] ⊗ b[width], a packed as an A panel, b's steps ldb apart.
+ * width is KILN_PACK_NR or KILN_PACK_NR / 2. */
+void kiln_gemm_ukr (int width, int64_t kc, const float *a, const float *b,
+                    int64_t ldb, float *c, int64_t ldc, bool accumulate);
 
 /* "avx512", "avx2" or "generic": the micro-kernel in use. */
 const char *kiln_gemm_isa (void);

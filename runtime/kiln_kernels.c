@@ -10,6 +10,7 @@
 #include "common/kiln_pack.h"
 #include "runtime/kiln_exec.h"
 #include "runtime/kiln_gemm.h"
+#include "runtime/kiln_vmath.h"
 
 typedef int (*s_prepare_fn) (kiln_program_t *p, kiln_prog_op_t *op,
                              kiln_kplan_t *plan, kiln_err_t *err);
@@ -729,6 +730,8 @@ s_nchw (const kiln_prog_tensor_t *t, int64_t v[4])
     return false;
 }
 
+static size_t s_dw_ws_floats (const kiln_kplan_t *plan);
+
 static int
 s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                   kiln_err_t *err)
@@ -738,12 +741,19 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return rc;
     s_win_t w;
     int64_t group, x[4], y[4], want;
-    bool packed;
+    bool packed, wino;
     if ((rc = s_get_window (op, &w, err))
         || (rc = kiln_prog_op_int (op, "group", &group, err))
         || (rc = s_get_epilogue (p, op, plan, err))
-        || (rc = s_get_packed (op, "packed", &packed, err)))
+        || (rc = s_get_packed (op, "packed", &packed, err))
+        || (rc = s_get_packed (op, "winograd", &wino, err)))
         return rc;
+    if (wino && (packed || group != 1 || w.k[0] != 3 || w.k[1] != 3
+                 || w.s[0] != 1 || w.s[1] != 1 || w.d[0] != 1 || w.d[1] != 1))
+        return kiln_error (err, KILN_EFORMAT, "winograd needs an ungrouped 3x3 "
+                           "convolution of stride and dilation 1");
+    if (wino)
+        packed = true;          /* the shape checks of packed weights */
     const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
     if (!s_nchw (tx, x) || !s_nchw (ty, y) || tx->shape.rank != ty->shape.rank
         || (!packed && s_t (p, plan->in[1])->shape.rank != tx->shape.rank))
@@ -763,7 +773,10 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (!s_mul3 (cg, w.k[0], w.k[1], &rows) || !s_mul3 (y[2], y[3], 1, &cols)
         || !s_mul3 (y[1], rows, 1, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
-    if (packed && !kiln_pack_conv_elems (y[1], cg, w.k[0], w.k[1], group, &want))
+    if (packed && !wino
+        && !kiln_pack_conv_elems (y[1], cg, w.k[0], w.k[1], group, &want))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large");
+    if (wino && !kiln_pack_wino_elems (y[1], cg, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
     if ((rc = s_need_numel (p, plan->in[1], want, packed ? "packed W" : "W", err)))
         return rc;
@@ -810,7 +823,22 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.conv.pt = w.p[0];
     plan->u.conv.pl = w.p[1];
     plan->u.conv.group = group;
-    if (packed) {
+    if (plan->u.conv.depthwise) {
+        /* the phases and accumulators: bounded by 4 planes of the input
+         * and output, each under 2^32 floats */
+        size_t f = s_dw_ws_floats (plan);
+        if (f > ((size_t) 1 << 34))
+            return kiln_error (err, KILN_EFORMAT, "depthwise convolution too "
+                               "large");
+        plan->ws_bytes = f * sizeof (float);
+    }
+    plan->u.conv.winograd = wino;
+    if (wino) {
+        plan->u.conv.packed = false;
+        kiln_wino_plan (&plan->u.conv.wino, x[0], x[1], x[2], x[3], y[1], y[2],
+                        y[3], w.p[0], w.p[1], kiln_exec_threads ());
+        plan->ws_bytes = kiln_wino_ws_bytes (&plan->u.conv.wino);
+    } else if (packed) {
         kiln_pack_conv_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
         plan->u.conv.geo = (kiln_gconv_t) {
             .c = cg, .h = x[2], .w = x[3], .oh = y[2], .ow = y[3],
@@ -893,11 +921,70 @@ s_conv_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
     g->act_b = plan->epi.b;
 }
 
-/* Output planes [first, first + count) of a depthwise convolution: each
- * output row accumulates one shifted input row per tap. */
+/* The depthwise loops read the input through its phases: with strides
+ * (sh, sw), phase (a, b) of the zero-padded plane holds its rows a, a +
+ * sh, ... and columns b, b + sw, ..., so that every tap reads one phase
+ * at a fixed offset and an output plane (computed over the phase's full
+ * width, the extra columns thrown away) is a sum of shifted copies: one
+ * long vector loop per tap whatever the plane's width. */
+typedef struct {
+    int64_t hp, wp;             /* padded plane */
+    int64_t hq, wq;             /* one phase */
+    int64_t phase;              /* floats per phase */
+    int64_t acc;                /* oh × wq accumulators */
+    int64_t slack;              /* reads past a phase's last row */
+} s_dw_geo_t;
+
 static void
+s_dw_geometry (const kiln_kplan_t *plan, s_dw_geo_t *g)
+{
+    int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    /* rows and columns the windows reach, from -pt / -pl */
+    int64_t need_h = (plan->u.conv.oh - 1) * sh + (plan->u.conv.kh - 1) * plan->u.conv.dh + 1;
+    int64_t need_w = (plan->u.conv.ow - 1) * sw + (plan->u.conv.kw - 1) * plan->u.conv.dw + 1;
+    g->hp = plan->u.conv.h + plan->u.conv.pt;
+    g->wp = plan->u.conv.w + plan->u.conv.pl;
+    if (g->hp < need_h)
+        g->hp = need_h;
+    if (g->wp < need_w)
+        g->wp = need_w;
+    g->hq = (g->hp + sh - 1) / sh;
+    g->wq = (g->wp + sw - 1) / sw;
+    g->phase = g->hq * g->wq;
+    g->acc = plan->u.conv.oh * g->wq;
+    g->slack = (plan->u.conv.kw - 1) * plan->u.conv.dw / sw + 1;
+}
+
+static size_t
+s_dw_ws_floats (const kiln_kplan_t *plan)
+{
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    return (size_t) (plan->u.conv.sh * plan->u.conv.sw * g.phase + g.slack + g.acc);
+}
+
+/* ac[k] = bv + Σ w[i]·t_i[k]: nine taps in one pass; the accumulators
+ * never overlap the phases the taps read. */
+static inline __attribute__ ((always_inline)) void
+s_dw9 (float *restrict ac, int64_t n, float bv, const float *restrict w,
+       const float *restrict t0, const float *restrict t1,
+       const float *restrict t2, const float *restrict t3,
+       const float *restrict t4, const float *restrict t5,
+       const float *restrict t6, const float *restrict t7,
+       const float *restrict t8)
+{
+    float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
+    float w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    for (int64_t k = 0; k < n; k++)
+        ac[k] = bv + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                + w4 * t4[k] + w5 * t5[k] + w6 * t6[k] + w7 * t7[k] + w8 * t8[k];
+}
+
+/* Output planes [first, first + count) of a depthwise convolution, with
+ * `ws` (s_dw_ws_floats) to work in. */
+KILN_VCLONES static void
 s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
-             int64_t count)
+             int64_t count, float *ws)
 {
     const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
     const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
@@ -908,45 +995,97 @@ s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
     int64_t oh = plan->u.conv.oh, ow = plan->u.conv.ow;
     int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw;
     int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    int64_t pt = plan->u.conv.pt, pl = plan->u.conv.pl;
     int64_t mg = plan->u.conv.m / plan->u.conv.group;
-    for (int64_t pl = first; pl < first + count; pl++) {
-        int64_t ni = pl / plan->u.conv.m, o = pl % plan->u.conv.m;
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    int64_t nph = sh * sw;
+    float *phases = ws, *acc = ws + nph * g.phase + g.slack;
+    memset (phases + nph * g.phase, 0, (size_t) g.slack * sizeof *phases);
+    for (int64_t pl_i = first; pl_i < first + count; pl_i++) {
+        int64_t ni = pl_i / plan->u.conv.m, o = pl_i % plan->u.conv.m;
         /* Output channel o reads input channel o / mg (one per group). */
         const float *xp = x + (ni * plan->u.conv.c + o / mg) * h * w;
         const float *wp = wt + o * kh * kw;
-        float *yp = y + pl * oh * ow;
-        float b = bias ? bias[o] : 0.0f;
-        for (int64_t r = 0; r < oh; r++) {
-            float *yr = yp + r * ow;
-            for (int64_t q = 0; q < ow; q++)
-                yr[q] = b;
-            for (int64_t i = 0; i < kh; i++) {
-                int64_t ih = r * sh - plan->u.conv.pt + i * plan->u.conv.dh;
-                if (ih < 0 || ih >= h)
-                    continue;
-                const float *xr = xp + ih * w;
-                for (int64_t j = 0; j < kw; j++) {
-                    float wv = wp[i * kw + j];
-                    int64_t off = j * plan->u.conv.dw - plan->u.conv.pl;
-                    /* q with 0 <= q·sw + off < w */
-                    int64_t qlo = off >= 0 ? 0 : (-off + sw - 1) / sw;
-                    int64_t qhi = off > w - 1 ? 0 : (w - 1 - off) / sw + 1;
-                    if (qhi > ow)
-                        qhi = ow;
+        /* the phases of the zero-padded plane */
+        for (int64_t a = 0; a < sh; a++)
+            for (int64_t b = 0; b < sw; b++) {
+                float *ph = phases + (a * sw + b) * g.phase;
+                for (int64_t u = 0; u < g.hq; u++) {
+                    float *dst = ph + u * g.wq;
+                    int64_t ih = u * sh + a - pt;
+                    if (ih < 0 || ih >= h) {
+                        memset (dst, 0, (size_t) g.wq * sizeof *dst);
+                        continue;
+                    }
+                    const float *src = xp + ih * w;
                     if (sw == 1) {
-                        const float *xs = xr + off;
-                        for (int64_t q = qlo; q < qhi; q++)
-                            yr[q] += wv * xs[q];
+                        /* columns -pl .. wp - pl - 1 of the row */
+                        int64_t lo = pl, hi = pl + w > g.wq ? g.wq : pl + w;
+                        memset (dst, 0, (size_t) (lo < g.wq ? lo : g.wq) * sizeof *dst);
+                        if (hi > lo)
+                            memcpy (dst + lo, src, (size_t) (hi - lo) * sizeof *dst);
+                        if (hi < g.wq)
+                            memset (dst + (hi > lo ? hi : lo), 0,
+                                    (size_t) (g.wq - (hi > lo ? hi : lo)) * sizeof *dst);
                     } else {
-                        for (int64_t q = qlo; q < qhi; q++)
-                            yr[q] += wv * xr[q * sw + off];
+                        /* v with 0 <= v·sw + b - pl < w; zeros around */
+                        int64_t off = b - pl;
+                        int64_t vlo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+                        int64_t vhi = off > w - 1 ? 0 : (w - 1 - off) / sw + 1;
+                        if (vhi > g.wq)
+                            vhi = g.wq;
+                        if (vlo > vhi)
+                            vlo = vhi;
+                        for (int64_t v = 0; v < vlo; v++)
+                            dst[v] = 0.0f;
+                        const float *sp = src + off;
+                        if (sw == 2)            /* a constant stride vectorises */
+                            for (int64_t v = vlo; v < vhi; v++)
+                                dst[v] = sp[2 * v];
+                        else
+                            for (int64_t v = vlo; v < vhi; v++)
+                                dst[v] = sp[v * sw];
+                        for (int64_t v = vhi; v < g.wq; v++)
+                            dst[v] = 0.0f;
                     }
                 }
             }
+        float bv = bias ? bias[o] : 0.0f;
+        const float *tap[9];
+        if (kh * kw == 9) {
+            /* 3x3: all nine taps in one pass over the accumulators */
+            for (int64_t i = 0; i < 3; i++)
+                for (int64_t j = 0; j < 3; j++) {
+                    int64_t ri = i * plan->u.conv.dh, cj = j * plan->u.conv.dw;
+                    tap[i * 3 + j] = phases + ((ri % sh) * sw + cj % sw) * g.phase
+                                     + (ri / sh) * g.wq + cj / sw;
+                }
+            s_dw9 (acc, g.acc, bv, wp, tap[0], tap[1], tap[2], tap[3], tap[4],
+                   tap[5], tap[6], tap[7], tap[8]);
+        } else {
+            for (int64_t i = 0; i < g.acc; i++)
+                acc[i] = bv;
+        }
+        for (int64_t i = 0; i < kh && kh * kw != 9; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                int64_t ri = i * plan->u.conv.dh, cj = j * plan->u.conv.dw;
+                const float *src = phases + ((ri % sh) * sw + cj % sw) * g.phase
+                                   + (ri / sh) * g.wq + cj / sw;
+                float wv = wp[i * kw + j];
+                for (int64_t k = 0; k < g.acc; k++)
+                    acc[k] += wv * src[k];
+            }
+        float *yp = y + pl_i * oh * ow;
+        for (int64_t r = 0; r < oh; r++) {
+            float *yr = yp + r * ow;
+            const float *ar = acc + r * g.wq;
             if (res) {
-                const float *rr = res + pl * oh * ow + r * ow;
+                const float *rr = res + pl_i * oh * ow + r * ow;
                 for (int64_t q = 0; q < ow; q++)
-                    yr[q] += rr[q];
+                    yr[q] = ar[q] + rr[q];
+            } else {
+                memcpy (yr, ar, (size_t) ow * sizeof *yr);
             }
             kiln_act_apply (yr, ow, plan->epi.act, plan->epi.a, plan->epi.b);
         }
@@ -957,6 +1096,8 @@ typedef struct {
     const kiln_kplan_t *plan;
     void *const *data;
     int64_t planes, per;
+    float *ws;
+    size_t ws_stride;               /* floats per worker */
 } s_dw_t;
 
 static void
@@ -965,7 +1106,8 @@ s_dw_task (void *arg, int task, int worker)
     const s_dw_t *d = arg;
     int64_t first = (int64_t) task * d->per;
     int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
-    s_dw_planes (d->plan, d->data, first, count);
+    s_dw_planes (d->plan, d->data, first, count,
+                 d->ws + (size_t) worker * d->ws_stride);
 }
 
 static void
@@ -975,6 +1117,14 @@ s_run_CONV2D (const kiln_kplan_t *plan, void *const *data)
     int64_t ohw = plan->u.conv.oh * plan->u.conv.ow;
     if (ohw == 0 || plan->u.conv.m == 0 || plan->u.conv.n == 0)
         return;
+    if (plan->u.conv.winograd) {
+        kiln_wino_run (&plan->u.conv.wino, data[plan->in[0]], data[plan->in[1]],
+                       plan->u.conv.bias ? data[plan->in[2]] : NULL,
+                       plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL,
+                       data[plan->out], plan->epi.act, plan->epi.a, plan->epi.b);
+        return;
+    }
     if (plan->u.conv.packed) {
         s_gctx_t ctx = { plan, data };
         kiln_gemm_run (s_conv_get, &ctx, plan->u.conv.n * g);
@@ -985,7 +1135,10 @@ s_run_CONV2D (const kiln_kplan_t *plan, void *const *data)
         int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
         if (tasks > planes)
             tasks = planes;
-        s_dw_t d = { plan, data, planes, (planes + tasks - 1) / tasks };
+        size_t bytes;
+        s_dw_t d = { plan, data, planes, (planes + tasks - 1) / tasks,
+                     kiln_exec_ws (&bytes), 0 };
+        d.ws_stride = bytes / sizeof (float);
         kiln_exec_parallel (s_dw_task, &d, (int) ((planes + d.per - 1) / d.per));
         return;
     }
@@ -1065,42 +1218,94 @@ s_prepare_MAXPOOL2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.pool.dw = w.d[1];
     plan->u.pool.pt = w.p[0];
     plan->u.pool.pl = w.p[1];
+    plan->ws_bytes = (size_t) x[3] * sizeof (float);    /* one row's maxima */
     return 0;
 }
 
-static void
-s_run_MAXPOOL2D (const kiln_kplan_t *plan, void *const *data)
+/* max that keeps the first NaN it meets: a NaN window gives NaN */
+static inline float
+s_max_nan (float best, float v)
+{
+    return v != v ? v : (v > best ? v : best);
+}
+
+/* Output planes [first, first + count): for each output row, the maximum
+ * over the window's input rows first (contiguous, vectorised) into
+ * `colmax`, then over the window's columns. */
+KILN_VCLONES static void
+s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
+               int64_t count, float *colmax)
 {
     const float *x = data[plan->in[0]];
     float *y = data[plan->out];
     int64_t h = plan->u.pool.h, w = plan->u.pool.w;
     int64_t oh = plan->u.pool.oh, ow = plan->u.pool.ow;
-    for (int64_t pl = 0; pl < plan->u.pool.planes; pl++) {
+    int64_t kh = plan->u.pool.kh, kw = plan->u.pool.kw;
+    for (int64_t pl = first; pl < first + count; pl++) {
         const float *xp = x + pl * h * w;
         float *yp = y + pl * oh * ow;
-        for (int64_t r = 0; r < oh; r++)
+        for (int64_t r = 0; r < oh; r++) {
+            float *yr = yp + r * ow;
+            int64_t h0 = r * plan->u.pool.sh - plan->u.pool.pt;
+            bool any = false;
+            for (int64_t i = 0; i < kh; i++) {
+                int64_t ih = h0 + i * plan->u.pool.dh;
+                if (ih < 0 || ih >= h)
+                    continue;
+                const float *xr = xp + ih * w;
+                if (!any)
+                    memcpy (colmax, xr, (size_t) w * sizeof *colmax);
+                else
+                    for (int64_t t = 0; t < w; t++)
+                        colmax[t] = s_max_nan (colmax[t], xr[t]);
+                any = true;
+            }
             for (int64_t q = 0; q < ow; q++) {
                 float best = -INFINITY;
-                int64_t h0 = r * plan->u.pool.sh - plan->u.pool.pt;
                 int64_t w0 = q * plan->u.pool.sw - plan->u.pool.pl;
-                for (int64_t i = 0; i < plan->u.pool.kh; i++) {
-                    int64_t ih = h0 + i * plan->u.pool.dh;
-                    if (ih < 0 || ih >= h)
-                        continue;
-                    for (int64_t j = 0; j < plan->u.pool.kw; j++) {
-                        int64_t iw = w0 + j * plan->u.pool.dw;
-                        if (iw < 0 || iw >= w)
-                            continue;
-                        float v = xp[ih * w + iw];
-                        if (v > best || v != v)
-                            best = v;
-                        if (best != best)
-                            break;
-                    }
+                for (int64_t j = 0; any && j < kw; j++) {
+                    int64_t iw = w0 + j * plan->u.pool.dw;
+                    if (iw >= 0 && iw < w)
+                        best = s_max_nan (best, colmax[iw]);
                 }
-                yp[r * ow + q] = best;
+                yr[q] = best;
             }
+        }
     }
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    int64_t planes, per;
+    float *ws;
+    size_t ws_stride;               /* floats per worker */
+} s_planes_t;
+
+static void
+s_pool_task (void *arg, int task, int worker)
+{
+    const s_planes_t *d = arg;
+    int64_t first = (int64_t) task * d->per;
+    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
+    s_pool_planes (d->plan, d->data, first, count,
+                   d->ws + (size_t) worker * d->ws_stride);
+}
+
+static void
+s_run_MAXPOOL2D (const kiln_kplan_t *plan, void *const *data)
+{
+    int64_t planes = plan->u.pool.planes;
+    if (planes == 0 || plan->u.pool.oh == 0 || plan->u.pool.ow == 0)
+        return;
+    int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
+    if (tasks > planes)
+        tasks = planes;
+    size_t bytes;
+    s_planes_t d = { plan, data, planes, (planes + tasks - 1) / tasks,
+                     kiln_exec_ws (&bytes), 0 };
+    d.ws_stride = bytes / sizeof (float);
+    kiln_exec_parallel (s_pool_task, &d, (int) ((planes + d.per - 1) / d.per));
 }
 
 static int
@@ -1205,6 +1410,25 @@ kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
         return kiln_error_prefix (err, "op %d (%s)", i,
                                   kiln_kernel_name (op->kernel));
     return 0;
+}
+
+double
+kiln_kernel_flops (const kiln_kplan_t *plan)
+{
+    switch (plan->kernel) {
+    case KILN_K_CONV2D:
+        return 2.0 * (double) plan->u.conv.n * (double) plan->u.conv.m
+               * (double) (plan->u.conv.oh * plan->u.conv.ow)
+               * (double) (plan->u.conv.c / plan->u.conv.group)
+               * (double) (plan->u.conv.kh * plan->u.conv.kw);
+    case KILN_K_MATMUL:
+        return 2.0 * (double) plan->u.mm.nbatch * plan->u.mm.m * plan->u.mm.n
+               * plan->u.mm.k;
+    case KILN_K_GEMM:
+        return 2.0 * (double) plan->u.gemm.m * plan->u.gemm.n * plan->u.gemm.k;
+    default:
+        return 0.0;
+    }
 }
 
 void

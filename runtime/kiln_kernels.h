@@ -27,6 +27,7 @@
 #include "runtime/kiln_gemm.h"
 #include "runtime/kiln_kernels_math.h"
 #include "runtime/kiln_kernels_shape.h"
+#include "runtime/kiln_winograd.h"
 
 typedef struct kiln_kplan {
     kiln_kernel_t kernel;
@@ -84,6 +85,8 @@ typedef struct kiln_kplan {
             bool pointwise;         /* 1x1, stride 1, unpadded */
             int64_t wpg;            /* packed W floats per group */
             kiln_gconv_t geo;       /* one group's geometry for kiln_gemm */
+            bool winograd;          /* W transformed for F(2x2, 3x3) */
+            kiln_wino_t wino;
         } conv;
         struct {                    /* maxpool2d */
             int64_t planes, h, w, oh, ow;
@@ -101,6 +104,11 @@ typedef struct kiln_kplan {
  * ("op 3 (conv2d): ...").  Marks the parameters it reads in the op. */
 int kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
                          kiln_err_t *err);
+
+/* Floating-point operations of one run of a prepared op, counting a
+ * multiply-add as two; 0 for kernels whose work is not counted (data
+ * movement, elementwise).  For profiles. */
+double kiln_kernel_flops (const kiln_kplan_t *plan);
 
 /* Run a prepared op; `data[t]` is the address of tensor t. */
 void kiln_kernel_run (const kiln_kplan_t *plan, void *const *data);

@@ -9,6 +9,7 @@
  * expression serves both.
  */
 #include "runtime/kiln_kernels.h"
+#include "runtime/kiln_vmath.h"
 
 #include <float.h>
 #include <limits.h>
@@ -287,13 +288,27 @@ s_unit_double (double v)
 
 S_FLOATS (S_UNARY, sqrt)
 S_FLOATS (S_UNARY, reciprocal)
-S_FLOATS (S_UNARY, exp)
+S_UNARY (exp, f64, double)
 S_FLOATS (S_UNARY, log)
 S_FLOATS (S_UNARY, floor)
 S_FLOATS (S_UNARY, ceil)
-S_FLOATS (S_UNARY, erf)
-S_FLOATS (S_UNARY, tanh)
-S_FLOATS (S_UNARY, sigmoid)
+S_UNARY (erf, f64, double)
+S_UNARY (tanh, f64, double)
+S_UNARY (sigmoid, f64, double)
+
+/* float32 exp, erf, tanh, sigmoid: the vectorised loops (kiln_vmath.h). */
+#define S_VMATH(OP)                                                           \
+    static void                                                               \
+    s_##OP##_f32 (int64_t n, const void *x, void *y, const kiln_kmath_plan_t *mp) \
+    {                                                                         \
+        (void) mp;                                                            \
+        kiln_v##OP (x, y, n);                                                 \
+    }
+S_VMATH (exp)
+S_VMATH (erf)
+S_VMATH (tanh)
+S_VMATH (sigmoid)
+#undef S_VMATH
 S_FLOATS (S_UNARY, softplus)
 S_FLOATS (S_UNARY, softsign)
 S_FLOATS (S_UNARY, hard_swish)
@@ -1139,8 +1154,22 @@ static const s_tab_t s_tab_arg = {
                     yp[r * post] = (T) ((double) yp[r * post] * inv);         \
             }                                                                 \
     }
-S_SOFTMAX (f32, float)
+S_SOFTMAX (f32_any, float)
 S_SOFTMAX (f64, double)
+
+/* float32 rows that are contiguous: the vectorised row (kiln_vmath.h). */
+static void
+s_softmax_f32 (const kiln_kmath_plan_t *mp, const void *x_, void *y_)
+{
+    if (mp->post != 1) {
+        s_softmax_f32_any (mp, x_, y_);
+        return;
+    }
+    const float *x = x_;
+    float *y = y_;
+    for (int64_t o = 0; o < mp->pre; o++)
+        kiln_vsoftmax_row (x + o * mp->len, y + o * mp->len, mp->len, mp->i0 != 0);
+}
 static const s_tab_t s_tab_softmax = { [S_F32] = (s_fn_t) s_softmax_f32,
                                        [S_F64] = (s_fn_t) s_softmax_f64 };
 
@@ -1249,8 +1278,27 @@ S_IN (f64, double)
                 sinv[o] = (float) inv;                                        \
         }                                                                     \
     }
-S_LN (f32, float)
 S_LN (f64, double)
+
+static void
+s_run_ln_f32 (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kmath_plan_t *mp = &plan->u.math;
+    const float *x = data[plan->in[0]], *sc = data[plan->in[1]];
+    const float *bi = plan->n_in > 2 ? data[plan->in[2]] : NULL;
+    float *y = data[plan->out];
+    float *smean = mp->out2 >= 0 ? data[mp->out2] : NULL;
+    float *sinv = mp->out3 >= 0 ? data[mp->out3] : NULL;
+    for (int64_t o = 0; o < mp->pre; o++) {
+        double mean, inv;
+        kiln_vlayer_norm_row (x + o * mp->len, y + o * mp->len, mp->len, sc,
+                              mp->sc_st, bi, mp->b_st, mp->f[0], &mean, &inv);
+        if (smean)
+            smean[o] = (float) mean;
+        if (sinv)
+            sinv[o] = (float) inv;
+    }
+}
 
 /* LRN across channels: y = x / (bias + alpha / size * sum x^2)^beta, the
  * sum over channels c - floor((size-1)/2) .. c + ceil((size-1)/2). */

@@ -48,6 +48,26 @@ s_cmp_double (const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Peak resident set of this process in KiB: VmHWM, which exec resets
+ * (getrusage's ru_maxrss keeps the parent's peak across fork and exec). */
+static long
+s_peak_rss_kib (void)
+{
+    FILE *f = fopen ("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets (line, sizeof line, f))
+        if (strncmp (line, "VmHWM:", 6) == 0)
+            kib = strtol (line + 6, NULL, 10);
+    if (f)
+        fclose (f);
+    if (kib < 0) {
+        struct rusage ru;
+        kib = getrusage (RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+    }
+    return kib;
+}
+
 static double
 s_now_ms (void)
 {
@@ -287,8 +307,7 @@ main (int argc, char **argv)
             sum += times[r];
         qsort (times, (size_t) bench, sizeof *times, s_cmp_double);
         long p99 = (long) ((double) bench * 0.99 + 0.999999) - 1;
-        struct rusage ru;
-        long rss_kib = getrusage (RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+        long rss_kib = s_peak_rss_kib ();
         const char *thr = getenv ("KILN_RT_THREADS");
         if (json)
             printf ("{\"runs\":%ld,\"warmup\":%ld,\"min_ms\":%.4f,\"median_ms\":"

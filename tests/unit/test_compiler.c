@@ -479,12 +479,13 @@ START_TEST (test_planner_is_safe_with_branches_scratch_and_views)
         s_assert_plan_is_safe (p);
         if (opt > 0)
             ck_assert (st.arena_bytes < st.naive_bytes);
-        /* The convolutions have an im2col workspace; the residual input
-         * stays live across both of them. */
+        /* Below -O2 the convolutions have an im2col workspace; from -O2
+         * their weights are packed and they read the input in place.  The
+         * residual input stays live across both of them. */
         int scratch = 0;
         for (int i = 0; i < p->n_ops; i++)
             scratch += p->ops[i].scratch >= 0;
-        ck_assert_int_eq (scratch, 2);
+        ck_assert_int_eq (scratch, opt < 2 ? 2 : 0);
         kiln_program_destroy (&p);
         kiln_artifact_destroy (&art);
         kiln_graph_destroy (&g);

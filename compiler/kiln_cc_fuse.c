@@ -1,0 +1,509 @@
+#include "compiler/kiln_cc_fuse.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/kiln_infer_math.h"
+#include "graph/kiln_shape_ops.h"
+
+typedef struct {
+    int *uses;              /* per tensor: reads by live nodes */
+    int *consumer;          /* per tensor: a live node reading it */
+    uint8_t *is_output;     /* per tensor: a graph output */
+} s_uses_t;
+
+static bool
+s_is (const kiln_node_t *n, const char *op)
+{
+    return n->op && strcmp (n->op, op) == 0;
+}
+
+static const kiln_tensor_t *
+s_gt (const kiln_cc_ctx_t *cx, int t)
+{
+    return &cx->g->tensors[t];
+}
+
+static bool
+s_f32 (const kiln_cc_ctx_t *cx, int t)
+{
+    return t >= 0 && s_gt (cx, t)->dtype == KILN_DT_FLOAT32
+           && s_gt (cx, t)->shape.rank >= 0;
+}
+
+static int64_t
+s_numel (const kiln_shape_t *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->rank; i++)
+        n *= s->dims[i];
+    return n;
+}
+
+/* The node that alone reads `t`, when it is live and not yet taken. */
+static int
+s_sole_reader (const kiln_cc_ctx_t *cx, const s_uses_t *u, int t)
+{
+    if (t < 0 || u->uses[t] != 1 || u->is_output[t])
+        return -1;
+    int n = u->consumer[t];
+    return n >= 0 && !cx->skip[n] ? n : -1;
+}
+
+/* Only the first output of `n` is used (BatchNormalization may declare
+ * training outputs). */
+static bool
+s_only_first_output (const kiln_cc_ctx_t *cx, const s_uses_t *u,
+                     const kiln_node_t *n)
+{
+    for (int i = 1; i < n->n_outputs; i++) {
+        int t = n->outputs[i];
+        if (t >= 0 && (u->uses[t] > 0 || u->is_output[t]))
+            return false;
+    }
+    return n->n_outputs >= 1 && n->outputs[0] >= 0;
+}
+
+/* A BatchNormalization reading `cur`, foldable into conv node `p`. */
+static int
+s_bn (const kiln_cc_ctx_t *cx, const s_uses_t *u, const kiln_node_t *p, int cur)
+{
+    int b = s_sole_reader (cx, u, cur);
+    if (b < 0)
+        return -1;
+    const kiln_node_t *bn = &cx->g->nodes[b];
+    if (!s_is (bn, "BatchNormalization") || bn->n_inputs != 5
+        || bn->inputs[0] != cur || !s_only_first_output (cx, u, bn)
+        || kiln_node_attr_int (bn, "training_mode", 0) != 0
+        || !s_f32 (cx, bn->outputs[0]))
+        return -1;
+    /* The conv's weights and bias must be constants to fold into. */
+    if (!kiln_cc_const_f32 (cx, p->inputs[1])
+        || (p->n_inputs > 2 && p->inputs[2] >= 0
+            && !kiln_cc_const_f32 (cx, p->inputs[2])))
+        return -1;
+    const kiln_shape_t *sy = &s_gt (cx, cur)->shape;
+    if (sy->rank < 2)
+        return -1;
+    for (int i = 1; i < 5; i++) {
+        int t = bn->inputs[i];
+        if (t < 0 || !s_f32 (cx, t) || !kiln_cc_const_f32 (cx, t)
+            || s_numel (&s_gt (cx, t)->shape) != sy->dims[1])
+            return -1;
+    }
+    return b;
+}
+
+/* Add(cur, other) or Add(other, cur) reading `cur`: its index, with the
+ * other operand in *other. */
+static int
+s_add (const kiln_cc_ctx_t *cx, const s_uses_t *u, int cur, int *other)
+{
+    int a = s_sole_reader (cx, u, cur);
+    if (a < 0)
+        return -1;
+    const kiln_node_t *n = &cx->g->nodes[a];
+    if (!s_is (n, "Add") || n->n_inputs != 2 || n->n_outputs != 1
+        || !s_f32 (cx, n->inputs[0]) || !s_f32 (cx, n->inputs[1])
+        || !s_f32 (cx, n->outputs[0]) || n->inputs[0] == n->inputs[1])
+        return -1;
+    /* The sum must have the product's shape: no broadcast of `cur`. */
+    if (!kiln_shape_equal (&s_gt (cx, n->outputs[0])->shape,
+                           &s_gt (cx, cur)->shape))
+        return -1;
+    *other = n->inputs[0] == cur ? n->inputs[1] : n->inputs[0];
+    return a;
+}
+
+/* A constant that broadcasts as one value per column: [.., 1, n]. */
+static bool
+s_is_col_bias (const kiln_cc_ctx_t *cx, int t, const kiln_shape_t *y)
+{
+    if (!kiln_cc_const_f32 (cx, t) || y->rank < 1)
+        return false;
+    const kiln_shape_t *s = &s_gt (cx, t)->shape;
+    int64_t n = y->dims[y->rank - 1];
+    if (s->rank < 1 || s->rank > y->rank || s->dims[s->rank - 1] != n)
+        return false;
+    for (int i = 0; i < s->rank - 1; i++)
+        if (s->dims[i] != 1)
+            return false;
+    return true;
+}
+
+/* An activation node reading `cur`; fills the fusion's act fields. */
+static int
+s_act (const kiln_cc_ctx_t *cx, const s_uses_t *u, int cur, kiln_cc_fusion_t *f)
+{
+    int a = s_sole_reader (cx, u, cur);
+    if (a < 0)
+        return -1;
+    const kiln_node_t *n = &cx->g->nodes[a];
+    if (n->n_outputs != 1 || n->n_inputs < 1 || n->inputs[0] != cur
+        || !s_f32 (cx, n->outputs[0]))
+        return -1;
+    if (s_is (n, "Relu")) {
+        f->act = KILN_ACT_RELU;
+        return a;
+    }
+    if (s_is (n, "LeakyRelu")) {
+        f->act = KILN_ACT_LEAKY;
+        f->act_a = kiln_node_attr_float (n, "alpha", 0.01);
+        return a;
+    }
+    if (!s_is (n, "Clip"))
+        return -1;
+    bool has_min, has_max;
+    double lo, hi;
+    int lo_in, hi_in;
+    kiln_err_t ignored;
+    if (kiln_math_clip_bounds (cx->g, n, &has_min, &lo, &has_max, &hi, &lo_in,
+                               &hi_in, &ignored))
+        return -1;
+    bool old = cx->g->opset < 11;
+    if (!has_min)
+        lo = old ? -FLT_MAX : -INFINITY;
+    if (!has_max)
+        hi = old ? FLT_MAX : INFINITY;
+    int ins[2] = { lo_in, hi_in };
+    double *vals[2] = { &lo, &hi };
+    for (int i = 0; i < 2; i++) {
+        if (ins[i] < 0)
+            continue;
+        const float *v = kiln_cc_const_f32 (cx, ins[i]);
+        if (!v || s_numel (&s_gt (cx, ins[i])->shape) != 1)
+            return -1;
+        *vals[i] = v[0];
+    }
+    if (lo != lo || hi != hi)
+        return -1;
+    f->act = KILN_ACT_CLIP;
+    f->act_a = lo;
+    f->act_b = hi;
+    return a;
+}
+
+/* A Transpose that only moves axes of size 1: the elements keep their
+ * order (kiln_lower_shape makes it an alias). */
+static bool
+s_unit_transpose (const kiln_cc_ctx_t *cx, const kiln_node_t *n)
+{
+    const kiln_shape_t *xs = &s_gt (cx, n->inputs[0])->shape;
+    int64_t perm[KILN_MAX_RANK];
+    kiln_err_t ignored;
+    if (xs->rank < 1 || kiln_transpose_perm (cx->g, n, xs->rank, perm, &ignored))
+        return false;
+    int64_t last = -1;
+    for (int i = 0; i < xs->rank; i++) {
+        if (xs->dims[perm[i]] == 1)
+            continue;
+        if (perm[i] < last)
+            return false;
+        last = perm[i];
+    }
+    return true;
+}
+
+/* A view (same elements in the same order) reading `cur` alone. */
+static int
+s_view (const kiln_cc_ctx_t *cx, const s_uses_t *u, int cur)
+{
+    int v = s_sole_reader (cx, u, cur);
+    if (v < 0)
+        return -1;
+    const kiln_node_t *n = &cx->g->nodes[v];
+    if (!(s_is (n, "Reshape") || s_is (n, "Flatten") || s_is (n, "Squeeze")
+          || s_is (n, "Unsqueeze") || s_is (n, "Identity")
+          || (s_is (n, "Transpose") && s_unit_transpose (cx, n)))
+        || n->n_outputs != 1 || n->inputs[0] != cur || !s_f32 (cx, n->outputs[0])
+        || s_numel (&s_gt (cx, n->outputs[0])->shape)
+               != s_numel (&s_gt (cx, cur)->shape))
+        return -1;
+    for (int k = 1; k < n->n_inputs; k++)
+        if (n->inputs[k] == cur)
+            return -1;
+    return v;
+}
+
+/* Take the views after `cur` when `then` accepts what follows them. */
+static int
+s_through_views (kiln_cc_ctx_t *cx, const s_uses_t *u, int cur, int *views,
+                 int *n_views)
+{
+    int v;
+    *n_views = 0;
+    while (*n_views < 4 && (v = s_view (cx, u, cur)) >= 0) {
+        views[(*n_views)++] = v;
+        cur = cx->g->nodes[v].outputs[0];
+    }
+    return cur;
+}
+
+static void
+s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
+{
+    const kiln_node_t *p = &cx->g->nodes[i];
+    bool conv = s_is (p, "Conv"), matmul = s_is (p, "MatMul");
+    if ((!conv && !matmul && !s_is (p, "Gemm")) || p->n_outputs < 1
+        || p->n_inputs < 2 || !s_f32 (cx, p->outputs[0]))
+        return;
+    kiln_cc_fusion_t *f = &cx->fusion[i];
+    int cur = p->outputs[0], n, other;
+    if (conv && (n = s_bn (cx, u, p, cur)) >= 0) {
+        f->bn = n;
+        cx->skip[n] = 1;
+        cur = cx->g->nodes[n].outputs[0];
+    }
+    if (cx->opts.optlevel >= 2) {
+        if (matmul && (n = s_add (cx, u, cur, &other)) >= 0
+            && s_is_col_bias (cx, other, &s_gt (cx, cur)->shape)) {
+            f->bias = other;
+            cx->skip[n] = 1;
+            cur = cx->g->nodes[n].outputs[0];
+        }
+        /* A reshape between the product and what follows changes no
+         * element: the fused op writes the reshaped tensor. */
+        int views[4], n_views, past = s_through_views (cx, u, cur, views, &n_views);
+        if ((n = s_add (cx, u, past, &other)) >= 0
+            && kiln_shape_equal (&s_gt (cx, other)->shape, &s_gt (cx, past)->shape)
+            && kiln_cc_available (cx, other, i)) {
+            for (int v = 0; v < n_views; v++)
+                cx->skip[views[v]] = 1;
+            f->residual = other;
+            cx->skip[n] = 1;
+            cur = cx->g->nodes[n].outputs[0];
+        }
+        past = s_through_views (cx, u, cur, views, &n_views);
+        if ((n = s_act (cx, u, past, f)) >= 0) {
+            for (int v = 0; v < n_views; v++)
+                cx->skip[views[v]] = 1;
+            cx->skip[n] = 1;
+            cur = cx->g->nodes[n].outputs[0];
+        }
+    }
+    if (cur != p->outputs[0])
+        f->out = cur;
+}
+
+/* A constant float32 holding one value. */
+static bool
+s_scalar (const kiln_cc_ctx_t *cx, int t, double *v)
+{
+    const float *d = kiln_cc_const_f32 (cx, t);
+    if (!d || s_numel (&s_gt (cx, t)->shape) != 1)
+        return false;
+    *v = d[0];
+    return true;
+}
+
+/* A ReduceMean over the last axes of its rank-r input, keeping them:
+ * the first of those axes in *axis. */
+static bool
+s_mean_last (const kiln_cc_ctx_t *cx, const kiln_node_t *n, int *axis)
+{
+    if (!s_is (n, "ReduceMean") || n->n_outputs != 1 || !s_f32 (cx, n->inputs[0])
+        || kiln_node_attr_int (n, "keepdims", 1) != 1)
+        return false;
+    int r = s_gt (cx, n->inputs[0])->shape.rank;
+    const kiln_attr_t *a = kiln_node_attr (n, "axes");
+    int64_t axes[KILN_MAX_RANK];
+    int k = 0;
+    if (a && a->kind == KILN_ATTR_INTS && a->n >= 1 && a->n <= (size_t) r
+        && n->n_inputs == 1) {
+        for (size_t i = 0; i < a->n; i++)
+            axes[k++] = a->ints[i] < 0 ? a->ints[i] + r : a->ints[i];
+    } else if (!a && n->n_inputs == 2 && n->inputs[1] >= 0) {
+        const kiln_tensor_t *t = s_gt (cx, n->inputs[1]);
+        if (t->dtype != KILN_DT_INT64 || t->weight < 0 || t->shape.rank != 1
+            || t->shape.dims[0] < 1 || t->shape.dims[0] > r
+            || !cx->g->weights[t->weight].data)
+            return false;
+        const int64_t *v = (const int64_t *) cx->g->weights[t->weight].data;
+        for (int64_t i = 0; i < t->shape.dims[0]; i++)
+            axes[k++] = v[i] < 0 ? v[i] + r : v[i];
+    } else {
+        return false;
+    }
+    /* exactly r-k .. r-1, in any order */
+    uint32_t seen = 0;
+    for (int i = 0; i < k; i++) {
+        if (axes[i] < r - k || axes[i] >= r || (seen & (1u << axes[i])))
+            return false;
+        seen |= 1u << axes[i];
+    }
+    *axis = r - k;
+    return true;
+}
+
+/* The node after `t` when it is `op` and reads `t` alone. */
+static const kiln_node_t *
+s_next (const kiln_cc_ctx_t *cx, const s_uses_t *u, int t, const char *op,
+        int *idx)
+{
+    int n = s_sole_reader (cx, u, t);
+    if (n < 0 || !s_is (&cx->g->nodes[n], op) || cx->g->nodes[n].n_outputs != 1
+        || !s_f32 (cx, cx->g->nodes[n].outputs[0]))
+        return NULL;
+    *idx = n;
+    return &cx->g->nodes[n];
+}
+
+/* The other operand of a two-input node reading `t`. */
+static int
+s_other (const kiln_node_t *n, int t)
+{
+    if (n->n_inputs != 2 || n->inputs[0] == n->inputs[1])
+        return -1;
+    return n->inputs[0] == t ? n->inputs[1] : n->inputs[1] == t ? n->inputs[0] : -1;
+}
+
+/* LayerNormalization as torch exports it before opset 17:
+ *   m = ReduceMean(x); d = x - m; v = ReduceMean(d ^ 2); s = Sqrt(v + eps);
+ *   y = d / s * scale + bias
+ * starting at the first ReduceMean, node i. */
+static void
+s_plan_layer_norm (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
+{
+    const kiln_node_t *r1 = &cx->g->nodes[i];
+    int axis, axis2, idx[8];
+    double two, eps;
+    if (!s_mean_last (cx, r1, &axis))
+        return;
+    int x = r1->inputs[0], m = r1->outputs[0];
+    const kiln_node_t *sub = s_next (cx, u, m, "Sub", &idx[0]);
+    if (!sub || sub->n_inputs != 2 || sub->inputs[0] != x || sub->inputs[1] != m)
+        return;
+    int d = sub->outputs[0];
+    if (u->uses[d] != 2 || u->is_output[d]
+        || !kiln_shape_equal (&s_gt (cx, d)->shape, &s_gt (cx, x)->shape))
+        return;
+    /* d feeds Pow and Div */
+    const kiln_node_t *pw = NULL, *div = NULL;
+    for (int n = i + 1; n < cx->g->n_nodes; n++) {
+        const kiln_node_t *c = &cx->g->nodes[n];
+        if (cx->skip[n] || c->n_inputs < 1 || c->inputs[0] != d)
+            continue;
+        if (s_is (c, "Pow") && !pw) {
+            pw = c;
+            idx[1] = n;
+        } else if (s_is (c, "Div") && !div) {
+            div = c;
+            idx[2] = n;
+        }
+    }
+    if (!pw || !div || pw->n_inputs != 2 || !s_scalar (cx, pw->inputs[1], &two)
+        || two != 2.0 || !s_f32 (cx, pw->outputs[0]))
+        return;
+    const kiln_node_t *r2 = s_next (cx, u, pw->outputs[0], "ReduceMean", &idx[3]);
+    if (!r2 || !s_mean_last (cx, r2, &axis2) || axis2 != axis)
+        return;
+    const kiln_node_t *add = s_next (cx, u, r2->outputs[0], "Add", &idx[4]);
+    if (!add || !s_scalar (cx, s_other (add, r2->outputs[0]), &eps) || eps < 0)
+        return;
+    const kiln_node_t *sq = s_next (cx, u, add->outputs[0], "Sqrt", &idx[5]);
+    if (!sq || s_sole_reader (cx, u, sq->outputs[0]) != idx[2]
+        || div->n_inputs != 2 || div->inputs[1] != sq->outputs[0]
+        || div->n_outputs != 1)
+        return;
+    const kiln_node_t *mul = s_next (cx, u, div->outputs[0], "Mul", &idx[6]);
+    if (!mul)
+        return;
+    int scale = s_other (mul, div->outputs[0]);
+    const kiln_node_t *badd = s_next (cx, u, mul->outputs[0], "Add", &idx[7]);
+    if (!badd)
+        return;
+    int bias = s_other (badd, mul->outputs[0]);
+    int64_t len = 1;
+    const kiln_shape_t *sx = &s_gt (cx, x)->shape;
+    for (int k = axis; k < sx->rank; k++)
+        len *= sx->dims[k];
+    int ends[2] = { scale, bias };
+    for (int k = 0; k < 2; k++) {
+        if (!kiln_cc_const_f32 (cx, ends[k]))
+            return;
+        /* the normalised dims exactly, right-aligned (or one value) */
+        const kiln_shape_t *s = &s_gt (cx, ends[k])->shape;
+        int64_t nn = s_numel (s);
+        if (nn != 1 && nn != len)
+            return;
+        if (nn != 1)
+            for (int j = 0; j < s->rank; j++)
+                if (s->rank - j > sx->rank - axis ? s->dims[j] != 1
+                    : s->dims[j] != sx->dims[sx->rank - (s->rank - j)])
+                    return;
+    }
+    if (!kiln_shape_equal (&s_gt (cx, badd->outputs[0])->shape, sx))
+        return;
+    for (int k = 0; k < 8; k++)
+        cx->skip[idx[k]] = 1;
+    kiln_cc_fusion_t *f = &cx->fusion[i];
+    f->ln_scale = scale;
+    f->ln_bias = bias;
+    f->ln_axis = axis;
+    f->ln_eps = eps;
+    f->out = badd->outputs[0];
+}
+
+int
+kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
+{
+    kiln_graph_t *g = cx->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        cx->skip[i] = 0;
+        cx->fusion[i] = (kiln_cc_fusion_t) { .bn = -1, .bias = -1, .residual = -1,
+                                             .act = KILN_ACT_NONE, .out = -1,
+                                             .ln_scale = -1, .ln_bias = -1 };
+    }
+    if (cx->opts.optlevel < 1)
+        return 0;
+    s_uses_t u;
+    size_t nt = (size_t) g->n_tensors + 1;
+    u.uses = calloc (nt, sizeof *u.uses);
+    u.consumer = malloc (nt * sizeof *u.consumer);
+    u.is_output = calloc (nt, 1);
+    uint8_t *needed = calloc (nt, 1);
+    if (!u.uses || !u.consumer || !u.is_output || !needed) {
+        free (u.uses);
+        free (u.consumer);
+        free (u.is_output);
+        free (needed);
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    }
+    for (int t = 0; t < g->n_tensors; t++)
+        u.consumer[t] = -1;
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] >= 0 && g->outputs[i] < g->n_tensors)
+            needed[g->outputs[i]] = u.is_output[g->outputs[i]] = 1;
+    /* Dead nodes: walk back from the outputs. */
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        const kiln_node_t *n = &g->nodes[i];
+        bool live = false;
+        for (int o = 0; o < n->n_outputs; o++)
+            if (n->outputs[o] >= 0 && needed[n->outputs[o]])
+                live = true;
+        if (!live) {
+            cx->skip[i] = 1;
+            continue;
+        }
+        for (int k = 0; k < n->n_inputs; k++)
+            if (n->inputs[k] >= 0) {
+                needed[n->inputs[k]] = 1;
+                u.uses[n->inputs[k]]++;
+                u.consumer[n->inputs[k]] = i;
+            }
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!cx->skip[i])
+            s_plan_product (cx, &u, i);
+    if (cx->opts.optlevel >= 2)
+        for (int i = 0; i < g->n_nodes; i++)
+            if (!cx->skip[i])
+                s_plan_layer_norm (cx, &u, i);
+    free (u.uses);
+    free (u.consumer);
+    free (u.is_output);
+    free (needed);
+    return 0;
+}

@@ -1,0 +1,31 @@
+/*
+ * kiln_cc_fuse — the graph-level passes the lowering relies on (internal
+ * to the compiler): dead-node removal and the fusion plan.
+ *
+ * Nothing in the graph is rewritten: the pass marks nodes to skip
+ * (cx->skip) and records, for each Conv, Gemm and MatMul, the nodes after
+ * it whose work its kernel takes over (cx->fusion); the lowering of that
+ * node then emits one op writing the last of their outputs.
+ *
+ *   -O1  dead nodes (no output reaches a graph output) are dropped, and a
+ *        BatchNormalization whose input is a Conv with constant weights
+ *        is folded into those weights;
+ *   -O2  also, after a Conv, Gemm or MatMul, in this order: a constant
+ *        bias of n (MatMul), a residual Add of a tensor of the same shape
+ *        computed before the product, and a Relu, Clip (constant bounds)
+ *        or LeakyRelu.
+ *
+ * A node is taken over only when the tensor between the two is read by
+ * that node alone and is not a graph output, so no intermediate anyone
+ * else needs disappears; and a residual only when it exists by the time
+ * the product runs, where the fused op is emitted.
+ */
+#ifndef KILN_CC_FUSE_H
+#define KILN_CC_FUSE_H
+
+#include "compiler/kiln_cc_lower.h"
+
+/* Fill cx->skip and cx->fusion for cx->g at cx->opts.optlevel. */
+int kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err);
+
+#endif

@@ -1,0 +1,52 @@
+/*
+ * kiln_winograd — 3x3, stride-1, ungrouped convolutions by Winograd's
+ * F(2x2, 3x3) (Lavin and Gray, 2015).  Internal to libkilnrt.
+ *
+ * Each 2x2 block of outputs (a tile) is A^T [(G g G^T) ⊙ (B^T d B)] A for
+ * the 4x4 input patch d under it: 16 products per tile and channel pair
+ * where a direct convolution needs 36.  The weights arrive transformed
+ * and packed by the compiler (common/kiln_pack.h, KILN_PACK_WINO_POINTS
+ * packed A operands); the 16 products of each point are matrix products
+ * over the channels, run by kiln_gemm's micro-kernel on blocks of 16 or
+ * 32 tiles.  The input transform writes straight into the micro-kernel's
+ * B panels and the output transform applies the epilogue (bias,
+ * residual, activation) as it writes Y, so nothing of image size is
+ * materialised.  Rounding differs from a direct convolution by a few ulp
+ * of the partial sums; the compiler uses it from -O3 only.
+ */
+#ifndef KILN_WINOGRAD_H
+#define KILN_WINOGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kiln_program.h"
+
+typedef struct kiln_wino {
+    int64_t n, c, h, w;         /* input */
+    int64_t m, oh, ow;          /* output */
+    int64_t pt, pl;             /* padding before, rows and columns */
+    int64_t th, tw, tiles;      /* tiles per image: th x tw */
+    int64_t nb;                 /* tiles per block: 16 or 32 */
+    int64_t kc, nkb;            /* channel block, number of blocks */
+    int64_t mchunk;             /* output channels per task, a multiple of 8 */
+    int64_t tbs, mcs;           /* tile blocks per image, m chunks */
+    int64_t u_stride;           /* floats of packed weights per point */
+} kiln_wino_t;
+
+/* Plan for input [n, c, h, w] and output [n, m, oh, ow] with `threads`
+ * workers. */
+void kiln_wino_plan (kiln_wino_t *wp, int64_t n, int64_t c, int64_t h,
+                     int64_t w, int64_t m, int64_t oh, int64_t ow, int64_t pt,
+                     int64_t pl, int threads);
+
+/* Workspace bytes per worker. */
+size_t kiln_wino_ws_bytes (const kiln_wino_t *wp);
+
+/* Y = act (conv (X, W) + bias + residual) on the intra-op pool, with the
+ * calling kernel's workspace.  `bias` (m) and `res` (like Y) may be NULL. */
+void kiln_wino_run (const kiln_wino_t *wp, const float *x, const float *u,
+                    const float *bias, const float *res, float *y,
+                    kiln_act_t act, float act_a, float act_b);
+
+#endif

@@ -1,0 +1,958 @@
+/*
+ * Unit tests for the engine: the packed matrix-product engine
+ * (runtime/kiln_gemm.c) on every operand form, epilogue and micro-kernel,
+ * the vectorised transcendentals (runtime/kiln_vmath.c) against libm in
+ * double, and the compiler's optimisations (compiler/kiln_cc_fuse.c,
+ * packing, Winograd, the depthwise loops, batch-norm folding, the
+ * layer-norm pattern) checked the way the issue asks: the optimised
+ * program against the same graph at --optlevel 0, on random inputs.
+ * Also the intra-op pool (runtime/kiln_exec.c) and the refusals of
+ * malformed packed programs.
+ *
+ * Tests that pick a micro-kernel (KILN_RT_ISA) or a thread count
+ * (KILN_RT_THREADS) set them before the first use in their own process
+ * (Check forks per test); under CK_FORK=no they run with whatever the
+ * process has, which still checks the results.
+ */
+#include <check.h>
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "artifact/kiln_artifact.h"
+#include "common/kiln_fs.h"
+#include "common/kiln_pack.h"
+#include "common/kiln_program.h"
+#include "compiler/kiln_compiler.h"
+#include "graph/kiln_graph.h"
+#include "runtime/kiln_exec.h"
+#include "runtime/kiln_gemm.h"
+#include "runtime/kiln_rt.h"
+#include "runtime/kiln_vmath.h"
+
+static char *s_dir;             /* per-test temporary directory */
+static char s_keys[PATH_MAX];   /* s_dir/keys: key pair and keyring */
+static kiln_key_t *s_key;
+static kiln_rt_t *s_rt;
+static unsigned s_seed;
+static int s_files;
+
+static void
+setup (void)
+{
+    kiln_err_t err;
+    s_dir = kiln_mkdtemp ("kiln-test-engine-", &err);
+    ck_assert_msg (s_dir, "%s", err.msg);
+    snprintf (s_keys, sizeof s_keys, "%s/keys", s_dir);
+    s_key = kiln_key_generate (&err);
+    ck_assert_msg (s_key, "%s", err.msg);
+    ck_assert_msg (kiln_key_write_pair (s_key, s_keys, &err) == 0, "%s", err.msg);
+    s_rt = kiln_rt_new (&err);
+    ck_assert_msg (s_rt, "%s", err.msg);
+    s_seed = 4242;
+    s_files = 0;
+}
+
+static void
+teardown (void)
+{
+    kiln_rt_destroy (&s_rt);
+    kiln_key_destroy (&s_key);
+    kiln_rm_rf (s_dir);
+    free (s_dir);
+    s_dir = NULL;
+}
+
+/* --- helpers ---------------------------------------------------------- */
+
+static float
+s_randf (void)
+{
+    s_seed = s_seed * 1103515245u + 12345u;
+    return (float) ((s_seed >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static float *
+s_rand (int64_t n)
+{
+    float *v = malloc ((size_t) (n ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = s_randf ();
+    return v;
+}
+
+static kiln_shape_t
+s_shape (const int64_t *dims, int rank)
+{
+    kiln_shape_t s = { .rank = rank };
+    memcpy (s.dims, dims, (size_t) rank * sizeof *dims);
+    return s;
+}
+
+#define SH(...) s_shape ((int64_t[]) { __VA_ARGS__ }, S_NARGS (__VA_ARGS__))
+#define S_NARGS(...) S_NARGS_ (__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define S_NARGS_(a, b, c, d, e, f, g, h, n, ...) n
+
+static int64_t
+s_numel (const kiln_shape_t *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->rank; i++)
+        n *= s->dims[i];
+    return n;
+}
+
+static int
+s_input (kiln_graph_t *g, const char *name, kiln_shape_t shape)
+{
+    kiln_err_t err;
+    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
+    ck_assert_msg (t >= 0, "%s", err.msg);
+    ck_assert_msg (kiln_graph_add_input (g, t, &err) == 0, "%s", err.msg);
+    return t;
+}
+
+/* A float32 constant: random values times `scale`, plus `offset`. */
+static int
+s_const (kiln_graph_t *g, const char *name, kiln_shape_t shape, float scale,
+         float offset)
+{
+    kiln_err_t err;
+    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
+    ck_assert_msg (t >= 0, "%s", err.msg);
+    float *v = s_rand (s_numel (&shape));
+    for (int64_t i = 0; i < s_numel (&shape); i++)
+        v[i] = v[i] * scale + offset;
+    uint8_t *data = (uint8_t *) v;
+    ck_assert_msg (kiln_graph_set_weight (g, t, &data,
+                                          (uint64_t) s_numel (&shape) * 4, &err) == 0,
+                   "%s", err.msg);
+    return t;
+}
+
+static int
+s_weight (kiln_graph_t *g, const char *name, kiln_shape_t shape)
+{
+    return s_const (g, name, shape, 1.0f, 0.0f);
+}
+
+static int
+s_tensor (kiln_graph_t *g, const char *name)
+{
+    kiln_err_t err;
+    int t = kiln_graph_add_tensor (g, name, KILN_DT_UNDEFINED, NULL, &err);
+    ck_assert_msg (t >= 0, "%s", err.msg);
+    return t;
+}
+
+static int
+s_node (kiln_graph_t *g, const char *op, const char *name, const int *ins,
+        int n_in, int out)
+{
+    kiln_err_t err;
+    int n = kiln_graph_add_node (g, op, name, ins, n_in, &out, 1, &err);
+    ck_assert_msg (n >= 0, "%s", err.msg);
+    return n;
+}
+
+static void
+s_ints_ (kiln_graph_t *g, int n, const char *name, const int64_t *v, int count)
+{
+    kiln_err_t err;
+    ck_assert_msg (kiln_node_set_ints (g, n, name, v, (size_t) count, &err) == 0,
+                   "%s", err.msg);
+}
+
+#define s_ints(g, n, name, count, ...) \
+    s_ints_ (g, n, name, (int64_t[]) { __VA_ARGS__ }, count)
+
+static void
+s_int (kiln_graph_t *g, int n, const char *name, int64_t v)
+{
+    kiln_err_t err;
+    ck_assert_msg (kiln_node_set_int (g, n, name, v, &err) == 0, "%s", err.msg);
+}
+
+static void
+s_float (kiln_graph_t *g, int n, const char *name, double v)
+{
+    kiln_err_t err;
+    ck_assert_msg (kiln_node_set_float (g, n, name, v, &err) == 0, "%s", err.msg);
+}
+
+static void
+s_output (kiln_graph_t *g, int t)
+{
+    kiln_err_t err;
+    ck_assert_msg (kiln_graph_add_output (g, t, &err) == 0, "%s", err.msg);
+}
+
+/* Compile `g` at `optlevel`; the program too when `prog` is not NULL
+ * (caller destroys it).  Signs, writes and loads the artifact. */
+static kiln_model_t *
+s_build (kiln_graph_t *g, int optlevel, kiln_program_t **prog)
+{
+    kiln_err_t err = { 0 };
+    char args[32];
+    snprintf (args, sizeof args, "--optlevel %d", optlevel);
+    kiln_artifact_t *art = kiln_cc_compile (g, args, &err);
+    ck_assert_msg (art, "compile -O%d: %s", optlevel, err.msg);
+    if (prog) {
+        size_t plen, wlen;
+        const uint8_t *p = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
+        kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
+        *prog = kiln_program_decode (p, plen, wlen, &err);
+        ck_assert_msg (*prog, "%s", err.msg);
+    }
+    ck_assert_msg (kiln_artifact_sign (art, s_key, NULL, &err) == 0, "%s", err.msg);
+    char path[PATH_MAX];
+    snprintf (path, sizeof path, "%s/m%d.kar", s_dir, s_files++);
+    ck_assert_msg (kiln_artifact_write (art, path, &err) == 0, "%s", err.msg);
+    kiln_artifact_destroy (&art);
+    kiln_model_t *m = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (m, "load -O%d: %s", optlevel, err.msg);
+    return m;
+}
+
+/* Run a one-input, one-output model; caller frees the result. */
+static float *
+s_run1 (kiln_model_t *m, const float *x, int64_t *n_out)
+{
+    const kiln_manifest_t *man = kiln_model_manifest (m);
+    kiln_rt_tensor_t in = { KILN_DT_FLOAT32, man->inputs[0].shape, (void *) x };
+    int64_t n = s_numel (&man->outputs[0].shape);
+    float *y = malloc ((size_t) (n ? n : 1) * sizeof *y);
+    kiln_rt_tensor_t out = { .data = y };
+    kiln_err_t err = { 0 };
+    ck_assert_msg (kiln_model_run (m, &in, 1, &out, 1, &err) == 0, "%s", err.msg);
+    *n_out = n;
+    return y;
+}
+
+/* Run `g` at -O0 and at `optlevel` on the same random input and check
+ * that the results agree within `tol` of the reference's largest
+ * magnitude (the tolerance the issue sets for whole models).  Returns the
+ * optimised program (caller destroys it) for checks on its ops. */
+static kiln_program_t *
+s_check_against_o0 (kiln_graph_t *g, int optlevel, double tol, const char *what)
+{
+    kiln_model_t *ref = s_build (g, 0, NULL);
+    kiln_program_t *prog = NULL;
+    kiln_model_t *opt = s_build (g, optlevel, &prog);
+    const kiln_manifest_t *man = kiln_model_manifest (ref);
+    int64_t nx = s_numel (&man->inputs[0].shape), n0, n1;
+    float *x = s_rand (nx);
+    float *y0 = s_run1 (ref, x, &n0), *y1 = s_run1 (opt, x, &n1);
+    ck_assert_int_eq (n0, n1);
+    double big = 0, worst = 0;
+    for (int64_t i = 0; i < n0; i++) {
+        big = fmax (big, fabs ((double) y0[i]));
+        worst = fmax (worst, fabs ((double) y0[i] - (double) y1[i]));
+    }
+    ck_assert_msg (big > 0, "%s: the reference output is all zeros", what);
+    ck_assert_msg (worst <= tol * big, "%s at -O%d: max error %.3g of max "
+                   "magnitude %.3g", what, optlevel, worst, big);
+    free (x);
+    free (y0);
+    free (y1);
+    kiln_model_destroy (&ref);
+    kiln_model_destroy (&opt);
+    return prog;
+}
+
+static int
+s_count_ops (const kiln_program_t *p, kiln_kernel_t k)
+{
+    int n = 0;
+    for (int i = 0; i < p->n_ops; i++)
+        n += p->ops[i].kernel == k;
+    return n;
+}
+
+static const kiln_prog_param_t *
+s_param (const kiln_program_t *p, kiln_kernel_t k, const char *name)
+{
+    for (int i = 0; i < p->n_ops; i++) {
+        if (p->ops[i].kernel != k)
+            continue;
+        for (int j = 0; j < p->ops[i].n_params; j++)
+            if (strcmp (p->ops[i].params[j].name, name) == 0)
+                return &p->ops[i].params[j];
+    }
+    return NULL;
+}
+
+/* --- the matrix-product engine ----------------------------------------- */
+
+typedef struct {
+    kiln_gemm_t g;
+} s_one_t;
+
+static void
+s_get_one (const void *ctx, int64_t idx, kiln_gemm_t *g)
+{
+    *g = ((const s_one_t *) ctx)->g;
+}
+
+/* Run one product with a workspace of our own. */
+static void
+s_gemm (const kiln_gemm_t *g)
+{
+    size_t bytes = kiln_gemm_ws_bytes (g->m, g->n, g->k,
+                                       g->a.kind == KILN_GSRC_PACKED,
+                                       g->b.kind == KILN_GSRC_PACKED);
+    bytes = (bytes + 63) & ~(size_t) 63;
+    float *ws = aligned_alloc (64, bytes * (size_t) kiln_exec_threads ());
+    kiln_exec_set_ws (ws, bytes);
+    s_one_t one = { *g };
+    kiln_gemm_run (s_get_one, &one, 1);
+    kiln_exec_set_ws (NULL, 0);
+    free (ws);
+}
+
+static double
+s_act_ref (double v, kiln_act_t act, double a, double b)
+{
+    switch (act) {
+    case KILN_ACT_RELU: return v < 0 ? 0 : v;
+    case KILN_ACT_CLIP: return v < a ? a : v > b ? b : v;
+    case KILN_ACT_LEAKY: return v < 0 ? a * v : v;
+    default: return v;
+    }
+}
+
+/* Every operand form and epilogue for one shape, against double. */
+static void
+s_check_shape (int64_t m, int64_t n, int64_t k)
+{
+    float *a = s_rand (m * k), *b = s_rand (k * n);
+    float *bias_m = s_rand (m), *bias_n = s_rand (n), *res = s_rand (m * n);
+    int64_t ae, be;
+    ck_assert (kiln_pack_a_elems (m, k, &ae) && kiln_pack_b_elems (k, n, &be));
+    float *ap = calloc ((size_t) ae + 1, sizeof *ap);
+    float *bp = calloc ((size_t) be + 1, sizeof *bp);
+    kiln_pack_a (a, m, k, k, 1, ap);
+    kiln_pack_b (b, k, n, n, 1, bp);
+    /* transposed copies: A as [k, m], B as [n, k] */
+    float *at = malloc ((size_t) (m * k + 1) * sizeof *at);
+    float *bt = malloc ((size_t) (k * n + 1) * sizeof *bt);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < k; j++)
+            at[j * m + i] = a[i * k + j];
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t j = 0; j < n; j++)
+            bt[j * k + i] = b[i * n + j];
+    float *c = malloc ((size_t) (m * n + 1) * sizeof *c);
+    for (int form = 0; form < 6; form++) {
+        kiln_gemm_t g = { .m = m, .n = n, .k = k, .c = c, .ldc = n, .alpha = 1.0f };
+        switch (form % 3) {
+        case 0: g.a = (kiln_gsrc_t) { KILN_GSRC_PACKED, ap, 0, 0, NULL }; break;
+        case 1: g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, a, k, 1, NULL }; break;
+        default: g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, at, 1, m, NULL }; break;
+        }
+        switch (form / 2 % 3) {
+        case 0: g.b = (kiln_gsrc_t) { KILN_GSRC_PACKED, bp, 0, 0, NULL }; break;
+        case 1: g.b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, b, n, 1, NULL }; break;
+        default: g.b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, bt, 1, k, NULL }; break;
+        }
+        /* a different epilogue per form */
+        kiln_act_t acts[6] = { KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_CLIP,
+                               KILN_ACT_LEAKY, KILN_ACT_RELU, KILN_ACT_NONE };
+        g.act = acts[form];
+        g.act_a = g.act == KILN_ACT_CLIP ? -0.5f : 0.1f;
+        g.act_b = 0.75f;
+        g.alpha = form == 5 ? 0.5f : 1.0f;
+        if (form % 2)
+            g.add[g.n_add++] = (kiln_gadd_t) { bias_m, 1, 0, 1.0f };
+        else
+            g.add[g.n_add++] = (kiln_gadd_t) { bias_n, 0, 1, form == 4 ? 2.0f : 1.0f };
+        if (form >= 3)
+            g.add[g.n_add++] = (kiln_gadd_t) { res, n, 1, 1.0f };
+        for (int64_t i = 0; i < m * n; i++)
+            c[i] = NAN;                 /* every element must be written */
+        s_gemm (&g);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0, mag = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    s += (double) a[i * k + q] * b[q * n + j];
+                    mag += fabs ((double) a[i * k + q] * b[q * n + j]);
+                }
+                s *= g.alpha;
+                for (int ad = 0; ad < g.n_add; ad++)
+                    s += g.add[ad].scale
+                         * g.add[ad].p[i * g.add[ad].rs + j * g.add[ad].cs];
+                s = s_act_ref (s, g.act, g.act_a, g.act_b);
+                double got = c[i * n + j];
+                ck_assert_msg (fabs (got - s) <= 1e-5 * (mag + 4.0),
+                               "%s: %lldx%lldx%lld form %d: C[%lld, %lld] = %.8g, "
+                               "expected %.8g", kiln_gemm_isa (), (long long) m,
+                               (long long) n, (long long) k, form, (long long) i,
+                               (long long) j, got, s);
+            }
+    }
+    free (a); free (b); free (ap); free (bp); free (at); free (bt);
+    free (bias_m); free (bias_n); free (res); free (c);
+}
+
+/* The im2col operand, never built, against one built here. */
+static void
+s_check_conv (int64_t c, int64_t h, int64_t w, int64_t m, int64_t kh, int64_t kw,
+              int64_t s, int64_t d, int64_t pt, int64_t pl, int64_t pb, int64_t pr)
+{
+    int64_t oh = (h + pt + pb - d * (kh - 1) - 1) / s + 1;
+    int64_t ow = (w + pl + pr - d * (kw - 1) - 1) / s + 1;
+    int64_t k = c * kh * kw, n = oh * ow, pe;
+    float *x = s_rand (c * h * w), *wt = s_rand (m * k), *bias = s_rand (m);
+    ck_assert (kiln_pack_conv_elems (m, c, kh, kw, 1, &pe));
+    float *wp = calloc ((size_t) pe + 1, sizeof *wp);
+    kiln_pack_conv (wt, m, c, kh, kw, 1, wp);
+    float *y = malloc ((size_t) (m * n + 1) * sizeof *y);
+    kiln_gconv_t geo = { .c = c, .h = h, .w = w, .oh = oh, .ow = ow, .kh = kh,
+                         .kw = kw, .sh = s, .sw = s, .dh = d, .dw = d, .pt = pt,
+                         .pl = pl };
+    kiln_gemm_t g = { .m = m, .n = n, .k = k, .c = y, .ldc = n, .alpha = 1.0f,
+                      .act = KILN_ACT_RELU };
+    g.a = (kiln_gsrc_t) { KILN_GSRC_PACKED, wp, 0, 0, NULL };
+    g.b = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &geo };
+    g.add[g.n_add++] = (kiln_gadd_t) { bias, 1, 0, 1.0f };
+    s_gemm (&g);
+    for (int64_t o = 0; o < m; o++)
+        for (int64_t r = 0; r < oh; r++)
+            for (int64_t q = 0; q < ow; q++) {
+                double sum = bias[o], mag = fabs (bias[o]);
+                for (int64_t ci = 0; ci < c; ci++)
+                    for (int64_t i = 0; i < kh; i++)
+                        for (int64_t j = 0; j < kw; j++) {
+                            int64_t ih = r * s - pt + i * d, iw = q * s - pl + j * d;
+                            if (ih < 0 || ih >= h || iw < 0 || iw >= w)
+                                continue;
+                            double v = (double) wt[((o * c + ci) * kh + i) * kw + j]
+                                       * x[(ci * h + ih) * w + iw];
+                            sum += v;
+                            mag += fabs (v);
+                        }
+                sum = sum < 0 ? 0 : sum;
+                double got = y[(o * oh + r) * ow + q];
+                ck_assert_msg (fabs (got - sum) <= 1e-5 * (mag + 4.0),
+                               "conv c%lld %lldx%lld m%lld k%lldx%lld s%lld d%lld: "
+                               "y[%lld, %lld, %lld] = %.8g, expected %.8g",
+                               (long long) c, (long long) h, (long long) w,
+                               (long long) m, (long long) kh, (long long) kw,
+                               (long long) s, (long long) d, (long long) o,
+                               (long long) r, (long long) q, got, sum);
+            }
+    free (x); free (wt); free (bias); free (wp); free (y);
+}
+
+static void
+s_check_engine (void)
+{
+    static const int64_t shapes[][3] = {
+        { 1, 1, 1 }, { 7, 33, 5 }, { 8, 32, 256 }, { 13, 70, 300 },
+        { 64, 49, 600 }, { 3, 100, 0 }, { 40, 17, 257 }, { 129, 65, 33 },
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        s_check_shape (shapes[i][0], shapes[i][1], shapes[i][2]);
+    /* c, h, w, m, kh, kw, stride, dilation, pads t l b r */
+    s_check_conv (3, 11, 13, 10, 3, 3, 1, 1, 1, 1, 1, 1);
+    s_check_conv (5, 9, 9, 16, 3, 3, 2, 1, 1, 1, 1, 1);
+    s_check_conv (4, 10, 7, 9, 1, 1, 2, 1, 0, 0, 0, 0);
+    s_check_conv (3, 16, 16, 8, 7, 7, 2, 1, 3, 3, 3, 3);
+    s_check_conv (6, 12, 12, 12, 5, 5, 1, 2, 3, 1, 2, 4);
+    s_check_conv (40, 5, 40, 33, 3, 3, 1, 1, 0, 2, 1, 0);
+}
+
+/* The ISA test: when the CPU has it, the micro-kernel asked for runs. */
+static void
+s_check_isa (const char *isa)
+{
+    setenv ("KILN_RT_ISA", isa, 1);
+    const char *got = kiln_gemm_isa ();
+    if (strcmp (got, isa) != 0 && strcmp (isa, "generic") == 0)
+        ck_abort_msg ("asked for the generic micro-kernel, got %s", got);
+    s_check_engine ();
+}
+
+START_TEST (test_gemm_engine_generic_kernel_matches_double)
+{
+    s_check_isa ("generic");
+}
+END_TEST
+
+START_TEST (test_gemm_engine_avx2_kernel_matches_double)
+{
+    s_check_isa ("avx2");
+}
+END_TEST
+
+START_TEST (test_gemm_engine_native_kernel_matches_double)
+{
+    s_check_isa ("avx512");
+}
+END_TEST
+
+/* --- the vectorised transcendentals ------------------------------------ */
+
+static double
+s_ulp (float v)
+{
+    return (double) nextafterf (fabsf (v), INFINITY) - (double) fabsf (v);
+}
+
+typedef void (s_vfn) (const float *, float *, int64_t);
+
+/* got within `ulps` ulp of want, or within `abs` absolutely. */
+static void
+s_check_vfn (s_vfn *fn, double (*ref) (double), const char *name, double ulps,
+             double abs_tol)
+{
+    enum { N = 200000 };
+    float *x = malloc (N * sizeof *x), *y = malloc (N * sizeof *y);
+    int n = 0;
+    /* uniform over [-110, 110], dense near 0, and the special values */
+    for (; n < N / 2; n++)
+        x[n] = (float) (((double) n / (N / 2)) * 220.0 - 110.0);
+    for (int i = 0; n < N - 16; n++, i++)
+        x[n] = (float) ((i % 2 ? -1 : 1) * pow (10.0, -20.0 + 22.0 * i / (N / 2.0)));
+    float specials[] = { 0.0f, -0.0f, INFINITY, -INFINITY, NAN, FLT_MIN,
+                         -FLT_MIN, 1e-40f, FLT_MAX, -FLT_MAX, 88.72f, -87.33f,
+                         -103.9f, 0.625f, 0.84375f, 1.25f };
+    for (int i = 0; i < 16; i++)
+        x[n++] = specials[i];
+    fn (x, y, n);
+    for (int i = 0; i < n; i++) {
+        double want = ref ((double) x[i]);
+        if (isnan (want)) {
+            ck_assert_msg (isnan (y[i]), "%s(%.9g) = %.9g, expected NaN", name,
+                           (double) x[i], (double) y[i]);
+            continue;
+        }
+        float wf = (float) want;
+        if (isinf (wf)) {
+            ck_assert_msg (y[i] == wf, "%s(%.9g) = %.9g, expected %g", name,
+                           (double) x[i], (double) y[i], (double) wf);
+            continue;
+        }
+        double err = fabs ((double) y[i] - want);
+        ck_assert_msg (err <= ulps * s_ulp (wf) || err <= abs_tol,
+                       "%s(%.9g) = %.9g, expected %.9g (%.2f ulp)", name,
+                       (double) x[i], (double) y[i], want, err / s_ulp (wf));
+    }
+    free (x);
+    free (y);
+}
+
+static double s_sigmoid_ref (double v) { return 1.0 / (1.0 + exp (-v)); }
+
+START_TEST (test_vectorised_transcendentals_are_within_a_few_ulp)
+{
+    s_check_vfn (kiln_vexp, exp, "exp", 4, 0);
+    s_check_vfn (kiln_vsigmoid, s_sigmoid_ref, "sigmoid", 4, 1e-30);
+    s_check_vfn (kiln_vtanh, tanh, "tanh", 4, 1e-30);
+    s_check_vfn (kiln_verf, erf, "erf", 4, 1e-30);
+}
+END_TEST
+
+START_TEST (test_vectorised_softmax_and_layer_norm_rows_match_double)
+{
+    for (int n = 1; n < 300; n += 37) {
+        float *x = s_rand (n), *y = malloc ((size_t) n * sizeof *y);
+        for (int i = 0; i < n; i++)
+            x[i] *= 30.0f;
+        for (int logf_ = 0; logf_ < 2; logf_++) {
+            kiln_vsoftmax_row (x, y, n, logf_);
+            double mx = -INFINITY, s = 0;
+            for (int i = 0; i < n; i++)
+                mx = fmax (mx, x[i]);
+            for (int i = 0; i < n; i++)
+                s += exp ((double) x[i] - mx);
+            for (int i = 0; i < n; i++) {
+                double want = logf_ ? x[i] - mx - log (s) : exp (x[i] - mx) / s;
+                ck_assert_msg (fabs (y[i] - want) <= 1e-6 * (fabs (want) + 1e-3),
+                               "softmax n=%d log=%d [%d] = %.9g, expected %.9g",
+                               n, logf_, i, (double) y[i], want);
+            }
+        }
+        float *sc = s_rand (n), *bi = s_rand (n);
+        double mean, inv;
+        kiln_vlayer_norm_row (x, y, n, sc, 1, bi, 1, 1e-5, &mean, &inv);
+        double m = 0, v = 0;
+        for (int i = 0; i < n; i++)
+            m += x[i];
+        m /= n;
+        for (int i = 0; i < n; i++)
+            v += (x[i] - m) * (x[i] - m);
+        v /= n;
+        for (int i = 0; i < n; i++) {
+            double want = (x[i] - m) / sqrt (v + 1e-5) * sc[i] + bi[i];
+            ck_assert_msg (fabs (y[i] - want) <= 1e-5 * (fabs (want) + 1),
+                           "layer norm n=%d [%d] = %.9g, expected %.9g", n, i,
+                           (double) y[i], want);
+        }
+        free (x); free (y); free (sc); free (bi);
+    }
+    /* a NaN anywhere in a row makes the whole softmax row NaN */
+    float x[5] = { 1, 2, NAN, 3, 4 }, y[5];
+    kiln_vsoftmax_row (x, y, 5, false);
+    for (int i = 0; i < 5; i++)
+        ck_assert (isnan (y[i]));
+}
+END_TEST
+
+/* --- the compiler's optimisations against -O0 ---------------------------- */
+
+/* Conv (3x3, pads `p`) of `c` -> `m` channels on h x w, + bias, + a
+ * residual of the same shape (a 1x1 conv of the input, when p is 1), Relu. */
+static kiln_graph_t *
+s_conv_block (int64_t c, int64_t m, int64_t h, int64_t w, int64_t p,
+              int64_t stride, int64_t group)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = s_input (g, "x", SH (1, c, h, w));
+    int w1 = s_weight (g, "w1", SH (m, c / group, 3, 3));
+    int b1 = s_weight (g, "b1", SH (m));
+    int w2 = s_weight (g, "w2", SH (m, c, 1, 1));
+    int t0 = s_tensor (g, "t0"), t1 = s_tensor (g, "t1");
+    int t2 = s_tensor (g, "t2"), y = s_tensor (g, "y");
+    int n = s_node (g, "Conv", "c1", (int[]) { x, w1, b1 }, 3, t0);
+    s_ints (g, n, "pads", 4, p, p, p, p);
+    s_ints (g, n, "strides", 2, stride, stride);
+    s_int (g, n, "group", group);
+    if (p == 1) {
+        n = s_node (g, "Conv", "c2", (int[]) { x, w2 }, 2, t1);
+        s_ints (g, n, "strides", 2, stride, stride);
+        s_node (g, "Add", "add", (int[]) { t0, t1 }, 2, t2);
+        s_node (g, "Relu", "relu", &t2, 1, y);
+    } else {
+        s_node (g, "Relu", "relu", &t0, 1, y);
+    }
+    s_output (g, y);
+    return g;
+}
+
+START_TEST (test_fused_packed_convolution_matches_o0)
+{
+    kiln_graph_t *g = s_conv_block (12, 20, 9, 11, 1, 1, 1);
+    kiln_program_t *p = s_check_against_o0 (g, 2, 1e-5, "conv + bias + residual + relu");
+    /* one conv with packed weights and the residual and relu fused (the
+     * 1x1 conv computed first, as the residual), nothing else */
+    ck_assert_int_eq (p->n_ops, 2);
+    ck_assert_int_eq (s_count_ops (p, KILN_K_CONV2D), 2);
+    ck_assert_int_eq (s_count_ops (p, KILN_K_ADD) + s_count_ops (p, KILN_K_RELU), 0);
+    const kiln_prog_param_t *act = s_param (p, KILN_K_CONV2D, "activation");
+    ck_assert (act && act->i == KILN_ACT_RELU);
+    ck_assert (s_param (p, KILN_K_CONV2D, "residual"));
+    ck_assert (s_param (p, KILN_K_CONV2D, "packed"));
+    kiln_program_destroy (&p);
+    kiln_graph_destroy (&g);
+
+    g = s_conv_block (8, 16, 10, 10, 1, 2, 4);      /* grouped, strided */
+    p = s_check_against_o0 (g, 2, 1e-5, "grouped strided conv block");
+    kiln_program_destroy (&p);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_winograd_convolution_matches_o0)
+{
+    /* odd sizes (a partial last tile), asymmetric and no padding, enough
+     * channels for two channel blocks of the transform */
+    int64_t cases[][5] = { { 16, 24, 9, 13, 1 }, { 32, 16, 14, 14, 1 },
+                           { 300, 20, 7, 7, 1 }, { 17, 40, 12, 5, 0 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_graph_t *g = s_conv_block (cases[i][0], cases[i][1], cases[i][2],
+                                        cases[i][3], cases[i][4], 1, 1);
+        kiln_program_t *p = s_check_against_o0 (g, 3, 1e-5, "winograd conv block");
+        bool uses = false;
+        for (int op = 0; op < p->n_ops; op++)
+            for (int j = 0; j < p->ops[op].n_params; j++)
+                uses = uses || strcmp (p->ops[op].params[j].name, "winograd") == 0;
+        ck_assert_msg (uses, "case %zu: no winograd convolution at -O3", i);
+        kiln_program_destroy (&p);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
+START_TEST (test_depthwise_convolution_matches_o0)
+{
+    /* channels, multiplier, h, w, kernel, stride, dilation, pad */
+    int64_t cases[][8] = { { 8, 1, 13, 11, 3, 1, 1, 1 }, { 6, 1, 14, 14, 3, 2, 1, 1 },
+                           { 4, 2, 9, 10, 5, 1, 2, 4 }, { 5, 1, 7, 7, 3, 2, 1, 0 },
+                           { 3, 3, 8, 9, 3, 3, 1, 2 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t c = cases[i][0], mul = cases[i][1], k = cases[i][4];
+        kiln_graph_t *g = kiln_graph_new ();
+        int x = s_input (g, "x", SH (2, c, cases[i][2], cases[i][3]));
+        int w = s_weight (g, "w", SH (c * mul, 1, k, k));
+        int b = s_weight (g, "b", SH (c * mul));
+        int t = s_tensor (g, "t"), y = s_tensor (g, "y");
+        int n = s_node (g, "Conv", "dw", (int[]) { x, w, b }, 3, t);
+        s_int (g, n, "group", c);
+        s_ints (g, n, "strides", 2, cases[i][5], cases[i][5]);
+        s_ints (g, n, "dilations", 2, cases[i][6], cases[i][6]);
+        s_ints (g, n, "pads", 4, cases[i][7], cases[i][7], cases[i][7], cases[i][7]);
+        /* ReLU6, as MobileNet exports it (opset 11+: bounds as inputs) */
+        int lo = s_const (g, "lo", SH (1), 0, 0), hi = s_const (g, "hi", SH (1), 0, 6);
+        s_node (g, "Clip", "relu6", (int[]) { t, lo, hi }, 3, y);
+        s_output (g, y);
+        g->opset = 13;
+        kiln_program_t *p = s_check_against_o0 (g, 2, 1e-5, "depthwise conv");
+        ck_assert_int_eq (p->n_ops, 1);     /* the clip is fused */
+        ck_assert (p->ops[0].scratch < 0);
+        kiln_program_destroy (&p);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
+START_TEST (test_batch_norm_folds_into_the_convolution)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = s_input (g, "x", SH (1, 6, 8, 8));
+    int w = s_weight (g, "w", SH (10, 6, 3, 3));
+    int sc = s_const (g, "scale", SH (10), 0.5f, 1.0f);
+    int bb = s_weight (g, "bias", SH (10));
+    int mean = s_weight (g, "mean", SH (10));
+    int var = s_const (g, "var", SH (10), 0.4f, 0.6f);
+    int t = s_tensor (g, "t"), u = s_tensor (g, "u"), y = s_tensor (g, "y");
+    int n = s_node (g, "Conv", "conv", (int[]) { x, w }, 2, t);
+    s_ints (g, n, "pads", 4, 1, 1, 1, 1);
+    n = s_node (g, "BatchNormalization", "bn", (int[]) { t, sc, bb, mean, var }, 5, u);
+    s_float (g, n, "epsilon", 1e-3);
+    s_node (g, "Relu", "relu", &u, 1, y);
+    s_output (g, y);
+    for (int opt = 1; opt <= 3; opt++) {
+        kiln_program_t *p = s_check_against_o0 (g, opt, 1e-5, "conv + batch norm");
+        ck_assert_int_eq (s_count_ops (p, KILN_K_BATCH_NORM), 0);
+        ck_assert_int_eq (s_count_ops (p, KILN_K_CONV2D), 1);
+        ck_assert_int_eq (p->n_ops, opt == 1 ? 2 : 1);
+        kiln_program_destroy (&p);
+    }
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_decomposed_layer_norm_and_linear_fuse)
+{
+    /* y = LayerNorm(x) as torch exports it before opset 17, then
+     * Relu(x @ W + b) + x: a transformer's feed-forward shape */
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = s_input (g, "x", SH (1, 12, 40));
+    int two = s_const (g, "two", SH (1), 0, 2);
+    int eps = s_const (g, "eps", SH (1), 0, 1e-5f);
+    int gamma = s_const (g, "gamma", SH (40), 0.5f, 1.0f);
+    int beta = s_weight (g, "beta", SH (40));
+    int wm = s_weight (g, "wm", SH (40, 40));
+    int bm = s_weight (g, "bm", SH (40));
+    int t[12];
+    for (int i = 0; i < 12; i++) {
+        char name[8];
+        snprintf (name, sizeof name, "t%d", i);
+        t[i] = s_tensor (g, name);
+    }
+    int n = s_node (g, "ReduceMean", "m1", &x, 1, t[0]);
+    s_ints (g, n, "axes", 1, -1);
+    s_node (g, "Sub", "sub", (int[]) { x, t[0] }, 2, t[1]);
+    s_node (g, "Pow", "pow", (int[]) { t[1], two }, 2, t[2]);
+    n = s_node (g, "ReduceMean", "m2", &t[2], 1, t[3]);
+    s_ints (g, n, "axes", 1, -1);
+    s_node (g, "Add", "addeps", (int[]) { t[3], eps }, 2, t[4]);
+    s_node (g, "Sqrt", "sqrt", &t[4], 1, t[5]);
+    s_node (g, "Div", "div", (int[]) { t[1], t[5] }, 2, t[6]);
+    s_node (g, "Mul", "mul", (int[]) { t[6], gamma }, 2, t[7]);
+    s_node (g, "Add", "addb", (int[]) { t[7], beta }, 2, t[8]);
+    s_node (g, "MatMul", "mm", (int[]) { t[8], wm }, 2, t[9]);
+    s_node (g, "Add", "bias", (int[]) { bm, t[9] }, 2, t[10]);
+    s_node (g, "Relu", "relu", &t[10], 1, t[11]);
+    int y = s_tensor (g, "y");
+    s_node (g, "Add", "res", (int[]) { t[11], x }, 2, y);
+    s_output (g, y);
+    kiln_program_t *p = s_check_against_o0 (g, 2, 1e-5, "layer norm + linear");
+    /* a layer_norm, and a matmul with bias and relu; the residual comes
+     * after the relu, so it stays an add */
+    ck_assert_int_eq (s_count_ops (p, KILN_K_LAYER_NORM), 1);
+    ck_assert_int_eq (s_count_ops (p, KILN_K_MATMUL), 1);
+    ck_assert_int_eq (p->n_ops, 3);
+    ck_assert (s_param (p, KILN_K_MATMUL, "packed_b"));
+    kiln_program_destroy (&p);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_dead_nodes_are_dropped)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = s_input (g, "x", SH (4, 8));
+    int a = s_tensor (g, "a"), b = s_tensor (g, "b"), y = s_tensor (g, "y");
+    s_node (g, "Relu", "used", &x, 1, y);
+    s_node (g, "Exp", "dead1", &x, 1, a);
+    s_node (g, "Sigmoid", "dead2", &a, 1, b);
+    s_output (g, y);
+    kiln_program_t *p = s_check_against_o0 (g, 1, 0, "dead nodes");
+    ck_assert_int_eq (p->n_ops, 1);
+    kiln_program_destroy (&p);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* --- the intra-op pool --------------------------------------------------- */
+
+typedef struct {
+    int *hits;
+    int *worker_of;
+} s_pool_t;
+
+static void
+s_mark (void *arg, int task, int worker)
+{
+    s_pool_t *pt = arg;
+    __atomic_fetch_add (&pt->hits[task], 1, __ATOMIC_RELAXED);
+    pt->worker_of[task] = worker;
+}
+
+START_TEST (test_intra_op_threads_run_every_task_once_and_agree)
+{
+    setenv ("KILN_RT_THREADS", "3", 1);
+    int threads = kiln_exec_threads ();
+    ck_assert_int_ge (threads, 1);
+    enum { N = 5000 };
+    s_pool_t pt = { calloc (N, sizeof (int)), calloc (N, sizeof (int)) };
+    for (int round = 0; round < 20; round++) {
+        memset (pt.hits, 0, N * sizeof (int));
+        kiln_exec_parallel (s_mark, &pt, N);
+        for (int i = 0; i < N; i++) {
+            ck_assert_int_eq (pt.hits[i], 1);
+            ck_assert (pt.worker_of[i] >= 0 && pt.worker_of[i] < threads);
+        }
+    }
+    free (pt.hits);
+    free (pt.worker_of);
+    /* a model over threads agrees with -O0 on one */
+    kiln_graph_t *g = s_conv_block (24, 40, 20, 20, 1, 1, 1);
+    for (int opt = 2; opt <= 3; opt++) {
+        kiln_program_t *p = s_check_against_o0 (g, opt, 1e-5, "threads");
+        kiln_program_destroy (&p);
+    }
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* --- refusals -------------------------------------------------------------- */
+
+/* Rebuild `src` with `prog` as its program, signed with the test key, and
+ * write it; returns the path (static storage). */
+static char *
+s_resign (kiln_artifact_t *src, const uint8_t *prog, size_t len)
+{
+    static char path[PATH_MAX];
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *a = kiln_artifact_new ();
+    kiln_manifest_t *sm = kiln_artifact_manifest (src), *dm = kiln_artifact_manifest (a);
+    dm->format_version = sm->format_version;
+    memcpy (dm->graph_digest, sm->graph_digest, sizeof dm->graph_digest);
+    memcpy (dm->action_key, sm->action_key, sizeof dm->action_key);
+    memcpy (dm->compiler_id, sm->compiler_id, sizeof dm->compiler_id);
+    memcpy (dm->compiler_version, sm->compiler_version, sizeof dm->compiler_version);
+    memcpy (dm->compiler_args, sm->compiler_args, sizeof dm->compiler_args);
+    memcpy (dm->target, sm->target, sizeof dm->target);
+    dm->runtime_abi = sm->runtime_abi;
+    ck_assert (kiln_manifest_set_io (dm, false, sm->inputs, sm->n_inputs, &err) == 0);
+    ck_assert (kiln_manifest_set_io (dm, true, sm->outputs, sm->n_outputs, &err) == 0);
+    size_t wlen;
+    const uint8_t *w = kiln_artifact_member (src, KILN_WEIGHTS_MEMBER, &wlen);
+    ck_assert (kiln_artifact_add_member (a, KILN_WEIGHTS_MEMBER, w, wlen, &err) == 0);
+    ck_assert (kiln_artifact_add_member (a, KILN_PROGRAM_MEMBER, prog, len, &err) == 0);
+    ck_assert (kiln_artifact_sign (a, s_key, NULL, &err) == 0);
+    snprintf (path, sizeof path, "%s/resigned-%d.kar", s_dir, s_files++);
+    ck_assert_msg (kiln_artifact_write (a, path, &err) == 0, "%s", err.msg);
+    kiln_artifact_destroy (&a);
+    return path;
+}
+
+START_TEST (test_malformed_packed_programs_are_refused)
+{
+    kiln_graph_t *g = s_conv_block (8, 16, 8, 8, 1, 1, 1);
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_cc_compile (g, "--optlevel 2", &err);
+    ck_assert_msg (art, "%s", err.msg);
+    size_t plen, wlen;
+    const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
+    kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
+    const char *want[] = { "unknown activation", "residual", "packed W", "winograd" };
+    for (int c = 0; c < 4; c++) {
+        kiln_program_t *p = kiln_program_decode (prog, plen, wlen, &err);
+        ck_assert_msg (p, "%s", err.msg);
+        int op = -1;            /* the conv the residual and relu went into */
+        for (int i = 0; i < p->n_ops; i++)
+            for (int j = 0; j < p->ops[i].n_params; j++)
+                if (strcmp (p->ops[i].params[j].name, "residual") == 0)
+                    op = i;
+        ck_assert_int_ge (op, 0);
+        kiln_prog_op_t *o = &p->ops[op];
+        if (c == 0)
+            ck_assert (kiln_prog_op_set_int (o, "activation", 9, &err) == 0);
+        else if (c == 1)
+            ck_assert (kiln_prog_op_set_int (o, "residual", 3, &err) == 0);
+        else if (c == 2) {
+            kiln_prog_tensor_t *t = &p->tensors[o->inputs[1]];
+            t->shape.dims[0] -= KILN_PACK_MR;
+            t->size -= KILN_PACK_MR * 4;
+        } else {
+            ck_assert (kiln_prog_op_set_int (o, "winograd", 1, &err) == 0);
+        }
+        uint8_t *bytes;
+        size_t len;
+        ck_assert (kiln_program_encode (p, &bytes, &len, &err) == 0);
+        kiln_program_destroy (&p);
+        char *path = s_resign (art, bytes, len);
+        free (bytes);
+        kiln_model_t *m = kiln_rt_load (s_rt, path, s_keys, &err);
+        ck_assert_msg (m == NULL, "case %d (%s) was accepted", c, want[c]);
+        ck_assert_msg (strstr (err.msg, want[c]), "case %d: '%s' lacks '%s'", c,
+                       err.msg, want[c]);
+    }
+    kiln_artifact_destroy (&art);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+static Suite *
+s_suite (void)
+{
+    Suite *s = suite_create ("engine");
+    TCase *tc = tcase_create ("engine");
+    tcase_add_checked_fixture (tc, setup, teardown);
+    tcase_set_timeout (tc, 120);
+    tcase_add_test (tc, test_gemm_engine_generic_kernel_matches_double);
+    tcase_add_test (tc, test_gemm_engine_avx2_kernel_matches_double);
+    tcase_add_test (tc, test_gemm_engine_native_kernel_matches_double);
+    tcase_add_test (tc, test_vectorised_transcendentals_are_within_a_few_ulp);
+    tcase_add_test (tc, test_vectorised_softmax_and_layer_norm_rows_match_double);
+    tcase_add_test (tc, test_fused_packed_convolution_matches_o0);
+    tcase_add_test (tc, test_winograd_convolution_matches_o0);
+    tcase_add_test (tc, test_depthwise_convolution_matches_o0);
+    tcase_add_test (tc, test_batch_norm_folds_into_the_convolution);
+    tcase_add_test (tc, test_decomposed_layer_norm_and_linear_fuse);
+    tcase_add_test (tc, test_dead_nodes_are_dropped);
+    tcase_add_test (tc, test_intra_op_threads_run_every_task_once_and_agree);
+    tcase_add_test (tc, test_malformed_packed_programs_are_refused);
+    suite_add_tcase (s, tc);
+    return s;
+}
+
+int
+main (void)
+{
+    SRunner *sr = srunner_create (s_suite ());
+    srunner_run_all (sr, CK_NORMAL);
+    int failed = srunner_ntests_failed (sr);
+    srunner_free (sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
