@@ -91,6 +91,7 @@ PROGRAMS := $(BIN)/kiln $(BIN)/kiln-broker $(BIN)/kiln-worker $(BIN)/kiln-cc \
 
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
+.PHONY: bench-farm
 .PHONY: all deps test unit-test integration-test demo clean install memcheck \
 	python-test conformance bench-runtime
 
@@ -239,6 +240,14 @@ memcheck: $(UNIT_TESTS)
 
 demo: all
 	$(PYTHON) scripts/demo.py --bin $(abspath $(BIN))
+
+# The farm's benchmarks (bench/bench_farm.py): printed numbers, not tests.
+$(BUILD)/bench/bench_farm: $(BUILD)/obj/bench/bench_farm.o $(A_CLIENT) $(A_COMPILER) $(A_GRAPH) $(A_RUNTIME) $(A_ARTIFACT) $(A_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS)
+
+bench-farm: all $(BUILD)/bench/bench_farm
+	$(PYTHON) bench/bench_farm.py --bin $(abspath $(BIN)) --bench $(abspath $(BUILD)/bench/bench_farm)
 
 # kiln against PyTorch on the CPU, side by side (bench/bench_runtime.py):
 # prints the README's table; asserts nothing about time.

@@ -1500,7 +1500,36 @@ refuse:
     s_post_error (self, rid, msg->req_id, 0, err.code, err.msg, NULL);
 }
 
-/* Return the credit this client has used, with the news of a stored blob. */
+/* FIND: which of these blobs are not stored (REAPI's FindMissingBlobs). */
+static void
+s_on_find (kiln_broker_t *self, zframe_t *rid, s_client_t *c, kiln_msg_t *msg)
+{
+    kiln_msg_t *missing = kiln_msg_new (KILN_CMD_MISSING);
+    if (!missing)
+        return;
+    missing->req_id = msg->req_id;
+    missing->blobs = calloc (msg->n_blobs ? msg->n_blobs : 1, sizeof *missing->blobs);
+    if (!missing->blobs) {
+        kiln_msg_destroy (&missing);
+        return;
+    }
+    for (uint32_t i = 0; i < msg->n_blobs; i++)
+        if (!kiln_store_has_blob (self->store, msg->blobs[i].digest)) {
+            missing->blobs[missing->n_blobs] = msg->blobs[i];
+            missing->blobs[missing->n_blobs++].in_msg = false;
+        }
+    if (missing->n_blobs) {
+        uint32_t window = (uint32_t) self->cfg.credit_window;
+        missing->credit = c->credit_out < window ? window - c->credit_out : 0;
+        c->credit_out += (uint32_t) missing->credit;
+    }
+    s_post (self, rid, &missing);
+}
+
+/* Return the credit this client has used, with the news of a stored blob.
+ * Sent at once, not held for the batch's commit: credit is about memory,
+ * not durability (a stored blob was fsynced already), and an upload
+ * stalls while its credit waits. */
 static void
 s_post_credit (kiln_broker_t *self, s_client_t *c, const char *stored_hex)
 {
@@ -1508,11 +1537,12 @@ s_post_credit (kiln_broker_t *self, s_client_t *c, const char *stored_hex)
     if (!credit)
         return;
     credit->credit = c->credit_owed;
+    credit->epoch = self->epoch;
     c->credit_out += c->credit_owed;
     c->credit_owed = 0;
     if (stored_hex)
         memcpy (credit->digest, stored_hex, KILN_HEX_LEN);
-    s_post (self, c->rid, &credit);
+    s_send_now (self, c->rid, &credit, c->tenant);
 }
 
 /* A chunk of a blob upload. */
@@ -1827,6 +1857,7 @@ s_handle (kiln_broker_t *self, zframe_t *rid, const char *key, const kiln_peer_t
     switch (msg->cmd) {
     case KILN_CMD_COMPILE:    s_on_compile (self, rid, c, msg); break;
     case KILN_CMD_CHUNK:      s_on_chunk (self, c, msg); break;
+    case KILN_CMD_FIND:       s_on_find (self, rid, c, msg); break;
     case KILN_CMD_CANCEL:     s_on_cancel (self, c, msg); break;
     case KILN_CMD_PING:       s_on_ping (self, rid, msg); break;
     case KILN_CMD_STATUS:     s_on_status (self, rid, msg); break;

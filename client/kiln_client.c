@@ -64,6 +64,7 @@ typedef struct {
     char args[KILN_MAX_ARGS_BYTES];  /* normalised */
     kiln_toolchain_id_t toolchain;
     int waiting;                     /* uploads it waits for */
+    bool upload_only;                /* FIND, not COMPILE: done when nothing is missing */
     int resends;
 } s_req_t;
 
@@ -439,6 +440,7 @@ typedef struct {
     int64_t broker_seen;             /* zclock_mono of the broker's last message */
     int64_t broker_lost_since;       /* 0, or when it went silent past liveness */
     int64_t hb_at;                   /* next heartbeat */
+    bool heard;                      /* the broker answered something in this call */
 } s_engine_t;
 
 static void
@@ -495,11 +497,45 @@ s_fail (s_engine_t *e, s_req_t *r, int code, const char *fmt, ...)
     s_finish (e, r, &err, false);
 }
 
+/* Send FIND for `r`: every blob by reference. */
+static int
+s_send_find (s_engine_t *e, s_req_t *r, kiln_err_t *err)
+{
+    kiln_client_t *self = e->self;
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_FIND);
+    if (!msg)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    msg->req_id = r->req_id;
+    int rc = 0;
+    for (uint32_t i = 0; rc == 0 && i < r->n_blobs; i++) {
+        /* FIND carries no payload: list the refs directly */
+        kiln_blob_ref_t *grown = realloc (msg->blobs, (msg->n_blobs + 1) * sizeof *grown);
+        if (!grown) {
+            rc = kiln_error (err, KILN_ENOMEM, "out of memory");
+            break;
+        }
+        msg->blobs = grown;
+        memcpy (grown[msg->n_blobs].digest, r->blobs[i].digest, KILN_DIGEST_LEN);
+        grown[msg->n_blobs].size = r->blobs[i].size;
+        grown[msg->n_blobs++].in_msg = false;
+    }
+    if (rc != 0) {
+        kiln_msg_destroy (&msg);
+        return rc;
+    }
+    if ((rc = kiln_msg_send (&msg, self->dealer, NULL, err)) != 0)
+        return kiln_error_prefix (err, "broker %s", self->endpoint);
+    r->state = R_SENT;
+    return 0;
+}
+
 /* Send COMPILE for `r`: small blobs inline, the rest by reference. */
 static int
 s_send_compile (s_engine_t *e, s_req_t *r, kiln_err_t *err)
 {
     kiln_client_t *self = e->self;
+    if (r->upload_only)
+        return s_send_find (e, r, err);
     kiln_msg_t *msg = kiln_msg_new (KILN_CMD_COMPILE);
     if (!msg)
         return kiln_error (err, KILN_ENOMEM, "out of memory");
@@ -801,7 +837,9 @@ s_handle (s_engine_t *e, kiln_msg_t *msg)
             r->state = R_ACCEPTED;
         break;
     case KILN_CMD_MISSING:
-        if (r->state == R_SENT)
+        if (r->state == R_SENT && r->upload_only && msg->n_blobs == 0)
+            s_finish (e, r, NULL, false);
+        else if (r->state == R_SENT)
             s_on_missing (e, r, msg);
         break;
     case KILN_CMD_RESULT:
@@ -840,9 +878,9 @@ s_cancel_all (s_engine_t *e, int code, const char *why)
     }
 }
 
-int
-kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
-                           kiln_client_done_fn *done, void *arg, kiln_err_t *err)
+static int
+s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
+       kiln_client_done_fn *done, void *arg, bool upload_only, kiln_err_t *err)
 {
     if (!self || (!jobs && n))
         return kiln_error (err, KILN_EINVAL, "kiln_client_compile_batch needs a client and jobs");
@@ -876,6 +914,7 @@ kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, size_t 
             continue;
         }
         r->req_id = self->next_req++;
+        r->upload_only = upload_only;
         snprintf (r->req_key, sizeof r->req_key, "%llu", (unsigned long long) r->req_id);
         zhashx_insert (e.by_id, r->req_key, r);
         e.reqs[i] = r;
@@ -898,9 +937,13 @@ kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, size_t 
             break;
         }
         if (now >= deadline) {
-            char why[128];
-            snprintf (why, sizeof why, "no answer from the broker at %s within %d s",
-                      self->endpoint, (wait_ms + 999) / 1000);
+            char why[160];
+            if (e.heard)
+                snprintf (why, sizeof why, "gave up waiting after %d s; the request was "
+                          "canceled on the farm", (wait_ms + 999) / 1000);
+            else
+                snprintf (why, sizeof why, "no answer from the broker at %s within %d s",
+                          self->endpoint, (wait_ms + 999) / 1000);
             s_cancel_all (&e, KILN_ETIMEOUT, why);
             break;
         }
@@ -974,6 +1017,7 @@ kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, size_t 
             kiln_msg_t *msg = kiln_msg_recv (self->dealer, NULL, &got_req, &rerr);
             e.broker_seen = zclock_mono ();
             e.broker_lost_since = 0;
+            e.heard = true;
             if (!msg) {
                 char key[24];
                 snprintf (key, sizeof key, "%llu", (unsigned long long) got_req);
@@ -1004,6 +1048,36 @@ done:
     zhashx_destroy (&e.uploads);
     zlistx_destroy (&e.upload_order);
     return rc;
+}
+
+int
+kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
+                           kiln_client_done_fn *done, void *arg, kiln_err_t *err)
+{
+    return s_run (self, jobs, n, wait_ms, done, arg, false, err);
+}
+
+int
+kiln_client_upload (kiln_client_t *self, const kiln_graph_t *g, int wait_ms, uint64_t *sent,
+                    kiln_err_t *err)
+{
+    if (!self || !g)
+        return kiln_error (err, KILN_EINVAL, "kiln_client_upload needs a client and a graph");
+    kiln_client_job_t job;
+    memset (&job, 0, sizeof job);
+    job.graph = g;
+    uint64_t before = self->stats.uploaded_bytes;
+    int rc = s_run (self, &job, 1, wait_ms, NULL, NULL, true, err);
+    if (sent)
+        *sent = self->stats.uploaded_bytes - before;
+    if (rc != 0)
+        return rc;
+    if (job.err.code) {
+        if (err)
+            *err = job.err;
+        return -job.err.code;
+    }
+    return 0;
 }
 
 int

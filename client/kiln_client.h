@@ -117,6 +117,14 @@ int kiln_client_compile_batch (kiln_client_t *self, kiln_client_job_t *jobs, siz
                                int wait_ms, kiln_client_done_fn *done, void *arg,
                                kiln_err_t *err);
 
+/* Make sure the broker holds every weight blob of `g`: ask which it lacks
+ * (FIND) and upload those.  Returns when the broker has stored and checked
+ * them all; *sent (may be NULL) gets the bytes sent.  What it uploads
+ * stays in the broker's store like any blob (a later compile of `g` sends
+ * none of them). */
+int kiln_client_upload (kiln_client_t *self, const kiln_graph_t *g, int wait_ms,
+                        uint64_t *sent, kiln_err_t *err);
+
 /* The broker's state as JSON (docs/operations.md, "kiln status").  Caller
  * frees *json. */
 int kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_t *err);

@@ -93,37 +93,43 @@ kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
 }
 
 bool
-kiln_pack_wino_elems (int64_t m, int64_t c, int64_t *out)
+kiln_pack_wino_elems (int64_t m, int64_t c, int tile, int64_t *out)
 {
     int64_t per;
-    return kiln_pack_a_elems (m, c, &per)
-           && !__builtin_mul_overflow (per, KILN_PACK_WINO_POINTS, out);
+    return (tile == 2 || tile == 4) && kiln_pack_a_elems (m, c, &per)
+           && !__builtin_mul_overflow (per, KILN_PACK_WINO_POINTS (tile), out);
 }
 
 void
-kiln_pack_wino (const float *w, int64_t m, int64_t c, float *out)
+kiln_pack_wino (const float *w, int64_t m, int64_t c, int tile, float *out)
 {
+    static const double G2[4][3] = {
+        { 1, 0, 0 }, { 0.5, 0.5, 0.5 }, { 0.5, -0.5, 0.5 }, { 0, 0, 1 } };
+    static const double G4[6][3] = {
+        { 1.0 / 4, 0, 0 }, { -1.0 / 6, -1.0 / 6, -1.0 / 6 },
+        { -1.0 / 6, 1.0 / 6, -1.0 / 6 }, { 1.0 / 24, 1.0 / 12, 1.0 / 6 },
+        { 1.0 / 24, -1.0 / 12, 1.0 / 6 }, { 0, 0, 1 } };
+    int a = tile + 2;
+    const double (*G)[3] = tile == 4 ? G4 : G2;
     int64_t per;
     kiln_pack_a_elems (m, c, &per);
-    /* G g Gᵀ in double, one (m, c) at a time. */
-    static const double G[4][3] = {
-        { 1, 0, 0 }, { 0.5, 0.5, 0.5 }, { 0.5, -0.5, 0.5 }, { 0, 0, 1 } };
+    /* G g Gᵀ in double, one (m, c) at a time */
     for (int64_t o = 0; o < m; o++)
         for (int64_t ci = 0; ci < c; ci++) {
             const float *g = w + (o * c + ci) * 9;
-            double t[4][3], u[4][4];
-            for (int i = 0; i < 4; i++)
+            double t[6][3], u[6][6];
+            for (int i = 0; i < a; i++)
                 for (int j = 0; j < 3; j++)
                     t[i][j] = G[i][0] * g[0 * 3 + j] + G[i][1] * g[1 * 3 + j]
                               + G[i][2] * g[2 * 3 + j];
-            for (int i = 0; i < 4; i++)
-                for (int j = 0; j < 4; j++)
+            for (int i = 0; i < a; i++)
+                for (int j = 0; j < a; j++)
                     u[i][j] = t[i][0] * G[j][0] + t[i][1] * G[j][1]
                               + t[i][2] * G[j][2];
             int64_t p = o / KILN_PACK_MR, r = o % KILN_PACK_MR;
-            for (int x = 0; x < KILN_PACK_WINO_POINTS; x++)
+            for (int x = 0; x < a * a; x++)
                 out[x * per + p * KILN_PACK_MR * c + ci * KILN_PACK_MR + r] =
-                    (float) u[x / 4][x % 4];
+                    (float) u[x / a][x % a];
         }
     /* rows past m in the last panel stay as the caller zeroed them */
 }

@@ -22,12 +22,16 @@
  * consecutive input planes.  The packed conv weights are the groups'
  * packed A operands one after the other.
  *
- * Winograd F(2x2, 3x3) weights (a 3x3, stride-1, ungrouped convolution
- * at -O3): U = G·g·Gᵀ for each output channel m and input channel c, with
- *     G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]],
- * a 4x4 matrix; its element (i, j) is transform point ξ = 4·i + j.  The
- * packed weights are, for ξ = 0..15 in turn, the packed A operand of
- * U[ξ] as a [M, C] matrix (rows m, k running over c).
+ * Winograd F(t x t, 3x3) weights, t = 2 or 4 (a 3x3, stride-1,
+ * ungrouped convolution at -O3): U = G·g·Gᵀ for each output channel m and
+ * input channel c, an a x a matrix (a = t + 2) whose element (i, j) is
+ * transform point ξ = a·i + j, with
+ *   t = 2: G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]
+ *   t = 4: G = [[1/4, 0, 0], [-1/6, -1/6, -1/6], [-1/6, 1/6, -1/6],
+ *               [1/24, 1/12, 1/6], [1/24, -1/12, 1/6], [0, 0, 1]]
+ * (Lavin and Gray's matrices).  The packed weights are, for ξ = 0 ..
+ * a² - 1 in turn, the packed A operand of U[ξ] as an [M, C] matrix (rows
+ * m, k running over c).
  *
  * These layouts are part of the program format (docs/program-format.md):
  * changing them changes what a `packed` weight means.
@@ -41,8 +45,8 @@
 #define KILN_PACK_MR 8      /* rows of an A panel */
 #define KILN_PACK_NR 32     /* columns of a B panel */
 
-/* Transform points of Winograd F(2x2, 3x3): 4 x 4. */
-#define KILN_PACK_WINO_POINTS 16
+/* Transform points of Winograd F(t x t, 3x3): (t + 2)², t = 2 or 4. */
+#define KILN_PACK_WINO_POINTS(t) (((t) + 2) * ((t) + 2))
 
 /* Elements of packed A for [m, k] (ceil(m / MR)·MR·k), and of packed B
  * for [k, n]; false on overflow of int64_t. */
@@ -52,9 +56,10 @@ bool kiln_pack_b_elems (int64_t k, int64_t n, int64_t *out);
 bool kiln_pack_conv_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
                            int64_t group, int64_t *out);
 
-/* Elements of packed Winograd F(2x2, 3x3) weights for m output and c
- * input channels: 16 · packed A of [m, c]. */
-bool kiln_pack_wino_elems (int64_t m, int64_t c, int64_t *out);
+/* Elements of packed Winograd F(t x t, 3x3) weights for m output and c
+ * input channels: points · packed A of [m, c]; false for a t other than
+ * 2 and 4. */
+bool kiln_pack_wino_elems (int64_t m, int64_t c, int tile, int64_t *out);
 
 /* Pack A[m, k], element (i, kk) at a[i·rs + kk·cs], into out (A packed). */
 void kiln_pack_a (const float *a, int64_t m, int64_t k, int64_t rs, int64_t cs,
@@ -68,6 +73,6 @@ void kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh,
 
 /* Transform 3x3 conv weights w[m, c, 3, 3] and pack them (Winograd);
  * `out` must be zeroed first (padding rows stay zero). */
-void kiln_pack_wino (const float *w, int64_t m, int64_t c, float *out);
+void kiln_pack_wino (const float *w, int64_t m, int64_t c, int tile, float *out);
 
 #endif

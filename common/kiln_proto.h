@@ -147,8 +147,11 @@ typedef enum {
        REQ (req_id) REQ (graph_digest) REQ (action_key) OPT (compiler_args)           \
        REQ (compiler_id) REQ (compiler_version) REQ (target) REQ (struct_size)        \
        REQ (blobs) OPT (priority) OPT (timeout_ms) OPT (retry_failed) OPT (client))   \
+    C (FIND,    KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
+       "which of these blobs does the broker lack? answered by MISSING",              \
+       REQ (req_id) REQ (blobs))                                                      \
     C (MISSING, KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
-       "the broker lacks these blobs: send them as CHUNKs, then COMPILE again",       \
+       "the broker lacks these blobs: send them as CHUNKs (then COMPILE again)",      \
        REQ (req_id) REQ (blobs) REQ (credit) OPT (epoch))                             \
     C (ACCEPTED, KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                            \
        "the request waits for job job_id (queued, running or shared); RESULT or ERROR follows", \

@@ -584,6 +584,28 @@ s_fused_params (kiln_cc_ctx_t *cx, int op, const kiln_cc_fusion_t *f,
     return 0;
 }
 
+/* The Winograd output tile for an oh x ow output: F(4x4, 3x3) does 36
+ * products per 16 outputs where F(2x2, 3x3) does 16 per 4, but the
+ * runtime computes blocks of 16 or 32 tiles, so on small outputs the
+ * larger tile wastes more than it saves: pick the fewer products,
+ * counting the padding of the last block. */
+static int
+s_wino_tile (int64_t oh, int64_t ow)
+{
+    int64_t best = 0;
+    int pick = 2;
+    for (int t = 2; t <= 4; t += 2) {
+        int64_t tiles = ((oh + t - 1) / t) * ((ow + t - 1) / t);
+        int64_t nb = tiles >= KILN_PACK_NR ? KILN_PACK_NR : KILN_PACK_NR / 2;
+        int64_t work = KILN_PACK_WINO_POINTS (t) * ((tiles + nb - 1) / nb * nb);
+        if (t == 2 || work < best) {
+            best = work;
+            pick = t;
+        }
+    }
+    return pick;
+}
+
 /* Fold BatchNormalization node `bn` into a convolution's constant weights
  * w[m, per] and bias b[m] (or none): W' = W·s, B' = (B − mean)·s + beta
  * with s = scale / sqrt(var + epsilon), in double.  Caller frees *wf, *bf. */
@@ -997,6 +1019,7 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                 /* a few tiles of 2x2 at least: the transformed weights
                  * are 16/9 of the direct ones to stream */
                 && ((w.out[0] + 1) / 2) * ((w.out[1] + 1) / 2) >= 8;
+    int tile = wino ? s_wino_tile (w.out[0], w.out[1]) : 0;
     float *wfold = NULL, *bfold = NULL;
     if (f->bn >= 0 && (rc = s_fold_bn (cx, f->bn, wdata, bdata, m, per, &wfold,
                                        &bfold, err)))
@@ -1011,7 +1034,7 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         int64_t elems = 0;
         float *pw;
         kiln_shape_t ps = { .rank = 1 };
-        if (!(wino ? kiln_pack_wino_elems (m, c, &elems)
+        if (!(wino ? kiln_pack_wino_elems (m, c, tile, &elems)
                    : kiln_pack_conv_elems (m, cg, w.kernel[0],
                                            w.ns > 1 ? w.kernel[1] : 1, group,
                                            &elems))
@@ -1021,7 +1044,7 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         if (!rc && (ins[n_in++] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
             rc = ins[n_in - 1];
         if (!rc && wino)
-            kiln_pack_wino (wdata, m, c, pw);
+            kiln_pack_wino (wdata, m, c, tile, pw);
         else if (!rc)
             kiln_pack_conv (wdata, m, cg, w.kernel[0], w.ns > 1 ? w.kernel[1] : 1,
                             group, pw);
@@ -1059,8 +1082,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         return op;
     if ((rc = s_set_window (cx, op, &w, err))
         || (rc = s_set_int (cx, op, "group", group, err))
-        || (pack && (rc = s_set_int (cx, op, wino ? "winograd" : "packed", 1,
-                                     err)))
+        || (pack && (rc = s_set_int (cx, op, wino ? "winograd" : "packed",
+                                     wino ? tile : 1, err)))
         || (rc = s_fused_params (cx, op, f, err)))
         return rc;
     /* A 1x1, stride-1, unpadded convolution is a plain matrix product over

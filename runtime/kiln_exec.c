@@ -27,6 +27,7 @@ struct kiln_exec {
     uint64_t runs;                  /* runs timed */
     uint64_t *ns;                   /* per op, summed over the runs; NULL
                                      * when not profiling */
+    bool all_ops;                   /* KILN_RT_PROFILE=all: list every op */
 };
 
 /* The workspace of the run in progress on this thread. */
@@ -71,6 +72,7 @@ kiln_exec_new (const kiln_program_t *p, const kiln_kplan_t *plans,
     const char *v = getenv ("KILN_RT_PROFILE");
     if (v && v[0] && strcmp (v, "0") != 0)
         self->ns = calloc ((size_t) p->n_ops + 1, sizeof *self->ns);
+    self->all_ops = v && strcmp (v, "all") == 0;
     return self;
 }
 
@@ -131,8 +133,8 @@ s_report (const kiln_exec_t *self, FILE *out)
     for (int i = 0; i < p->n_ops; i++)
         ops[i] = (s_row_t) { i, self->ns[i], 1 };
     qsort (ops, (size_t) p->n_ops, sizeof *ops, s_row_cmp);
-    fprintf (out, "  slowest ops:\n");
-    for (int r = 0; r < p->n_ops && r < S_TOP_OPS; r++) {
+    fprintf (out, self->all_ops ? "  every op, slowest first:\n" : "  slowest ops:\n");
+    for (int r = 0; r < p->n_ops && (self->all_ops || r < S_TOP_OPS); r++) {
         int i = ops[r].key;
         char shape[160];
         kiln_shape_str (&p->tensors[plans[i].out].shape, shape, sizeof shape);
@@ -229,7 +231,7 @@ static _Thread_local bool tls_in_task;
 /* Spins before a helper sleeps, and before a caller yields while waiting
  * for the helpers' last tasks: long enough to bridge the gap between two
  * kernels of one inference, short enough not to steal a CPU for long. */
-#define S_SPIN 20000
+static int S_SPIN = 20000;
 
 static inline void
 s_pause (void)
@@ -302,6 +304,8 @@ s_pool_init (void)
             n = (int) t;
     }
     s_pool.n = n;
+    if (getenv ("KILN_RT_SPIN"))
+        S_SPIN = atoi (getenv ("KILN_RT_SPIN"));
     /* Helpers are started here, once, and live as long as the process
      * (like OpenBLAS's): they are blocked in a condition wait when idle.
      * Signals are for the host program's threads. */

@@ -5,7 +5,8 @@
  * Per-kernel timing is switched on by KILN_RT_PROFILE=1 when a model is
  * loaded: every op of every run is timed, and when the model is destroyed
  * a report goes to stderr (time per run by kernel, then the slowest ops
- * with their output shapes).  Off, it costs one pointer test per run.
+ * with their output shapes and, for products, GFLOP/s; every op with
+ * KILN_RT_PROFILE=all).  Off, it costs one pointer test per run.
  *
  * Intra-op threads (KILN_RT_THREADS, default 1: the execution cores are
  * the parallelism) let one inference use several CPUs: the heavy kernels

@@ -372,6 +372,9 @@ s_pack_b_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
                         d[t] = 0.0f;
                     if (cv->sw == 1)
                         memcpy (d + tlo, src + tlo, (size_t) (thi - tlo) * sizeof *d);
+                    else if (cv->sw == 2)       /* a constant stride vectorises */
+                        for (int64_t t = tlo; t < thi; t++)
+                            d[t] = src[2 * t];
                     else
                         for (int64_t t = tlo; t < thi; t++)
                             d[t] = src[t * cv->sw];

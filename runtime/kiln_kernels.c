@@ -740,14 +740,19 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (rc)
         return rc;
     s_win_t w;
-    int64_t group, x[4], y[4], want;
-    bool packed, wino;
+    int64_t group, x[4], y[4], want, tile = 0;
+    bool packed;
     if ((rc = s_get_window (op, &w, err))
         || (rc = kiln_prog_op_int (op, "group", &group, err))
         || (rc = s_get_epilogue (p, op, plan, err))
         || (rc = s_get_packed (op, "packed", &packed, err))
-        || (rc = s_get_packed (op, "winograd", &wino, err)))
+        || (kiln_prog_op_has (op, "winograd")
+            && (rc = kiln_prog_op_int (op, "winograd", &tile, err))))
         return rc;
+    if (tile != 0 && tile != 2 && tile != 4)
+        return kiln_error (err, KILN_EFORMAT, "winograd must be 2 or 4 (the "
+                           "output tile), not %lld", (long long) tile);
+    bool wino = tile != 0;
     if (wino && (packed || group != 1 || w.k[0] != 3 || w.k[1] != 3
                  || w.s[0] != 1 || w.s[1] != 1 || w.d[0] != 1 || w.d[1] != 1))
         return kiln_error (err, KILN_EFORMAT, "winograd needs an ungrouped 3x3 "
@@ -776,7 +781,7 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (packed && !wino
         && !kiln_pack_conv_elems (y[1], cg, w.k[0], w.k[1], group, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
-    if (wino && !kiln_pack_wino_elems (y[1], cg, &want))
+    if (wino && !kiln_pack_wino_elems (y[1], cg, (int) tile, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
     if ((rc = s_need_numel (p, plan->in[1], want, packed ? "packed W" : "W", err)))
         return rc;
@@ -835,8 +840,8 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.conv.winograd = wino;
     if (wino) {
         plan->u.conv.packed = false;
-        kiln_wino_plan (&plan->u.conv.wino, x[0], x[1], x[2], x[3], y[1], y[2],
-                        y[3], w.p[0], w.p[1], kiln_exec_threads ());
+        kiln_wino_plan (&plan->u.conv.wino, (int) tile, x[0], x[1], x[2], x[3],
+                        y[1], y[2], y[3], w.p[0], w.p[1], kiln_exec_threads ());
         plan->ws_bytes = kiln_wino_ws_bytes (&plan->u.conv.wino);
     } else if (packed) {
         kiln_pack_conv_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);

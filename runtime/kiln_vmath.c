@@ -21,10 +21,13 @@ s_bits_to_float (int32_t i)
     return f;
 }
 
-/* e^x for finite x in [-104, 89]; the callers handle the rest. */
+/* e^x for finite x in [-104, 89]; the callers handle the rest (a NaN
+ * is computed as 0 here, so that no conversion or shift below is
+ * undefined, and replaced by the caller). */
 static inline float
 s_exp_core (float x)
 {
+    x = x != x ? 0.0f : x;
     const float magic = 12582912.0f;            /* 1.5 · 2^23 */
     float n = (x * 1.44269504088896341f + magic) - magic;
     float r = x - n * 0.693359375f;             /* ln2, high part (exact) */
@@ -38,8 +41,8 @@ s_exp_core (float x)
     p = p * r * r + r + 1.0f;
     int32_t j = (int32_t) n;                    /* -150 .. 128 */
     int32_t j1 = j / 2, j2 = j - j1;            /* each in -75 .. 64 */
-    float s1 = s_bits_to_float ((j1 + 127) << 23);
-    float s2 = s_bits_to_float ((j2 + 127) << 23);
+    float s1 = s_bits_to_float ((int32_t) ((uint32_t) (j1 + 127) << 23));
+    float s2 = s_bits_to_float ((int32_t) ((uint32_t) (j2 + 127) << 23));
     return p * s1 * s2;
 }
 

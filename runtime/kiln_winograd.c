@@ -1,15 +1,24 @@
 /*
- * kiln_winograd — Winograd F(2x2, 3x3) convolution; see kiln_winograd.h.
+ * kiln_winograd — Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution; see
+ * kiln_winograd.h.  The transform matrices (Lavin and Gray):
  *
- *   Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]
- *   Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]
+ *   F(2x2, 3x3)  Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0],
+ *                      [0, 1, 0, -1]]
+ *                Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]
+ *   F(4x4, 3x3)  Bᵀ = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0],
+ *                      [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+ *                      [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]
+ *                Aᵀ = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0],
+ *                      [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]
+ *   (G, for the weights, is in common/kiln_pack.c.)
  *
  * A task is one image, one block of tiles (nb of them, in row-major tile
  * order) and one chunk of output channels.  For each block of input
  * channels it transforms the input under its tiles into V[ξ][c][tile]
  * (one B panel per point ξ), multiplies each point's weights by it into
  * M[ξ][m][tile] (accumulating over the channel blocks), and finally turns
- * M back into 2x2 output blocks.
+ * M back into t x t output blocks, applying the epilogue as it writes.
+ * Every loop over the tiles of a block is a plain vector loop.
  */
 #include "runtime/kiln_winograd.h"
 
@@ -20,15 +29,20 @@
 #include "runtime/kiln_gemm.h"
 #include "runtime/kiln_vmath.h"
 
-/* The transforms are plain loops over the tiles of a block: built for
- * AVX-512, AVX2 and the baseline, picked at load time. */
 #define S_CLONES KILN_VCLONES
 
-#define S_POINTS KILN_PACK_WINO_POINTS
+#define S_ALPHA_MAX 6
+#define S_TILE_MAX 4
 #define S_NB_MAX KILN_PACK_NR
-#define S_KC 256
-/* M[ξ][m][tile] of a task holds at most this many floats (512 KiB) */
-#define S_MO_FLOATS (128 * 1024)
+/* Floats of V[ξ][c][tile] and of M[ξ][m][tile] a task holds at most
+ * (1 MiB each).  Each point's panels are used at once (V by every row
+ * panel of the point, M accumulated in place), so these need not fit in
+ * L2; larger blocks mean fewer passes of the input transform and longer
+ * runs of the micro-kernel. */
+#define S_V_FLOATS (256 * 1024)
+#define S_MO_FLOATS (256 * 1024)
+/* a segment's input row: tile·nb + 2 columns, rounded for vector reads */
+#define S_ROW_MAX (S_TILE_MAX * S_NB_MAX + 64)
 
 typedef float s_v16 __attribute__ ((vector_size (64)));
 typedef int32_t s_i16 __attribute__ ((vector_size (64)));
@@ -52,12 +66,21 @@ s_min (int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
+static int64_t
+s_round8 (int64_t v)
+{
+    return v / KILN_PACK_MR * KILN_PACK_MR;
+}
+
 void
-kiln_wino_plan (kiln_wino_t *wp, int64_t n, int64_t c, int64_t h, int64_t w,
-                int64_t m, int64_t oh, int64_t ow, int64_t pt, int64_t pl,
-                int threads)
+kiln_wino_plan (kiln_wino_t *wp, int tile, int64_t n, int64_t c, int64_t h,
+                int64_t w, int64_t m, int64_t oh, int64_t ow, int64_t pt,
+                int64_t pl, int threads)
 {
     memset (wp, 0, sizeof *wp);
+    wp->tile = tile == 4 ? 4 : 2;
+    wp->alpha = wp->tile + 2;
+    wp->points = wp->alpha * wp->alpha;
     wp->n = n;
     wp->c = c;
     wp->h = h;
@@ -67,22 +90,23 @@ kiln_wino_plan (kiln_wino_t *wp, int64_t n, int64_t c, int64_t h, int64_t w,
     wp->ow = ow;
     wp->pt = pt;
     wp->pl = pl;
-    wp->th = (oh + 1) / 2;
-    wp->tw = (ow + 1) / 2;
+    wp->th = (oh + wp->tile - 1) / wp->tile;
+    wp->tw = (ow + wp->tile - 1) / wp->tile;
     wp->tiles = wp->th * wp->tw;
     wp->nb = wp->tiles >= S_NB_MAX ? S_NB_MAX : S_NB_MAX / 2;
-    wp->nkb = (c + S_KC - 1) / S_KC;
+    int64_t kc_max = S_V_FLOATS / (wp->points * wp->nb);
+    wp->nkb = (c + kc_max - 1) / kc_max;
     wp->kc = wp->nkb ? (c + wp->nkb - 1) / wp->nkb : 0;
     wp->tbs = (wp->tiles + wp->nb - 1) / wp->nb;
     int64_t m8 = (m + KILN_PACK_MR - 1) / KILN_PACK_MR * KILN_PACK_MR;
-    int64_t cap = S_MO_FLOATS / (S_POINTS * wp->nb) / KILN_PACK_MR * KILN_PACK_MR;
+    int64_t cap = s_round8 (S_MO_FLOATS / (wp->points * wp->nb));
     wp->mchunk = m8 < cap ? m8 : cap;
     /* Enough tasks for the threads: smaller chunks of channels (each
      * task transforms its input again, which is cheap next to the
      * products while a chunk has 32 channels or more). */
     while (threads > 1 && wp->mchunk > 4 * KILN_PACK_MR
            && n * wp->tbs * ((m + wp->mchunk - 1) / wp->mchunk) < 4 * threads)
-        wp->mchunk = (wp->mchunk / 2 + KILN_PACK_MR - 1) / KILN_PACK_MR * KILN_PACK_MR;
+        wp->mchunk = s_round8 (wp->mchunk / 2 + KILN_PACK_MR - 1);
     if (wp->mchunk < KILN_PACK_MR)
         wp->mchunk = KILN_PACK_MR;
     wp->mcs = (m + wp->mchunk - 1) / wp->mchunk;
@@ -95,7 +119,7 @@ size_t
 kiln_wino_ws_bytes (const kiln_wino_t *wp)
 {
     /* V: points × kc × nb; M: points × mchunk × nb */
-    return (size_t) (S_POINTS * (wp->kc + wp->mchunk) * wp->nb) * sizeof (float);
+    return (size_t) (wp->points * (wp->kc + wp->mchunk) * wp->nb) * sizeof (float);
 }
 
 typedef struct {
@@ -118,79 +142,203 @@ s_segments (const kiln_wino_t *wp, int64_t t0, int64_t cnt, s_seg_t *seg)
     return n;
 }
 
-/* V for channels [c0, c0 + kc) of image plane block `x` (c planes).
- * Every loop over the tiles of a segment is a plain vector loop. */
+/* Row transforms d·B for the tiles of one segment: from the alpha input
+ * rows in buf (zero outside X), R[r][j][t] for patch row r, point column
+ * j, tile t. */
+static inline __attribute__ ((always_inline)) void
+s_rows2 (float buf[][S_ROW_MAX], const bool *zero, int len,
+         float rr[][S_ALPHA_MAX][S_NB_MAX])
+{
+    for (int r = 0; r < 4; r++) {
+        if (zero[r]) {
+            for (int j = 0; j < 4; j++)
+                memset (rr[r][j], 0, sizeof rr[r][j]);
+            continue;
+        }
+        for (int t0 = 0; t0 < len; t0 += 16) {
+            s_v16 e0, o0, e1, o1;
+            s_deinterleave (buf[r] + 2 * t0, &e0, &o0);
+            s_deinterleave (buf[r] + 2 * t0 + 2, &e1, &o1);
+            s_v16 r0 = e0 - e1, r1 = o0 + e1, r2 = e1 - o0, r3 = o0 - o1;
+            memcpy (rr[r][0] + t0, &r0, sizeof r0);
+            memcpy (rr[r][1] + t0, &r1, sizeof r1);
+            memcpy (rr[r][2] + t0, &r2, sizeof r2);
+            memcpy (rr[r][3] + t0, &r3, sizeof r3);
+        }
+    }
+}
+
+static inline __attribute__ ((always_inline)) void
+s_rows4 (float buf[][S_ROW_MAX], const bool *zero, int len,
+         float rr[][S_ALPHA_MAX][S_NB_MAX])
+{
+    for (int r = 0; r < 6; r++) {
+        if (zero[r]) {
+            for (int j = 0; j < 6; j++)
+                memset (rr[r][j], 0, sizeof rr[r][j]);
+            continue;
+        }
+        const float *b = buf[r];
+        float *q0 = rr[r][0], *q1 = rr[r][1], *q2 = rr[r][2];
+        float *q3 = rr[r][3], *q4 = rr[r][4], *q5 = rr[r][5];
+        for (int t = 0; t < len; t++) {
+            float d0 = b[4 * t], d1 = b[4 * t + 1], d2 = b[4 * t + 2];
+            float d3 = b[4 * t + 3], d4 = b[4 * t + 4], d5 = b[4 * t + 5];
+            q0[t] = 4.0f * d0 - 5.0f * d2 + d4;
+            q1[t] = -4.0f * (d1 + d2) + d3 + d4;
+            q2[t] = 4.0f * (d1 - d2) - d3 + d4;
+            q3[t] = 2.0f * (d3 - d1) - d2 + d4;
+            q4[t] = 2.0f * (d1 - d3) - d2 + d4;
+            q5[t] = 4.0f * d1 - 5.0f * d3 + d5;
+        }
+    }
+}
+
+/* Column transforms of one point column into the panels of its points
+ * (distinct panels: the pointers never overlap). */
+static inline __attribute__ ((always_inline)) void
+s_cols2 (const float *restrict p0, const float *restrict p1,
+         const float *restrict p2, const float *restrict p3, float *restrict d0,
+         float *restrict d1, float *restrict d2, float *restrict d3, int len)
+{
+    for (int t = 0; t < len; t++) {
+        d0[t] = p0[t] - p2[t];
+        d1[t] = p1[t] + p2[t];
+        d2[t] = p2[t] - p1[t];
+        d3[t] = p1[t] - p3[t];
+    }
+}
+
+static inline __attribute__ ((always_inline)) void
+s_cols4 (const float *restrict p0, const float *restrict p1,
+         const float *restrict p2, const float *restrict p3,
+         const float *restrict p4, const float *restrict p5, float *restrict d0,
+         float *restrict d1, float *restrict d2, float *restrict d3,
+         float *restrict d4, float *restrict d5, int len)
+{
+    for (int t = 0; t < len; t++) {
+        d0[t] = 4.0f * p0[t] - 5.0f * p2[t] + p4[t];
+        d1[t] = -4.0f * (p1[t] + p2[t]) + p3[t] + p4[t];
+        d2[t] = 4.0f * (p1[t] - p2[t]) - p3[t] + p4[t];
+        d3[t] = 2.0f * (p3[t] - p1[t]) - p2[t] + p4[t];
+        d4[t] = 2.0f * (p1[t] - p3[t]) - p2[t] + p4[t];
+        d5[t] = 4.0f * p1[t] - 5.0f * p3[t] + p5[t];
+    }
+}
+
+/* V for channels [c0, c0 + kc) of image `x` (c planes). */
 static inline __attribute__ ((always_inline)) void
 s_input_transform (const kiln_wino_t *wp, const float *x, int64_t c0,
                    int64_t kc, const s_seg_t *seg, int nseg, float *v)
 {
     int64_t nb = wp->nb, h = wp->h, w = wp->w;
+    int a = wp->alpha, tile = wp->tile;
     int64_t pstride = wp->kc * nb;              /* floats per point */
     for (int si = 0; si < nseg; si++) {
         const s_seg_t *sg = &seg[si];
-        int len = sg->len;
-        int64_t iw0 = 2 * sg->tx - wp->pl;
-        bool inside = iw0 >= 0 && iw0 + 2 * len + 1 < w;
-        int64_t ih0 = 2 * sg->ty - wp->pt;
+        int len = sg->len, width = tile * len + 2;
+        /* what the row transforms read: F(2x2) reads whole vectors */
+        int need = tile == 2 ? 2 * ((len - 1) / 16 * 16) + 34 : width;
+        int64_t iw0 = tile * sg->tx - wp->pl;
+        bool inside = iw0 >= 0 && iw0 + width <= w;
+        int64_t ih0 = tile * sg->ty - wp->pt;
         for (int64_t cc = 0; cc < kc; cc++) {
             const float *plane = x + (c0 + cc) * h * w;
-            /* The segment's four input rows, zero outside X, copied first
-             * and read afterwards (reading a copy at once would stall on
+            /* The segment's input rows, zero outside X, copied first and
+             * read afterwards (reading a copy at once would stall on
              * store forwarding). */
-            float buf[4][2 * S_NB_MAX + 2];
-            bool zero_row[4];
-            for (int r = 0; r < 4; r++) {
+            float buf[S_ALPHA_MAX][S_ROW_MAX];
+            bool zero[S_ALPHA_MAX];
+            for (int r = 0; r < a; r++) {
                 int64_t ih = ih0 + r;
-                zero_row[r] = ih < 0 || ih >= h;
-                if (zero_row[r])
+                zero[r] = ih < 0 || ih >= h;
+                if (zero[r])
                     continue;
                 const float *row = plane + ih * w + iw0;
-                if (inside) {
-                    memcpy (buf[r], row, (size_t) (2 * len + 2) * sizeof **buf);
-                    memset (buf[r] + 2 * len + 2, 0,
-                            (size_t) (2 * S_NB_MAX - 2 * len) * sizeof **buf);
-                } else {
-                    int64_t lo = iw0 < 0 ? -iw0 : 0;
-                    int64_t hi = iw0 + 2 * len + 2 > w ? w - iw0 : 2 * len + 2;
-                    memset (buf[r], 0, sizeof buf[r]);
-                    if (hi > lo)
-                        memcpy (buf[r] + lo, row + lo, (size_t) (hi - lo) * sizeof **buf);
+                int64_t lo = 0, hi = width;
+                if (!inside) {
+                    lo = iw0 < 0 ? -iw0 : 0;
+                    hi = iw0 + width > w ? w - iw0 : width;
+                    if (hi < lo)
+                        hi = lo;
+                    if (lo > 0)
+                        memset (buf[r], 0, (size_t) lo * sizeof **buf);
                 }
+                if (hi > lo)
+                    memcpy (buf[r] + lo, row + lo, (size_t) (hi - lo) * sizeof **buf);
+                if (need > hi)
+                    memset (buf[r] + hi, 0, (size_t) (need - hi) * sizeof **buf);
             }
-            /* rows: R[r][j][t] from patch row r of each tile, whose columns
-             * are 2t .. 2t + 3 of the segment's input row */
-            float rr[4][4][S_NB_MAX];
-            for (int r = 0; r < 4; r++) {
-                if (zero_row[r]) {
-                    for (int j = 0; j < 4; j++)
-                        memset (rr[r][j], 0, sizeof rr[r][j]);
-                    continue;
-                }
-                for (int t0 = 0; t0 < len; t0 += 16) {
-                    s_v16 e0, o0, e1, o1;
-                    s_deinterleave (buf[r] + 2 * t0, &e0, &o0);
-                    s_deinterleave (buf[r] + 2 * t0 + 2, &e1, &o1);
-                    s_v16 r0 = e0 - e1, r1 = o0 + e1, r2 = e1 - o0, r3 = o0 - o1;
-                    memcpy (rr[r][0] + t0, &r0, sizeof r0);
-                    memcpy (rr[r][1] + t0, &r1, sizeof r1);
-                    memcpy (rr[r][2] + t0, &r2, sizeof r2);
-                    memcpy (rr[r][3] + t0, &r3, sizeof r3);
-                }
-            }
+            float rr[S_ALPHA_MAX][S_ALPHA_MAX][S_NB_MAX];
+            if (tile == 2)
+                s_rows2 (buf, zero, len, rr);
+            else
+                s_rows4 (buf, zero, len, rr);
+            /* columns: V[i][j] = Σ_r Bᵀ[i][r] R[r][j], into the panels */
             float *dst = v + cc * nb + sg->col;
-            for (int j = 0; j < 4; j++) {
-                /* four different points' panels: never overlapping */
-                float *restrict d0 = dst + (0 * 4 + j) * pstride;
-                float *restrict d1 = dst + (1 * 4 + j) * pstride;
-                float *restrict d2 = dst + (2 * 4 + j) * pstride;
-                float *restrict d3 = dst + (3 * 4 + j) * pstride;
-                const float *q0 = rr[0][j], *q1 = rr[1][j], *q2 = rr[2][j], *q3 = rr[3][j];
-                for (int t = 0; t < len; t++) {
-                    d0[t] = q0[t] - q2[t];
-                    d1[t] = q1[t] + q2[t];
-                    d2[t] = q2[t] - q1[t];
-                    d3[t] = q1[t] - q3[t];
-                }
+            for (int j = 0; j < a; j++) {
+                float *dj = dst + j * pstride;
+                int64_t ps = a * pstride;           /* from point (i, j) to (i+1, j) */
+                if (tile == 2)
+                    s_cols2 (rr[0][j], rr[1][j], rr[2][j], rr[3][j], dj, dj + ps,
+                             dj + 2 * ps, dj + 3 * ps, len);
+                else
+                    s_cols4 (rr[0][j], rr[1][j], rr[2][j], rr[3][j], rr[4][j],
+                             rr[5][j], dj, dj + ps, dj + 2 * ps, dj + 3 * ps,
+                             dj + 4 * ps, dj + 5 * ps, len);
+            }
+        }
+    }
+}
+
+/* Output rows of one segment for output channel m: out[dy][tile·t + dx]
+ * = Aᵀ S A for each tile t, S[ξ] = mm[ξ·pstride + t], plus `bias`. */
+static inline __attribute__ ((always_inline)) void
+s_output_tiles (const kiln_wino_t *wp, const float *mm, int64_t pstride,
+                int len, float bias, float out[][S_TILE_MAX * S_NB_MAX])
+{
+    int a = wp->alpha;
+    /* columns first: c[k][j][t] = Σ_i Aᵀ[k][i] S[i][j] */
+    float cj[S_TILE_MAX][S_ALPHA_MAX][S_NB_MAX];
+    for (int j = 0; j < a; j++) {
+        const float *s0 = mm + (0 * a + j) * pstride, *s1 = mm + (1 * a + j) * pstride;
+        const float *s2 = mm + (2 * a + j) * pstride, *s3 = mm + (3 * a + j) * pstride;
+        if (wp->tile == 2) {
+            for (int t = 0; t < len; t++) {
+                cj[0][j][t] = s0[t] + s1[t] + s2[t];
+                cj[1][j][t] = s1[t] - s2[t] - s3[t];
+            }
+        } else {
+            const float *s4 = mm + (4 * a + j) * pstride, *s5 = mm + (5 * a + j) * pstride;
+            for (int t = 0; t < len; t++) {
+                float p12 = s1[t] + s2[t], m12 = s1[t] - s2[t];
+                float p34 = s3[t] + s4[t], m34 = s3[t] - s4[t];
+                cj[0][j][t] = s0[t] + p12 + p34;
+                cj[1][j][t] = m12 + 2.0f * m34;
+                cj[2][j][t] = p12 + 4.0f * p34;
+                cj[3][j][t] = m12 + 8.0f * m34 + s5[t];
+            }
+        }
+    }
+    /* then rows, interleaving the tiles' columns */
+    for (int k = 0; k < wp->tile; k++) {
+        float *o = out[k];
+        if (wp->tile == 2) {
+            const float *c0 = cj[k][0], *c1 = cj[k][1], *c2 = cj[k][2], *c3 = cj[k][3];
+            for (int t = 0; t < len; t++) {
+                o[2 * t] = c0[t] + c1[t] + c2[t] + bias;
+                o[2 * t + 1] = c1[t] - c2[t] - c3[t] + bias;
+            }
+        } else {
+            const float *c0 = cj[k][0], *c1 = cj[k][1], *c2 = cj[k][2];
+            const float *c3 = cj[k][3], *c4 = cj[k][4], *c5 = cj[k][5];
+            for (int t = 0; t < len; t++) {
+                float p12 = c1[t] + c2[t], m12 = c1[t] - c2[t];
+                float p34 = c3[t] + c4[t], m34 = c3[t] - c4[t];
+                o[4 * t] = c0[t] + p12 + p34 + bias;
+                o[4 * t + 1] = m12 + 2.0f * m34 + bias;
+                o[4 * t + 2] = p12 + 4.0f * p34 + bias;
+                o[4 * t + 3] = m12 + 8.0f * m34 + c5[t] + bias;
             }
         }
     }
@@ -215,19 +363,19 @@ s_task (void *arg, int task, int worker)
     int64_t tb = rest % wp->tbs, ni = rest / wp->tbs;
     int64_t t0 = tb * wp->nb, cnt = s_min (wp->nb, wp->tiles - t0);
     int64_t m0 = mi * wp->mchunk, m1 = s_min (wp->m, m0 + wp->mchunk);
-    int64_t nb = wp->nb;
+    int64_t nb = wp->nb, points = wp->points;
     float *v = r->ws + (size_t) worker * r->ws_stride;
-    float *mo = v + S_POINTS * wp->kc * nb;
+    float *mo = v + points * wp->kc * nb;
     s_seg_t seg[S_NB_MAX];
     int nseg = s_segments (wp, t0, cnt, seg);
     const float *x = r->x + ni * wp->c * wp->h * wp->w;
     if (cnt < nb)                       /* columns past the tiles: zero */
-        for (int64_t p = 0; p < S_POINTS * wp->kc; p++)
+        for (int64_t p = 0; p < points * wp->kc; p++)
             memset (v + p * nb + cnt, 0, (size_t) (nb - cnt) * sizeof *v);
     for (int64_t kb = 0; kb < wp->nkb; kb++) {
         int64_t c0 = kb * wp->kc, kc = s_min (wp->kc, wp->c - c0);
         s_input_transform (wp, x, c0, kc, seg, nseg, v);
-        for (int xi = 0; xi < S_POINTS; xi++) {
+        for (int64_t xi = 0; xi < points; xi++) {
             const float *u = r->u + xi * wp->u_stride + c0 * KILN_PACK_MR;
             const float *b = v + xi * wp->kc * nb;
             for (int64_t i = m0; i < m1; i += KILN_PACK_MR)
@@ -236,9 +384,10 @@ s_task (void *arg, int task, int worker)
         }
     }
     if (wp->nkb == 0)
-        memset (mo, 0, (size_t) (S_POINTS * wp->mchunk * nb) * sizeof *mo);
+        memset (mo, 0, (size_t) (points * wp->mchunk * nb) * sizeof *mo);
     /* Output transform, then the epilogue over the rows written. */
     int64_t ohw = wp->oh * wp->ow, pstride = wp->mchunk * nb;
+    int tile = wp->tile;
     for (int64_t m = m0; m < m1; m++) {
         const float *mm = mo + (m - m0) * nb;
         float bv = r->bias ? r->bias[m] : 0.0f;
@@ -246,40 +395,19 @@ s_task (void *arg, int task, int worker)
         const float *rp = r->res ? r->res + (ni * wp->m + m) * ohw : NULL;
         for (int si = 0; si < nseg; si++) {
             const s_seg_t *sg = &seg[si];
-            int len = sg->len;
-            const float *s0 = mm + sg->col;
-            /* Aᵀ S per column j: a0 = S0 + S1 + S2, a1 = S1 - S2 - S3 */
-            float a0[4][S_NB_MAX], a1[4][S_NB_MAX];
-            for (int j = 0; j < 4; j++) {
-                const float *p0 = s0 + (0 * 4 + j) * pstride, *p1 = s0 + (1 * 4 + j) * pstride;
-                const float *p2 = s0 + (2 * 4 + j) * pstride, *p3 = s0 + (3 * 4 + j) * pstride;
-                for (int t = 0; t < len; t++) {
-                    a0[j][t] = p0[t] + p1[t] + p2[t];
-                    a1[j][t] = p1[t] - p2[t] - p3[t];
-                }
-            }
-            int64_t oy = 2 * sg->ty, ox = 2 * sg->tx;
-            /* the two output rows of the tiles, interleaved columns */
-            float out[2][2 * S_NB_MAX];
-            for (int dy = 0; dy < 2; dy++) {
-                float (*a)[S_NB_MAX] = dy ? a1 : a0;
-                for (int t = 0; t < len; t++) {
-                    out[dy][2 * t] = a[0][t] + a[1][t] + a[2][t] + bv;
-                    out[dy][2 * t + 1] = a[1][t] - a[2][t] - a[3][t] + bv;
-                }
-            }
-            int64_t cols = 2 * len;
-            if (ox + cols > wp->ow)
-                cols = wp->ow - ox;
-            for (int dy = 0; dy < 2 && oy + dy < wp->oh; dy++) {
+            float out[S_TILE_MAX][S_TILE_MAX * S_NB_MAX];
+            s_output_tiles (wp, mm + sg->col, pstride, sg->len, bv, out);
+            int64_t oy = tile * sg->ty, ox = tile * sg->tx;
+            int64_t cols = s_min (tile * (int64_t) sg->len, wp->ow - ox);
+            for (int dy = 0; dy < tile && oy + dy < wp->oh; dy++) {
                 float *yr = yp + (oy + dy) * wp->ow + ox;
-                const float *o2 = out[dy];
+                const float *o = out[dy];
                 if (rp) {
                     const float *rr = rp + (oy + dy) * wp->ow + ox;
                     for (int64_t q = 0; q < cols; q++)
-                        yr[q] = o2[q] + rr[q];
+                        yr[q] = o[q] + rr[q];
                 } else {
-                    memcpy (yr, o2, (size_t) cols * sizeof *yr);
+                    memcpy (yr, o, (size_t) cols * sizeof *yr);
                 }
                 kiln_act_apply (yr, cols, r->act, r->act_a, r->act_b);
             }

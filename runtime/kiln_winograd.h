@@ -1,10 +1,12 @@
 /*
  * kiln_winograd — 3x3, stride-1, ungrouped convolutions by Winograd's
- * F(2x2, 3x3) (Lavin and Gray, 2015).  Internal to libkilnrt.
+ * F(2x2, 3x3) and F(4x4, 3x3) (Lavin and Gray, 2015).  Internal to
+ * libkilnrt.
  *
- * Each 2x2 block of outputs (a tile) is A^T [(G g G^T) ⊙ (B^T d B)] A for
- * the 4x4 input patch d under it: 16 products per tile and channel pair
- * where a direct convolution needs 36.  The weights arrive transformed
+ * Each t x t block of outputs (a tile) is A^T [(G g G^T) ⊙ (B^T d B)] A
+ * for the (t+2) x (t+2) input patch d under it: (t+2)² products per tile
+ * and channel pair where a direct convolution needs 9·t² (2.25 times
+ * fewer for t = 2, 4 times for t = 4).  The weights arrive transformed
  * and packed by the compiler (common/kiln_pack.h, KILN_PACK_WINO_POINTS
  * packed A operands); the 16 products of each point are matrix products
  * over the channels, run by kiln_gemm's micro-kernel on blocks of 16 or
@@ -12,7 +14,9 @@
  * B panels and the output transform applies the epilogue (bias,
  * residual, activation) as it writes Y, so nothing of image size is
  * materialised.  Rounding differs from a direct convolution by a few ulp
- * of the partial sums; the compiler uses it from -O3 only.
+ * of the partial sums for t = 2, by some more for t = 4 (its transforms
+ * have coefficients up to 8 and down to 1/24); the compiler uses them
+ * from -O3 only.
  */
 #ifndef KILN_WINOGRAD_H
 #define KILN_WINOGRAD_H
@@ -23,6 +27,9 @@
 #include "common/kiln_program.h"
 
 typedef struct kiln_wino {
+    int tile;                   /* t: 2 or 4 */
+    int alpha;                  /* t + 2 */
+    int points;                 /* alpha² */
     int64_t n, c, h, w;         /* input */
     int64_t m, oh, ow;          /* output */
     int64_t pt, pl;             /* padding before, rows and columns */
@@ -34,9 +41,9 @@ typedef struct kiln_wino {
     int64_t u_stride;           /* floats of packed weights per point */
 } kiln_wino_t;
 
-/* Plan for input [n, c, h, w] and output [n, m, oh, ow] with `threads`
- * workers. */
-void kiln_wino_plan (kiln_wino_t *wp, int64_t n, int64_t c, int64_t h,
+/* Plan F(tile x tile, 3x3) for input [n, c, h, w] and output [n, m, oh,
+ * ow] with `threads` workers. */
+void kiln_wino_plan (kiln_wino_t *wp, int tile, int64_t n, int64_t c, int64_t h,
                      int64_t w, int64_t m, int64_t oh, int64_t ow, int64_t pt,
                      int64_t pl, int threads);
 

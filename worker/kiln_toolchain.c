@@ -153,6 +153,10 @@ kiln_toolchain_parse_spec (const char *spec, const char *target, kiln_toolchain_
     memcpy (out->id.id, name, strlen (name) + 1);
     memcpy (out->id.version, version, strlen (version) + 1);
     memcpy (out->id.target, target, strlen (target) + 1);
+    if (strcmp (eq + 1, "@noop") == 0) {
+        out->noop = true;
+        return 0;
+    }
     int rc = kiln_toolchain_split (eq + 1, &out->words, &out->n_words, err);
     if (rc)
         return kiln_error_prefix (err, "toolchain '%s'", name);
@@ -268,6 +272,70 @@ s_ios_known (const kiln_graph_t *g)
     return true;
 }
 
+/* The manifest of a wrapped output: the job's keys and the graph's interface. */
+static int
+s_fill_manifest (kiln_artifact_t *art, const kiln_wrap_job_t *job, const kiln_graph_t *g,
+                 kiln_err_t *err)
+{
+    kiln_manifest_t *m = kiln_artifact_manifest (art);
+    m->format_version = KILN_ARTIFACT_FORMAT_VERSION;
+    snprintf (m->graph_digest, sizeof m->graph_digest, "%s", job->graph_digest);
+    snprintf (m->action_key, sizeof m->action_key, "%s", job->action_key);
+    snprintf (m->compiler_id, sizeof m->compiler_id, "%s", job->toolchain.id);
+    snprintf (m->compiler_version, sizeof m->compiler_version, "%s", job->toolchain.version);
+    snprintf (m->compiler_args, sizeof m->compiler_args, "%s", job->args ? job->args : "");
+    snprintf (m->target, sizeof m->target, "%s", job->toolchain.target);
+    m->runtime_abi = KILN_RUNTIME_ABI_VERSION;
+    kiln_io_t *ins = NULL, *outs = NULL;
+    int rc = s_ios (g, g->inputs, g->n_inputs, &ins, err);
+    if (rc == 0)
+        rc = s_ios (g, g->outputs, g->n_outputs, &outs, err);
+    if (rc == 0)
+        rc = kiln_manifest_set_io (m, false, ins, g->n_inputs, err);
+    if (rc == 0)
+        rc = kiln_manifest_set_io (m, true, outs, g->n_outputs, err);
+    free (ins);
+    free (outs);
+    return rc;
+}
+
+int
+kiln_toolchain_wrap_mem (const kiln_wrap_job_t *job, const uint8_t *structure,
+                         size_t struct_len, uint8_t **output, size_t len, uint8_t **kar,
+                         size_t *kar_len, kiln_err_t *err)
+{
+    *kar = NULL;
+    *kar_len = 0;
+    kiln_artifact_t *art = NULL;
+    kiln_graph_t *g = kiln_graph_decode (structure, struct_len, err);
+    int rc;
+    if (!g) {
+        rc = -err->code;
+        goto done;
+    }
+    if (!s_ios_known (g)) {
+        rc = kiln_error (err, KILN_EUNSUPPORTED, "the graph does not declare the shapes of its "
+                         "inputs and outputs");
+        goto done;
+    }
+    if (!(art = kiln_artifact_new ())) {
+        rc = kiln_error (err, KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = s_fill_manifest (art, job, g, err)) != 0
+        || (rc = kiln_artifact_take_member (art, KILN_TOOLCHAIN_MEMBER, output, len, err)) != 0)
+        goto done;
+    rc = kiln_artifact_write_mem (art, kar, kar_len, err);
+done:
+    if (output && *output) {
+        free (*output);
+        *output = NULL;
+    }
+    kiln_artifact_destroy (&art);
+    kiln_graph_destroy (&g);
+    return rc;
+}
+
 int
 kiln_toolchain_wrap (const kiln_wrap_job_t *job, kiln_err_t *err)
 {
@@ -275,7 +343,6 @@ kiln_toolchain_wrap (const kiln_wrap_job_t *job, kiln_err_t *err)
     kiln_artifact_t *art = NULL;
     uint8_t *bytes = NULL;
     size_t len = 0;
-    kiln_io_t *ins = NULL, *outs = NULL;
     int rc;
     if (!(g = kiln_graph_load (job->graph, err))) {
         rc = -err->code;
@@ -295,25 +362,11 @@ kiln_toolchain_wrap (const kiln_wrap_job_t *job, kiln_err_t *err)
         rc = kiln_error (err, KILN_ENOMEM, "out of memory");
         goto done;
     }
-    kiln_manifest_t *m = kiln_artifact_manifest (art);
-    m->format_version = KILN_ARTIFACT_FORMAT_VERSION;
-    snprintf (m->graph_digest, sizeof m->graph_digest, "%s", job->graph_digest);
-    snprintf (m->action_key, sizeof m->action_key, "%s", job->action_key);
-    snprintf (m->compiler_id, sizeof m->compiler_id, "%s", job->toolchain.id);
-    snprintf (m->compiler_version, sizeof m->compiler_version, "%s", job->toolchain.version);
-    snprintf (m->compiler_args, sizeof m->compiler_args, "%s", job->args ? job->args : "");
-    snprintf (m->target, sizeof m->target, "%s", job->toolchain.target);
-    m->runtime_abi = KILN_RUNTIME_ABI_VERSION;
-    if ((rc = s_ios (g, g->inputs, g->n_inputs, &ins, err)) != 0
-        || (rc = s_ios (g, g->outputs, g->n_outputs, &outs, err)) != 0
-        || (rc = kiln_manifest_set_io (m, false, ins, g->n_inputs, err)) != 0
-        || (rc = kiln_manifest_set_io (m, true, outs, g->n_outputs, err)) != 0
+    if ((rc = s_fill_manifest (art, job, g, err)) != 0
         || (rc = kiln_artifact_take_member (art, KILN_TOOLCHAIN_MEMBER, &bytes, len, err)) != 0
         || (rc = kiln_artifact_write (art, job->kar, err)) != 0)
         goto done;
 done:
-    free (ins);
-    free (outs);
     free (bytes);
     kiln_artifact_destroy (&art);
     kiln_graph_destroy (&g);
@@ -357,11 +410,18 @@ kiln_toolchain_wrap_main (int argc, char **argv)
     }
     kiln_err_t err = { 0 };
     if (!job.graph || !job.output || !job.kar || !job.action_key || !job.graph_digest
-        || !toolchain || kiln_toolchain_parse (toolchain, &job.toolchain, &err) != 0
-        || optind >= argc) {
+        || !toolchain || kiln_toolchain_parse (toolchain, &job.toolchain, &err) != 0) {
         fprintf (stderr, "kiln-worker --wrap: incomplete job description%s%s\n",
                  err.msg[0] ? ": " : "", err.msg);
         return S_EXIT_WRAP;
+    }
+    if (optind >= argc) {            /* nothing to run: wrap what is there */
+        if (kiln_toolchain_wrap (&job, &err) != 0) {
+            fprintf (stderr, "kiln-worker: could not wrap the output of toolchain '%s': %s\n",
+                     job.toolchain.id, err.msg);
+            return S_EXIT_WRAP;
+        }
+        return 0;
     }
     /* Run the command as our child, in our process group (so that the
      * worker's timeout kills it with us), and dying with us. */

@@ -24,8 +24,16 @@
  * toolchain id, version, arguments and target, and the graph's inputs and
  * outputs) and one payload member, "toolchain.out", holding the file's
  * bytes.  The broker checks that artifact against the job and signs it
- * like any other.  The wrapping runs in the job's child process
- * (`kiln-worker --wrap ...`), so a large output never stalls the worker.
+ * like any other.  The worker wraps outputs of up to
+ * KILN_TOOLCHAIN_WRAP_INLINE bytes itself; a bigger one (or a graph that
+ * does not declare the shapes of its inputs and outputs) is wrapped by a
+ * second child, `kiln-worker --wrap ...`, so that it never stalls the
+ * worker's loop.
+ *
+ * COMMAND "@noop" is a toolchain that does no work: the worker answers at
+ * once, without a child process, with an artifact whose "toolchain.out"
+ * is the graph's structure.  It exists to measure the farm's own
+ * overhead (bench/bench_farm.py) and in tests.
  */
 #ifndef KILN_TOOLCHAIN_H
 #define KILN_TOOLCHAIN_H
@@ -38,10 +46,12 @@
 #define KILN_TOOLCHAIN_MAX_WORDS   256       /* words of one command */
 #define KILN_TOOLCHAIN_MAX_COMMAND 4096      /* bytes of one command */
 #define KILN_TOOLCHAIN_MEMBER      "toolchain.out"
+#define KILN_TOOLCHAIN_WRAP_INLINE (64u << 20)    /* outputs the worker wraps itself */
 
 typedef struct kiln_toolchain {
     kiln_toolchain_id_t id;      /* what it is called on the wire */
     bool builtin;                /* kiln-cc; else `words` */
+    bool noop;                   /* COMMAND "@noop": no work, no child (see below) */
     char **words;                /* the command split, owned */
     int n_words;
 } kiln_toolchain_t;
@@ -81,9 +91,18 @@ typedef struct kiln_wrap_job {
 /* Wrap the toolchain's output into an unsigned artifact (see above). */
 int kiln_toolchain_wrap (const kiln_wrap_job_t *job, kiln_err_t *err);
 
-/* `kiln-worker --wrap ...`: run the command after "--", then wrap its
- * output.  Exits with the command's status, or 125 when wrapping fails
- * (the reason on stderr, which is the job's log). */
+/* The same in memory: the graph's interface from its encoded structure,
+ * the output's bytes taken from *output (freed, NULLed, also on failure).
+ * *kar gets the archive (caller frees).  KILN_EUNSUPPORTED when the
+ * structure does not declare the shapes of the inputs and outputs (the
+ * file-based wrapper infers them). */
+int kiln_toolchain_wrap_mem (const kiln_wrap_job_t *job, const uint8_t *structure,
+                             size_t struct_len, uint8_t **output, size_t len,
+                             uint8_t **kar, size_t *kar_len, kiln_err_t *err);
+
+/* `kiln-worker --wrap ...`: run the command after "--" (if any), then
+ * wrap its output.  Exits with the command's status, or 125 when wrapping
+ * fails (the reason on stderr, which is the job's log). */
 int kiln_toolchain_wrap_main (int argc, char **argv);
 
 #endif

@@ -39,7 +39,10 @@
 #define S_FETCH_STALL_MS 30000   /* a fetch with no chunk for this long fails its job */
 #define S_READY_BLOBS    4096    /* cached blobs named in READY */
 
-typedef enum { S_FETCHING, S_RUNNING } s_phase_t;
+/* A job's phases: its blobs arrive; its toolchain runs (kiln-cc, or an
+ * external command); an external toolchain's big output is wrapped by a
+ * second child (see kiln_toolchain.h). */
+typedef enum { S_FETCHING, S_RUNNING, S_WRAPPING } s_phase_t;
 
 /* One blob being downloaded from the broker. */
 typedef struct {
@@ -380,18 +383,14 @@ s_run_spawn (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
         }
         argv[argc] = NULL;
     }
-    else {
+    else if (run->phase == S_RUNNING) {
+        /* The command itself, with no process of ours around it. */
         command = kiln_toolchain_argv (run->tc, kgraph, tool_out, run->workdir, run->args, err);
         if (!command)
             return -err->code;
-        int n = 0;
-        while (command[n])
-            n++;
-        argv = calloc ((size_t) n + 24, sizeof *argv);
-        if (!argv) {
-            kiln_toolchain_argv_free (command);
-            return kiln_error (err, KILN_ENOMEM, "out of memory");
-        }
+        argv = command;
+    }
+    else {
         argv[argc++] = self->self_exe;
         argv[argc++] = "--wrap";
         argv[argc++] = "--graph";
@@ -409,8 +408,6 @@ s_run_spawn (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
         argv[argc++] = "--toolchain";
         argv[argc++] = kiln_toolchain_format (&run->tc->id, tc, sizeof tc);
         argv[argc++] = "--";
-        for (int i = 0; i < n; i++)
-            argv[argc++] = command[i];
         argv[argc] = NULL;
     }
     int rc = 0;
@@ -441,7 +438,7 @@ s_run_spawn (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
         if (dup2 (devnull, 0) < 0 || dup2 (fds[1], 1) < 0 || dup2 (fds[1], 2) < 0
             || chdir (run->workdir) != 0)
             _exit (S_EXIT_EXEC);
-        execv (argv[0], argv);
+        execvp (argv[0], argv);
         static const char msg[] = "kiln-worker: could not execute the toolchain\n";
         ssize_t ignored = write (2, msg, sizeof msg - 1);
         (void) ignored;
@@ -471,10 +468,101 @@ done:
         close (fds[1]);
     if (devnull >= 0)
         close (devnull);
-    if (argv != fixed)
-        free (argv);
     kiln_toolchain_argv_free (command);
     return rc;
+}
+
+/* DONE with the unsigned artifact (consumes *bytes). */
+static void
+s_send_artifact (kiln_worker_t *self, s_run_t *run, uint8_t **bytes, size_t len,
+                 const char *log)
+{
+    kiln_err_t err = { 0 };
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_DONE);
+    if (!msg || kiln_msg_put_artifact (msg, *bytes, len, &err) != 0
+        || (log && *log && kiln_msg_set_str (&msg->log, log) != 0)) {
+        kiln_msg_destroy (&msg);
+        kiln_log_err ("job %llu action %.12s: the artifact cannot be sent: %s",
+                      (unsigned long long) run->id, run->action_key, err.msg);
+        s_send_failure (self, run->id, KILN_ECOMPILE, err.msg, log);
+    }
+    else {
+        msg->job_id = run->id;
+        msg->ok = true;
+        kiln_log_notice ("job %llu action %.12s: compiled in %lld ms (%zu bytes)",
+                         (unsigned long long) run->id, run->action_key,
+                         (long long) (zclock_mono () - run->started), len);
+        s_send (self, &msg);
+    }
+    free (*bytes);
+    *bytes = NULL;
+}
+
+/* The job's keys, for wrapping an external toolchain's output. */
+static kiln_wrap_job_t
+s_wrap_job (s_run_t *run, const char *kgraph, const char *output, const char *kar)
+{
+    kiln_wrap_job_t job = { kgraph, output, kar, run->action_key, run->graph_digest, run->args,
+                            run->tc->id };
+    return job;
+}
+
+/* An external toolchain succeeded: wrap {output} here when it is small,
+ * else start the wrapper child.  Returns true when the run goes on (the
+ * wrapper runs), false when DONE (or the failure) was sent. */
+static bool
+s_wrap_output (kiln_worker_t *self, int slot, const char *log)
+{
+    s_run_t *run = self->runs[slot];
+    kiln_err_t err = { 0 };
+    char kgraph[PATH_MAX], tool_out[PATH_MAX], kar_path[PATH_MAX];
+    snprintf (kgraph, sizeof kgraph, "%s/model.kgraph", run->workdir);
+    snprintf (tool_out, sizeof tool_out, "%s/toolchain.out", run->workdir);
+    snprintf (kar_path, sizeof kar_path, "%s/out.kar", run->workdir);
+    struct stat st;
+    if (stat (tool_out, &st) != 0 || !S_ISREG (st.st_mode)) {
+        char text[256];
+        snprintf (text, sizeof text, "toolchain '%s' exited 0 but wrote no output ({output})",
+                  run->tc->id.id);
+        s_send_failure (self, run->id, KILN_ECOMPILE, text, log);
+        return false;
+    }
+    kiln_wrap_job_t job = s_wrap_job (run, kgraph, tool_out, kar_path);
+    if ((uint64_t) st.st_size <= KILN_TOOLCHAIN_WRAP_INLINE) {
+        uint8_t *bytes = NULL, *kar = NULL;
+        size_t len = 0, kar_len = 0;
+        int rc = kiln_read_file (tool_out, KILN_TOOLCHAIN_WRAP_INLINE, &bytes, &len, &err);
+        if (rc == 0)
+            rc = kiln_toolchain_wrap_mem (&job, run->structure, run->struct_len, &bytes, len,
+                                          &kar, &kar_len, &err);
+        free (bytes);
+        if (rc == 0) {
+            s_send_artifact (self, run, &kar, kar_len, log);
+            return false;
+        }
+        if (rc != -KILN_EUNSUPPORTED) {
+            char text[KILN_ERR_MSG_MAX + 160];
+            snprintf (text, sizeof text, "the output of toolchain '%s' could not be made into "
+                      "an artifact: %s", run->tc->id.id, err.msg);
+            s_send_failure (self, run->id, KILN_ECOMPILE, text, log);
+            return false;
+        }
+    }
+    /* Big, or the graph must be loaded to learn its interface: a child
+     * does it, under the job's deadline. */
+    int64_t started = run->started, deadline = run->deadline;
+    s_run_unwatch (self, run);
+    run->pid = 0;
+    run->exited = false;
+    run->status = 0;
+    run->phase = S_WRAPPING;
+    if (s_run_spawn (self, run, &err) != 0) {
+        s_send_failure (self, run->id, KILN_ESYS, err.msg, log);
+        return false;
+    }
+    run->started = started;
+    run->deadline = deadline;
+    return true;
 }
 
 /* The child has exited: answer DONE and free the slot. */
@@ -497,26 +585,22 @@ s_run_finish (kiln_worker_t *self, int slot)
         s_send_failure (self, run->id, KILN_ETIMEOUT, text, log);
     }
     else if (WIFEXITED (run->status) && WEXITSTATUS (run->status) == 0) {
-        uint8_t *bytes = NULL;
-        size_t len = 0;
-        kiln_msg_t *msg = kiln_msg_new (KILN_CMD_DONE);
-        if (!msg || kiln_read_file (out, KILN_MAX_ARTIFACT_BYTES, &bytes, &len, &err) != 0
-            || kiln_msg_put_artifact (msg, bytes, len, &err) != 0
-            || (run->log_len && kiln_msg_set_str (&msg->log, log) != 0)) {
-            kiln_msg_destroy (&msg);
-            kiln_log_err ("job %llu action %.12s: the compiler succeeded but its artifact "
-                          "cannot be sent: %s", (unsigned long long) run->id,
-                          run->action_key, err.msg);
-            s_send_failure (self, run->id, KILN_ECOMPILE, err.msg, log);
+        if (!run->tc->builtin && run->phase == S_RUNNING) {
+            if (s_wrap_output (self, slot, run->log_len ? log : NULL))
+                return;                  /* the wrapper runs; the slot stays taken */
         }
         else {
-            msg->job_id = run->id;
-            msg->ok = true;
-            kiln_log_notice ("job %llu action %.12s: compiled in %lld ms (%zu bytes)",
-                             (unsigned long long) run->id, run->action_key, ms, len);
-            s_send (self, &msg);
+            uint8_t *bytes = NULL;
+            size_t len = 0;
+            if (kiln_read_file (out, KILN_MAX_ARTIFACT_BYTES, &bytes, &len, &err) != 0) {
+                kiln_log_err ("job %llu action %.12s: the compiler succeeded but its artifact "
+                              "cannot be read: %s", (unsigned long long) run->id,
+                              run->action_key, err.msg);
+                s_send_failure (self, run->id, KILN_ECOMPILE, err.msg, log);
+            }
+            else
+                s_send_artifact (self, run, &bytes, len, run->log_len ? log : NULL);
         }
-        free (bytes);
     }
     else {
         char text[PATH_MAX + 64];
@@ -526,7 +610,7 @@ s_run_finish (kiln_worker_t *self, int slot)
                       run->tc->builtin ? self->cc : run->tc->words[0]);
             code = KILN_ESYS;
         }
-        else if (WIFEXITED (run->status) && !run->tc->builtin
+        else if (WIFEXITED (run->status) && run->phase == S_WRAPPING
                  && WEXITSTATUS (run->status) == S_EXIT_WRAP)
             snprintf (text, sizeof text, "the output of toolchain '%s' could not be made into "
                       "an artifact", run->tc->id.id);
@@ -548,7 +632,7 @@ static void
 s_run_poll (kiln_worker_t *self, int slot, int64_t now)
 {
     s_run_t *run = self->runs[slot];
-    if (!run || run->phase != S_RUNNING)
+    if (!run || run->phase == S_FETCHING)
         return;
     s_run_drain (self, run);
     if (!run->exited) {
@@ -722,14 +806,34 @@ s_run_advance (kiln_worker_t *self, int slot)
     for (uint32_t i = 0; i < run->n_blobs; i++)
         kiln_blobcache_pin (self->cache, run->blobs[i].digest);
     run->pinned = true;
+    if (run->tc->noop) {
+        /* No work and no child: the structure is the output. */
+        uint8_t *copy = malloc (run->struct_len ? run->struct_len : 1), *kar = NULL;
+        size_t kar_len = 0;
+        kiln_wrap_job_t job = s_wrap_job (run, NULL, NULL, NULL);
+        run->started = zclock_mono ();
+        if (!copy) {
+            s_run_fail (self, slot, KILN_ESYS, "out of memory");
+            return;
+        }
+        memcpy (copy, run->structure, run->struct_len);
+        if (kiln_toolchain_wrap_mem (&job, run->structure, run->struct_len, &copy,
+                                     run->struct_len, &kar, &kar_len, &err) != 0) {
+            s_run_fail (self, slot, KILN_ECOMPILE, err.msg);
+            return;
+        }
+        s_send_artifact (self, run, &kar, kar_len, NULL);
+        s_run_destroy (self, &self->runs[slot]);
+        return;
+    }
     char kgraph[PATH_MAX];
     snprintf (kgraph, sizeof kgraph, "%s/model.kgraph", run->workdir);
+    run->phase = S_RUNNING;
     if (s_write_kgraph (self, run, kgraph, &err) != 0
         || s_run_spawn (self, run, &err) != 0) {
         s_run_fail (self, slot, KILN_ESYS, err.msg);
         return;
     }
-    run->phase = S_RUNNING;
     char tc[KILN_PROTO_MAX_TOOLCHAIN + 1];
     kiln_log_notice ("job %llu action %.12s: compiling with %s in %s (args '%s', blobs ready "
                      "after %lld ms)", (unsigned long long) run->id, run->action_key,
@@ -812,7 +916,7 @@ s_on_job (kiln_worker_t *self, kiln_msg_t *msg)
         }
         free (data);
     }
-    if (!(run->workdir = kiln_mkdtemp ("kiln-job-", &err))) {
+    if (!tc->noop && !(run->workdir = kiln_mkdtemp ("kiln-job-", &err))) {
         s_run_fail (self, slot, KILN_ESYS, err.msg);
         return;
     }

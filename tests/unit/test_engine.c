@@ -661,19 +661,22 @@ END_TEST
 
 START_TEST (test_winograd_convolution_matches_o0)
 {
-    /* odd sizes (a partial last tile), asymmetric and no padding, enough
-     * channels for two channel blocks of the transform */
-    int64_t cases[][5] = { { 16, 24, 9, 13, 1 }, { 32, 16, 14, 14, 1 },
-                           { 300, 20, 7, 7, 1 }, { 17, 40, 12, 5, 0 } };
+    /* c, m, h, w, pad, and the output tile the compiler should pick:
+     * odd sizes (a partial last tile), no padding, enough channels for
+     * two channel blocks of the transform, F(4x4) where the tiles fill
+     * its blocks better and F(2x2) where they do not */
+    int64_t cases[][6] = { { 16, 24, 9, 13, 1, 4 }, { 32, 16, 14, 14, 1, 4 },
+                           { 300, 20, 7, 7, 1, 2 }, { 17, 40, 12, 5, 0, 2 },
+                           { 2000, 16, 28, 30, 1, 4 } };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kiln_graph_t *g = s_conv_block (cases[i][0], cases[i][1], cases[i][2],
                                         cases[i][3], cases[i][4], 1, 1);
         kiln_program_t *p = s_check_against_o0 (g, 3, 1e-5, "winograd conv block");
-        bool uses = false;
-        for (int op = 0; op < p->n_ops; op++)
-            for (int j = 0; j < p->ops[op].n_params; j++)
-                uses = uses || strcmp (p->ops[op].params[j].name, "winograd") == 0;
-        ck_assert_msg (uses, "case %zu: no winograd convolution at -O3", i);
+        const kiln_prog_param_t *wino = s_param (p, KILN_K_CONV2D, "winograd");
+        ck_assert_msg (wino, "case %zu: no winograd convolution at -O3", i);
+        ck_assert_msg (wino->i == cases[i][5], "case %zu: F(%lldx%lld), expected "
+                       "F(%lldx%lld)", i, (long long) wino->i, (long long) wino->i,
+                       (long long) cases[i][5], (long long) cases[i][5]);
         kiln_program_destroy (&p);
         kiln_graph_destroy (&g);
     }

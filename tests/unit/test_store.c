@@ -1,0 +1,304 @@
+/* Unit tests of the broker's store: staged writes appear only at commit,
+ * cache hits are checked, failures are remembered and forgotten, blob
+ * uploads are checked against their digest, the size cap evicts the least
+ * recently used unpinned entries, and the integrity check finds damage. */
+#include <check.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "artifact/kiln_artifact.h"
+#include "broker/kiln_store.h"
+#include "common/kiln_fs.h"
+#include "common/kiln_hash.h"
+
+static char *s_dir;
+static kiln_key_t *s_key;
+
+static void
+s_setup (void)
+{
+    kiln_err_t err = { 0 };
+    s_dir = kiln_mkdtemp ("kiln-test-store-", &err);
+    ck_assert_msg (s_dir != NULL, "%s", err.msg);
+    s_key = kiln_key_generate (&err);
+    ck_assert_ptr_nonnull (s_key);
+}
+
+static void
+s_teardown (void)
+{
+    kiln_key_destroy (&s_key);
+    kiln_rm_rf (s_dir);
+    free (s_dir);
+    s_dir = NULL;
+}
+
+/* A signed artifact for `action_key`; its content hash into digest. */
+static uint8_t *
+s_artifact (const char *action_key, const char *payload, char digest[KILN_HEX_LEN], size_t *len)
+{
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_artifact_new ();
+    kiln_manifest_t *m = kiln_artifact_manifest (art);
+    m->format_version = KILN_ARTIFACT_FORMAT_VERSION;
+    memset (m->graph_digest, 'b', 64);
+    m->graph_digest[64] = '\0';
+    snprintf (m->action_key, sizeof m->action_key, "%s", action_key);
+    snprintf (m->compiler_id, sizeof m->compiler_id, "test");
+    snprintf (m->compiler_version, sizeof m->compiler_version, "1");
+    snprintf (m->target, sizeof m->target, "t");
+    m->runtime_abi = KILN_RUNTIME_ABI_VERSION;
+    ck_assert_int_eq (kiln_artifact_add_member (art, "payload.bin", payload, strlen (payload),
+                                                &err), 0);
+    ck_assert_msg (kiln_artifact_sign (art, s_key, "{\"builder\":\"t\"}", &err) == 0, "%s",
+                   err.msg);
+    ck_assert_int_eq (kiln_artifact_digest (art, digest, &err), 0);
+    uint8_t *bytes = NULL;
+    ck_assert_int_eq (kiln_artifact_write_mem (art, &bytes, len, &err), 0);
+    kiln_artifact_destroy (&art);
+    return bytes;
+}
+
+static const char *KEY1 = "1111111111111111111111111111111111111111111111111111111111111111";
+static const char *KEY2 = "2222222222222222222222222222222222222222222222222222222222222222";
+
+START_TEST (test_staged_entries_appear_at_commit_and_hits_are_checked)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 0, &err);
+    ck_assert_ptr_nonnull (st);
+    ck_assert_int_eq (kiln_store_trust_key (st, s_key, &err), 0);
+    char digest[KILN_HEX_LEN], got[KILN_HEX_LEN];
+    size_t len = 0, got_len = 0;
+    uint8_t *bytes = s_artifact (KEY1, "hello", digest, &len), *data = NULL;
+    ck_assert_int_eq (kiln_store_put_artifact (st, digest, bytes, len, &err), 0);
+    ck_assert_int_eq (kiln_store_put_action (st, KEY1, digest, &err), 0);
+    ck_assert_uint_eq (kiln_store_staged (st), 2);
+    /* not before the commit */
+    ck_assert_int_eq (kiln_store_lookup (st, KEY1, got, &data, &got_len, &err), -KILN_ENOTFOUND);
+    ck_assert_int_eq (kiln_store_commit (st, &err), 2);
+    ck_assert_uint_eq (kiln_store_staged (st), 0);
+    ck_assert_int_eq (kiln_store_lookup (st, KEY1, got, &data, &got_len, &err), 0);
+    ck_assert_str_eq (got, digest);
+    ck_assert_uint_eq (got_len, len);
+    ck_assert_mem_eq (data, bytes, len);
+    free (data);
+    /* nothing was left in STATE/tmp */
+    char tmp[PATH_MAX];
+    snprintf (tmp, sizeof tmp, "%s/tmp", s_dir);
+    ck_assert_int_eq (rmdir (tmp), 0);
+    ck_assert_int_eq (mkdir (tmp, 0755), 0);
+    /* a damaged artifact is not served */
+    char path[PATH_MAX];
+    snprintf (path, sizeof path, "%s/cas/sha256/%.2s/%s", s_dir, digest, digest);
+    uint8_t *hello = memmem (bytes, len, "hello", 5);
+    ck_assert_ptr_nonnull (hello);
+    hello[0] ^= 1;
+    ck_assert_int_eq (kiln_write_file_atomic (path, bytes, len, 0644, &err), 0);
+    ck_assert_int_lt (kiln_store_lookup (st, KEY1, got, &data, &got_len, &err), 0);
+    ck_assert_int_ne (err.code, KILN_ENOTFOUND);
+    ck_assert_ptr_null (data);
+    /* an evicted (deleted) artifact is a plain miss, and its record goes */
+    unlink (path);
+    ck_assert_int_eq (kiln_store_lookup (st, KEY1, got, &data, &got_len, &err), -KILN_ENOTFOUND);
+    snprintf (path, sizeof path, "%s/ac/%s", s_dir, KEY1);
+    ck_assert (!kiln_file_exists (path));
+    free (bytes);
+    kiln_store_destroy (&st);
+    ck_assert_ptr_null (st);
+}
+END_TEST
+
+START_TEST (test_failures_are_remembered_with_their_log_and_forgotten)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 0, &err);
+    int code = 0;
+    char message[KILN_ERR_MSG_MAX];
+    char *log = NULL;
+    ck_assert_int_eq (kiln_store_lookup_failure (st, KEY2, &code, message, &log, &err),
+                      -KILN_ENOTFOUND);
+    ck_assert_int_eq (kiln_store_put_failure (st, KEY2, KILN_ECOMPILE, "it broke",
+                                              "line 1\n\"quoted\"\n", &err), 0);
+    ck_assert_int_eq (kiln_store_commit (st, &err), 1);
+    kiln_store_destroy (&st);
+    /* across a restart */
+    st = kiln_store_new (s_dir, 0, &err);
+    ck_assert_int_eq (kiln_store_lookup_failure (st, KEY2, &code, message, &log, &err), 0);
+    ck_assert_int_eq (code, KILN_ECOMPILE);
+    ck_assert_str_eq (message, "it broke");
+    ck_assert_str_eq (log, "line 1\n\"quoted\"\n");
+    free (log);
+    kiln_store_forget_failure (st, KEY2);
+    ck_assert_int_eq (kiln_store_lookup_failure (st, KEY2, &code, message, &log, &err),
+                      -KILN_ENOTFOUND);
+    kiln_store_stats_t stats;
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.failures, 0);
+    kiln_store_destroy (&st);
+}
+END_TEST
+
+START_TEST (test_uploaded_blobs_are_checked_against_their_digest)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 0, &err);
+    size_t size = 3 * 1000 * 1000 + 7;
+    uint8_t *data = malloc (size);
+    for (size_t i = 0; i < size; i++)
+        data[i] = (uint8_t) (i * 31 + 7);
+    uint8_t digest[KILN_DIGEST_LEN], wrong[KILN_DIGEST_LEN];
+    kiln_sha256 (data, size, digest);
+    memcpy (wrong, digest, sizeof wrong);
+    wrong[0] ^= 1;
+    /* wrong digest: refused, nothing stored */
+    kiln_blob_writer_t *w = kiln_store_blob_begin (st, wrong, size, &err);
+    ck_assert_ptr_nonnull (w);
+    ck_assert_int_eq (kiln_blob_writer_write (w, data, size, &err), 0);
+    ck_assert_int_eq (kiln_store_blob_finish (st, &w, &err), -KILN_EVERIFY);
+    ck_assert_ptr_null (w);
+    ck_assert (!kiln_store_has_blob (st, wrong));
+    /* more bytes than announced: refused */
+    w = kiln_store_blob_begin (st, digest, 10, &err);
+    ck_assert_int_eq (kiln_blob_writer_write (w, data, 11, &err), -KILN_EPROTO);
+    kiln_blob_writer_abort (&w);
+    /* the right bytes in pieces */
+    w = kiln_store_blob_begin (st, digest, size, &err);
+    for (size_t off = 0; off < size; off += 1 << 20) {
+        size_t n = size - off < (1u << 20) ? size - off : (1u << 20);
+        ck_assert_int_eq (kiln_blob_writer_write (w, data + off, n, &err), 0);
+    }
+    ck_assert_uint_eq (kiln_blob_writer_received (w), size);
+    ck_assert_int_eq (kiln_store_blob_finish (st, &w, &err), 0);
+    ck_assert (kiln_store_has_blob (st, digest));
+    uint64_t got = 0;
+    int fd = kiln_store_blob_open (st, digest, &got, &err);
+    ck_assert_int_ge (fd, 0);
+    ck_assert_uint_eq (got, size);
+    close (fd);
+    /* a small blob put whole must match too */
+    ck_assert_int_eq (kiln_store_put_blob (st, wrong, data, 100, &err), -KILN_EVERIFY);
+    /* a blob bigger than the cap is refused up front */
+    kiln_store_destroy (&st);
+    st = kiln_store_new (s_dir, 1 << 20, &err);
+    ck_assert_ptr_null (kiln_store_blob_begin (st, wrong, 2 << 20, &err));
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+    free (data);
+    kiln_store_destroy (&st);
+}
+END_TEST
+
+/* Stage and commit a blob of `size` bytes filled with `fill`. */
+static void
+s_blob (kiln_store_t *st, uint8_t fill, size_t size, uint8_t digest[KILN_DIGEST_LEN])
+{
+    kiln_err_t err = { 0 };
+    uint8_t *data = malloc (size);
+    memset (data, fill, size);
+    kiln_sha256 (data, size, digest);
+    ck_assert_int_eq (kiln_store_put_blob (st, digest, data, size, &err), 0);
+    ck_assert_int_ge (kiln_store_commit (st, &err), 0);
+    free (data);
+}
+
+START_TEST (test_the_cap_evicts_least_recently_used_unpinned_entries)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 1 << 20, &err);
+    uint8_t a[KILN_DIGEST_LEN], b[KILN_DIGEST_LEN], c[KILN_DIGEST_LEN], d[KILN_DIGEST_LEN];
+    s_blob (st, 'a', 400 << 10, a);
+    s_blob (st, 'b', 400 << 10, b);
+    kiln_store_blob_pin (st, a);                /* a job needs a */
+    s_blob (st, 'c', 400 << 10, c);             /* over the cap: b goes, not a */
+    ck_assert (kiln_store_has_blob (st, a));
+    ck_assert (!kiln_store_has_blob (st, b));
+    ck_assert (kiln_store_has_blob (st, c));
+    kiln_store_blob_unpin (st, a);
+    uint64_t size;
+    int fd = kiln_store_blob_open (st, a, &size, &err);     /* a used: c is older now */
+    close (fd);
+    s_blob (st, 'd', 400 << 10, d);
+    ck_assert (kiln_store_has_blob (st, a));
+    ck_assert (!kiln_store_has_blob (st, c));
+    kiln_store_stats_t stats;
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_le (stats.bytes, 1 << 20);
+    ck_assert_uint_eq (stats.evicted, 2);
+    kiln_store_destroy (&st);
+    /* the index is rebuilt from disk */
+    st = kiln_store_new (s_dir, 1 << 20, &err);
+    ck_assert (kiln_store_has_blob (st, a) && kiln_store_has_blob (st, d));
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.blobs, 2);
+    kiln_store_destroy (&st);
+}
+END_TEST
+
+START_TEST (test_the_integrity_check_finds_and_repairs_damage)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 0, &err);
+    ck_assert_int_eq (kiln_store_trust_key (st, s_key, &err), 0);
+    char digest[KILN_HEX_LEN];
+    size_t len = 0;
+    uint8_t *bytes = s_artifact (KEY1, "payload", digest, &len);
+    kiln_store_put_artifact (st, digest, bytes, len, &err);
+    kiln_store_put_action (st, KEY1, digest, &err);
+    uint8_t blob[KILN_DIGEST_LEN];
+    s_blob (st, 'x', 5000, blob);
+    ck_assert_int_ge (kiln_store_commit (st, &err), 0);
+    kiln_store_destroy (&st);
+    kiln_store_report_t rep;
+    ck_assert_msg (kiln_store_check (s_dir, false, NULL, &rep, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq (rep.artifacts, 1);
+    ck_assert_uint_eq (rep.blobs, 1);
+    ck_assert_uint_eq (rep.actions, 1);
+    ck_assert_uint_eq (rep.bad, 0);
+    /* flip a byte of the blob */
+    char hex[KILN_HEX_LEN], path[PATH_MAX];
+    kiln_hex (blob, KILN_DIGEST_LEN, hex);
+    snprintf (path, sizeof path, "%s/blobs/sha256/%.2s/%s", s_dir, hex, hex);
+    uint8_t *data;
+    size_t n;
+    ck_assert_int_eq (kiln_read_file (path, 1 << 20, &data, &n, &err), 0);
+    data[17] ^= 0x40;
+    ck_assert_int_eq (kiln_write_file_atomic (path, data, n, 0644, &err), 0);
+    free (data);
+    /* and an action record that points elsewhere */
+    snprintf (path, sizeof path, "%s/ac/%s", s_dir, KEY2);
+    char line[KILN_HEX_LEN + 1];
+    snprintf (line, sizeof line, "%s\n", digest);
+    ck_assert_int_eq (kiln_write_file_atomic (path, line, KILN_HEX_LEN, 0644, &err), 0);
+    ck_assert_int_eq (kiln_store_check (s_dir, false, NULL, &rep, &err), -KILN_EVERIFY);
+    ck_assert_uint_eq (rep.bad, 2);
+    ck_assert_int_eq (kiln_store_check (s_dir, true, NULL, &rep, &err), -KILN_EVERIFY);
+    ck_assert_uint_eq (rep.removed, 2);
+    ck_assert_int_eq (kiln_store_check (s_dir, false, NULL, &rep, &err), 0);
+    ck_assert_uint_eq (rep.blobs, 0);
+    free (bytes);
+}
+END_TEST
+
+int
+main (void)
+{
+    Suite *s = suite_create ("store");
+    TCase *tc = tcase_create ("store");
+    tcase_set_timeout (tc, 60);
+    tcase_add_checked_fixture (tc, s_setup, s_teardown);
+    tcase_add_test (tc, test_staged_entries_appear_at_commit_and_hits_are_checked);
+    tcase_add_test (tc, test_failures_are_remembered_with_their_log_and_forgotten);
+    tcase_add_test (tc, test_uploaded_blobs_are_checked_against_their_digest);
+    tcase_add_test (tc, test_the_cap_evicts_least_recently_used_unpinned_entries);
+    tcase_add_test (tc, test_the_integrity_check_finds_and_repairs_damage);
+    suite_add_tcase (s, tc);
+    SRunner *sr = srunner_create (s);
+    srunner_run_all (sr, CK_NORMAL);
+    int failed = srunner_ntests_failed (sr);
+    srunner_free (sr);
+    return failed ? 1 : 0;
+}
