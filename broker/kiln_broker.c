@@ -1605,11 +1605,11 @@ s_on_chunk (kiln_broker_t *self, s_client_t *c, kiln_msg_t *msg)
                     (unsigned long long) kiln_blob_writer_size (up->writer));
         goto fail;
     }
-    zframe_t *frame = kiln_msg_chunk_frame (msg);
-    if (frame && kiln_blob_writer_write (up->writer, zframe_data (frame), zframe_size (frame),
-                                         &err) != 0)
+    zframe_t *frame = kiln_msg_take_chunk (msg);
+    size_t chunk_len = frame ? zframe_size (frame) : 0;
+    if (frame && kiln_blob_writer_take (up->writer, &frame, &err) != 0)
         goto fail;
-    self->stats.uploaded_bytes += frame ? zframe_size (frame) : 0;
+    self->stats.uploaded_bytes += chunk_len;
     if (kiln_blob_writer_received (up->writer) == kiln_blob_writer_size (up->writer)) {
         kiln_blob_writer_t *writer = up->writer;
         up->writer = NULL;

@@ -46,6 +46,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <czmq.h>
+
 #include "artifact/kiln_artifact.h"
 #include "common/kiln_error.h"
 #include "common/kiln_hash.h"
@@ -131,7 +133,12 @@ void kiln_store_blob_remove (kiln_store_t *self, const uint8_t digest[KILN_DIGES
 kiln_blob_writer_t *kiln_store_blob_begin (kiln_store_t *self,
                                            const uint8_t digest[KILN_DIGEST_LEN],
                                            uint64_t size, kiln_err_t *err);
-/* Append the next `len` bytes. */
+/* Append the next chunk: its frame is taken (*frame_p becomes NULL, also
+ * on failure) and written by the writer's thread.  Waits when the writer
+ * is more than a few chunks behind.  A write error shows here or at
+ * finish. */
+int kiln_blob_writer_take (kiln_blob_writer_t *self, zframe_t **frame_p, kiln_err_t *err);
+/* Append the next `len` bytes (copied). */
 int kiln_blob_writer_write (kiln_blob_writer_t *self, const void *data, size_t len,
                             kiln_err_t *err);
 /* Bytes written so far, and the blob's size. */

@@ -562,6 +562,17 @@ kiln_msg_chunk_frame (const kiln_msg_t *self)
     return self->frames[0];
 }
 
+zframe_t *
+kiln_msg_take_chunk (kiln_msg_t *self)
+{
+    zframe_t *frame = kiln_msg_chunk_frame (self);
+    if (frame) {
+        self->frames[0] = NULL;
+        self->n_frames = 0;
+    }
+    return frame;
+}
+
 /* --- encoding -------------------------------------------------------------- */
 
 static void *

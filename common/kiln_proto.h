@@ -335,6 +335,9 @@ int kiln_msg_blob_part (const kiln_msg_t *self, uint32_t index, uint8_t **data,
 /* The single frame of a CHUNK (NULL for an empty blob); owned by the
  * message. */
 zframe_t *kiln_msg_chunk_frame (const kiln_msg_t *self);
+/* The same, taken out of the message: caller owns it (NULL for an empty
+ * blob, or when taken already). */
+zframe_t *kiln_msg_take_chunk (kiln_msg_t *self);
 
 /* Encode into a multipart message (header + payload frames), checking
  * every field against the table as the decoder will.  Consumes *self_p

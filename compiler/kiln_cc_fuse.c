@@ -79,7 +79,7 @@ s_bn (const kiln_cc_ctx_t *cx, const s_uses_t *u, const kiln_node_t *p, int cur)
         || kiln_node_attr_int (bn, "training_mode", 0) != 0
         || !s_f32 (cx, bn->outputs[0]))
         return -1;
-    /* The conv's weights and bias must be constants to fold into. */
+    /* The weights and bias must be constants to fold into. */
     if (!kiln_cc_const_f32 (cx, p->inputs[1])
         || (p->n_inputs > 2 && p->inputs[2] >= 0
             && !kiln_cc_const_f32 (cx, p->inputs[2])))
@@ -87,6 +87,18 @@ s_bn (const kiln_cc_ctx_t *cx, const s_uses_t *u, const kiln_node_t *p, int cur)
     const kiln_shape_t *sy = &s_gt (cx, cur)->shape;
     if (sy->rank < 2)
         return -1;
+    /* A Gemm's C must be one value per column (or one value): the fold
+     * gives a bias per column. */
+    if (s_is (p, "Gemm")) {
+        if (sy->rank != 2 || !s_f32 (cx, p->inputs[0]) || !s_f32 (cx, p->inputs[1]))
+            return -1;
+        if (p->n_inputs > 2 && p->inputs[2] >= 0) {
+            const kiln_shape_t *sc = &s_gt (cx, p->inputs[2])->shape;
+            int64_t nc = s_numel (sc);
+            if (nc != 1 && (nc != sy->dims[1] || sc->dims[sc->rank - 1] != nc))
+                return -1;
+        }
+    }
     for (int i = 1; i < 5; i++) {
         int t = bn->inputs[i];
         if (t < 0 || !s_f32 (cx, t) || !kiln_cc_const_f32 (cx, t)
@@ -251,7 +263,7 @@ s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
         return;
     kiln_cc_fusion_t *f = &cx->fusion[i];
     int cur = p->outputs[0], n, other;
-    if (conv && (n = s_bn (cx, u, p, cur)) >= 0) {
+    if ((conv || s_is (p, "Gemm")) && (n = s_bn (cx, u, p, cur)) >= 0) {
         f->bn = n;
         cx->skip[n] = 1;
         cur = cx->g->nodes[n].outputs[0];

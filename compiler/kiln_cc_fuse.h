@@ -8,8 +8,9 @@
  * node then emits one op writing the last of their outputs.
  *
  *   -O1  dead nodes (no output reaches a graph output) are dropped, and a
- *        BatchNormalization whose input is a Conv with constant weights
- *        is folded into those weights;
+ *        BatchNormalization whose input is a Conv or a Gemm with constant
+ *        weights (and a Gemm's C one value per column) is folded into
+ *        those weights;
  *   -O2  also, after a Conv, Gemm or MatMul, in this order: a constant
  *        bias of n (MatMul), a residual Add of a tensor of the same shape
  *        computed before the product, and a Relu, Clip (constant bounds)

@@ -584,6 +584,43 @@ s_fused_params (kiln_cc_ctx_t *cx, int op, const kiln_cc_fusion_t *f,
     return 0;
 }
 
+/* Fold BatchNormalization node `bn` into a Gemm: op(B) (b as stored, tb
+ * when transposed) scaled per column into *bf [k, n], and the bias per
+ * column (beta·C − mean)·s + B_bn into *cf [n], with s = scale /
+ * sqrt(var + epsilon), in double.  `c` has cn elements: 0 (no C), 1 or n.
+ * Caller frees *bf and *cf. */
+static int
+s_fold_bn_gemm (kiln_cc_ctx_t *cx, int bn, const float *b, bool tb, int64_t k,
+                int64_t n, const float *c, int64_t cn, double beta, float **bf,
+                float **cf, kiln_err_t *err)
+{
+    const kiln_node_t *nd = &cx->g->nodes[bn];
+    const float *scale = kiln_cc_const_f32 (cx, nd->inputs[1]);
+    const float *bb = kiln_cc_const_f32 (cx, nd->inputs[2]);
+    const float *mean = kiln_cc_const_f32 (cx, nd->inputs[3]);
+    const float *var = kiln_cc_const_f32 (cx, nd->inputs[4]);
+    double eps = kiln_node_attr_float (nd, "epsilon", 1e-5);
+    if (!b || !scale || !bb || !mean || !var || (cn > 0 && !c))
+        return s_fail (cx, KILN_ECOMPILE, err, "internal error: batch norm "
+                       "folding needs constants");
+    *bf = malloc ((size_t) (k * n) * sizeof **bf + 1);
+    *cf = malloc ((size_t) n * sizeof **cf + 1);
+    if (!*bf || !*cf) {
+        free (*bf);
+        free (*cf);
+        *bf = *cf = NULL;
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    }
+    for (int64_t j = 0; j < n; j++) {
+        double sc = (double) scale[j] / sqrt ((double) var[j] + eps);
+        for (int64_t i = 0; i < k; i++)
+            (*bf)[i * n + j] = (float) ((double) (tb ? b[j * k + i] : b[i * n + j]) * sc);
+        double cv = cn == 0 ? 0.0 : beta * (double) c[cn == 1 ? 0 : j];
+        (*cf)[j] = (float) ((cv - (double) mean[j]) * sc + (double) bb[j]);
+    }
+    return 0;
+}
+
 /* The Winograd output tile for an oh x ow output: F(4x4, 3x3) does 36
  * products per 16 outputs where F(2x2, 3x3) does 16 per 4, but the
  * runtime computes blocks of 16 or 32 tiles, so on small outputs the
@@ -781,26 +818,69 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     /* A constant B is packed as op(B) for the engine from -O2. */
     const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
     const float *bdata = kiln_cc_const_f32 (cx, b);
+    float *bfold = NULL, *cfold = NULL;
+    if (f->bn >= 0) {
+        /* A BatchNormalization after it: op(B) scaled per column, C a
+         * bias per column (kiln_cc_fuse.h checked that folding applies) */
+        if ((rc = s_fold_bn_gemm (cx, f->bn, bdata, tb != 0, kk, n,
+                                  with_c ? kiln_cc_const_f32 (cx, c) : NULL,
+                                  with_c ? cdims[0] * cdims[1] : 0, beta, &bfold,
+                                  &cfold, err)))
+            return rc;
+        bdata = bfold;
+        tb = 0;                 /* bfold is op(B), [k, n] */
+        with_c = true;
+        beta = 1.0;
+        cdims[0] = 1;
+        cdims[1] = n;
+    }
     bool pack = cx->opts.optlevel >= 2 && bdata;
     int ins[4], n_in = with_c ? 3 : 2;
     if ((ins[0] = s_operand (cx, a, err)) < 0)
-        return ins[0];
-    if (pack) {
+        rc = ins[0];
+    if (!rc && bfold && !pack) {
+        float *nb;
+        kiln_shape_t bs = { .rank = 2, .dims = { kk, n } };
+        if ((ins[1] = kiln_cc_made_weight (cx, &bs, &nb, err)) < 0)
+            rc = ins[1];
+        else
+            memcpy (nb, bfold, (size_t) (kk * n) * sizeof *nb);
+    }
+    if (!rc && cfold) {
+        float *nc;
+        kiln_shape_t cs = { .rank = 2, .dims = { 1, n } };
+        if ((ins[2] = kiln_cc_made_weight (cx, &cs, &nc, err)) < 0)
+            rc = ins[2];
+        else
+            memcpy (nc, cfold, (size_t) n * sizeof *nc);
+    }
+    if (rc) {
+        free (bfold);
+        free (cfold);
+        return rc;
+    }
+    if (bfold && !pack) {
+        /* B is in ins[1] already */
+    } else if (pack) {
         int64_t elems = 0;
         float *pw;
         if (!kiln_pack_b_elems (kk, n, &elems) || elems > KILN_MAX_TENSOR_ELEMS)
             return s_fail (cx, KILN_ELIMIT, err, "packed B too large");
         kiln_shape_t ps = { .rank = 1, .dims = { elems } };
-        if ((ins[1] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
-            return ins[1];
-        if (tb)
-            kiln_pack_b (bdata, kk, n, 1, kk, pw);
-        else
-            kiln_pack_b (bdata, kk, n, n, 1, pw);
-    } else if ((ins[1] = s_operand (cx, b, err)) < 0) {
-        return ins[1];
+        if ((ins[1] = kiln_cc_made_weight (cx, &ps, &pw, err)) >= 0) {
+            if (tb)
+                kiln_pack_b (bdata, kk, n, 1, kk, pw);
+            else
+                kiln_pack_b (bdata, kk, n, n, 1, pw);
+        }
+    } else {
+        ins[1] = s_operand (cx, b, err);
     }
-    if (with_c && (ins[2] = s_operand (cx, c, err)) < 0)
+    free (bfold);
+    free (cfold);
+    if (ins[1] < 0)
+        return ins[1];
+    if (with_c && f->bn < 0 && (ins[2] = s_operand (cx, c, err)) < 0)
         return ins[2];
     if ((rc = s_fused_operands (cx, f, ins, &n_in, err)))
         return rc;

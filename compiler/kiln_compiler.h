@@ -17,7 +17,11 @@
 #include "graph/kiln_graph.h"
 
 #define KILN_COMPILER_ID      "kiln-builtin"
-#define KILN_COMPILER_VERSION "0.1.0"
+/* Part of every action key: bump it whenever the programs the compiler
+ * emits change, so that a farm's action cache never serves an artifact
+ * built by an older compiler for a newer one's arguments.  0.2.0: the
+ * engine (fusion, packed weights, Winograd at -O3). */
+#define KILN_COMPILER_VERSION "0.2.0"
 
 typedef struct kiln_cc_options {
     int optlevel;               /* --optlevel 0..3, default 2 */

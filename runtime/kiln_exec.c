@@ -231,7 +231,7 @@ static _Thread_local bool tls_in_task;
 /* Spins before a helper sleeps, and before a caller yields while waiting
  * for the helpers' last tasks: long enough to bridge the gap between two
  * kernels of one inference, short enough not to steal a CPU for long. */
-static int S_SPIN = 20000;
+#define S_SPIN 20000
 
 static inline void
 s_pause (void)
@@ -304,8 +304,6 @@ s_pool_init (void)
             n = (int) t;
     }
     s_pool.n = n;
-    if (getenv ("KILN_RT_SPIN"))
-        S_SPIN = atoi (getenv ("KILN_RT_SPIN"));
     /* Helpers are started here, once, and live as long as the process
      * (like OpenBLAS's): they are blocked in a condition wait when idle.
      * Signals are for the host program's threads. */

@@ -180,7 +180,7 @@ s_prepare_binary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
 /* One binary kernel per operation; the inner loop is specialised for the
  * common stride patterns (both contiguous, one side a scalar). */
 #define S_BINARY_KERNEL(NAME, EXPR)                                           \
-    static void                                                               \
+    KILN_VCLONES static void                                                  \
     s_run_##NAME (const kiln_kplan_t *plan, void *const *data)                \
     {                                                                         \
         const float *a = data[plan->in[0]], *b = data[plan->in[1]];           \
@@ -255,7 +255,7 @@ s_prepare_RELU (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     return 0;
 }
 
-static void
+KILN_VCLONES static void
 s_run_RELU (const kiln_kplan_t *plan, void *const *data)
 {
     const float *x = data[plan->in[0]];

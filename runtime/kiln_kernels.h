@@ -11,11 +11,16 @@
  * range.  The table in kiln_kernels.c is built from KILN_KERNELS, so a
  * kernel added to the format without an implementation does not compile.
  *
- * The compute kernels here are float32; matrix products go through
- * cblas_sgemm (OpenBLAS), convolutions through im2col + sgemm (a 1x1,
- * stride-1, unpadded convolution multiplies the input in place).  The
- * math kernels (kiln_kernels_math.c; add/sub/mul/div on other dtypes
- * too) dispatch on their operands' dtypes at prepare time.
+ * The compute kernels here are float32.  A convolution, gemm or matmul
+ * whose weights the compiler packed, or that carries a fused epilogue,
+ * runs on the matrix engine (kiln_gemm.h) or, for `winograd`
+ * convolutions, on kiln_winograd.h; a depthwise convolution on direct
+ * loops; anything else as at -O0: cblas_sgemm (OpenBLAS), convolutions
+ * through im2col + sgemm (a 1x1, stride-1, unpadded convolution multiplies
+ * the input in place).  Kernels that need per-thread workspace say how
+ * much in plan->ws_bytes (kiln_exec.h allocates it at load).  The math
+ * kernels (kiln_kernels_math.c; add/sub/mul/div on other dtypes too)
+ * dispatch on their operands' dtypes at prepare time.
  */
 #ifndef KILN_KERNELS_H
 #define KILN_KERNELS_H

@@ -742,6 +742,40 @@ START_TEST (test_batch_norm_folds_into_the_convolution)
 }
 END_TEST
 
+START_TEST (test_batch_norm_folds_into_a_gemm)
+{
+    /* Linear + BatchNorm1d + Relu, transB as torch exports it, with and
+     * without a C, with alpha and beta */
+    for (int variant = 0; variant < 3; variant++) {
+        kiln_graph_t *g = kiln_graph_new ();
+        int x = s_input (g, "x", SH (5, 12));
+        int w = s_weight (g, "w", SH (9, 12));
+        int c = s_weight (g, "c", variant == 2 ? SH (1) : SH (9));
+        int sc = s_const (g, "scale", SH (9), 0.5f, 1.0f);
+        int bb = s_weight (g, "bias", SH (9));
+        int mean = s_weight (g, "mean", SH (9));
+        int var = s_const (g, "var", SH (9), 0.4f, 0.6f);
+        int t = s_tensor (g, "t"), u = s_tensor (g, "u"), y = s_tensor (g, "y");
+        int n = s_node (g, "Gemm", "fc", (int[]) { x, w, c }, variant == 1 ? 2 : 3, t);
+        s_int (g, n, "transB", 1);
+        if (variant == 2) {
+            s_float (g, n, "alpha", 0.5);
+            s_float (g, n, "beta", 2.0);
+        }
+        s_node (g, "BatchNormalization", "bn", (int[]) { t, sc, bb, mean, var }, 5, u);
+        s_node (g, "Relu", "relu", &u, 1, y);
+        s_output (g, y);
+        for (int opt = 1; opt <= 2; opt++) {
+            kiln_program_t *p = s_check_against_o0 (g, opt, 1e-5, "gemm + batch norm");
+            ck_assert_int_eq (s_count_ops (p, KILN_K_BATCH_NORM), 0);
+            ck_assert_int_eq (p->n_ops, opt == 1 ? 2 : 1);
+            kiln_program_destroy (&p);
+        }
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
 START_TEST (test_decomposed_layer_norm_and_linear_fuse)
 {
     /* y = LayerNorm(x) as torch exports it before opset 17, then
@@ -942,6 +976,7 @@ s_suite (void)
     tcase_add_test (tc, test_winograd_convolution_matches_o0);
     tcase_add_test (tc, test_depthwise_convolution_matches_o0);
     tcase_add_test (tc, test_batch_norm_folds_into_the_convolution);
+    tcase_add_test (tc, test_batch_norm_folds_into_a_gemm);
     tcase_add_test (tc, test_decomposed_layer_norm_and_linear_fuse);
     tcase_add_test (tc, test_dead_nodes_are_dropped);
     tcase_add_test (tc, test_intra_op_threads_run_every_task_once_and_agree);
