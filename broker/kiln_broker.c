@@ -1,12 +1,13 @@
 /*
  * kiln_broker — the broker's event loop, clients, workers and jobs.
  *
- * The loop reads a batch of messages (at most S_BATCH), makes what they
- * staged in the store durable in one commit, then sends the replies that
- * were held back for that commit (the "outbox") and hands queued jobs to
- * idle workers.  So a client never hears of an artifact, a failure record
- * or a blob before it is on disk, and the cost of fsync is shared by the
- * whole batch.
+ * The loop reads a batch of messages (at most S_BATCH) and hands what
+ * they staged in the store to its syncer thread as one commit; the
+ * replies of the batch wait in the "outbox" until that commit is on disk
+ * (the syncer signals an eventfd the loop watches), and go out in order.
+ * So a client never hears of an artifact, a failure record or a blob
+ * before it is on disk, the cost of fsync is shared by the whole batch,
+ * and the loop keeps serving while the disk works.
  */
 #include "broker/kiln_broker.h"
 
@@ -43,6 +44,7 @@
 #define S_KEY_SHORT         12        /* hex chars of an action key in log lines */
 #define S_UPLOAD_IDLE_MS    60000     /* an upload with no chunk for this long is dropped */
 #define S_GRACE_MS          5000      /* beyond a job's timeout before the broker gives up */
+#define S_THIS_BATCH        UINT64_MAX   /* ticket of the batch not yet handed to the store */
 
 /* The states of a job; a finished job leaves the broker's tables. */
 #define S_JOB_STATES(X)          \
@@ -89,7 +91,20 @@ typedef struct {
     size_t log_len;
     s_waiter_t *waiters;                 /* owned, n_waiters used */
     size_t n_waiters;
+    uint64_t ticket;                     /* store commit its blobs wait for; 0 = none */
 } s_job_t;
+
+/* An artifact built and staged, until its store commit is durable: a
+ * request for the same action in between is answered from here. */
+typedef struct {
+    char action_key[KILN_HEX_LEN];
+    char artifact[KILN_HEX_LEN];
+    char graph_digest[KILN_HEX_LEN];
+    char worker[KILN_PROTO_MAX_NAME + 1];
+    uint8_t *bytes;                      /* the signed archive, owned */
+    size_t len;
+    uint64_t ticket;
+} s_pending_t;
 
 struct s_worker {
     char *key;                           /* routing id in hex, owned */
@@ -129,6 +144,7 @@ struct s_client {
 typedef struct {
     zframe_t *rid;                       /* owned */
     kiln_msg_t *msg;                     /* owned */
+    uint64_t ticket;                     /* sent once this store commit is durable */
 } s_outgoing_t;
 
 struct kiln_broker {
@@ -148,6 +164,8 @@ struct kiln_broker {
     zhashx_t *jobs;                      /* action key -> s_job_t (owns) */
     zhashx_t *jobs_by_id;                /* decimal id -> s_job_t */
     zlistx_t *outbox;                    /* s_outgoing_t, in order */
+    zhashx_t *pending;                   /* action key -> s_pending_t (owns) */
+    zlistx_t *fresh;                     /* jobs of this batch whose blobs await a commit */
     uint64_t epoch;                      /* this instance, random; in replies to clients */
     uint64_t next_job_id;                /* starts at a random point: a stale DONE from a
                                             worker of an earlier instance names no job */
@@ -264,6 +282,16 @@ s_client_destroy (s_client_t **self_p)
 }
 
 static void
+s_pending_destroy (s_pending_t **self_p)
+{
+    if (!*self_p)
+        return;
+    free ((*self_p)->bytes);
+    free (*self_p);
+    *self_p = NULL;
+}
+
+static void
 s_outgoing_destroy (s_outgoing_t **self_p)
 {
     if (!*self_p)
@@ -301,6 +329,7 @@ s_post (kiln_broker_t *self, zframe_t *rid, kiln_msg_t **msg)
     }
     out->msg = *msg;
     out->msg->epoch = self->epoch;      /* sent only with the commands that carry it */
+    out->ticket = S_THIS_BATCH;
     *msg = NULL;
     zlistx_add_end (self->outbox, out);
 }
@@ -371,6 +400,11 @@ s_job_remove (kiln_broker_t *self, s_job_t *job)
 {
     if (job->item)
         kiln_sched_remove (self->sched, &job->item);
+    if (job->ticket == S_THIS_BATCH) {
+        void *handle = zlistx_find (self->fresh, job);
+        if (handle)
+            zlistx_delete (self->fresh, handle);
+    }
     if (job->worker) {
         job->worker->busy--;
         job->worker = NULL;
@@ -547,6 +581,7 @@ s_worker_offers_any (kiln_broker_t *self, const kiln_toolchain_id_t *tc)
 typedef struct {
     s_worker_t **idle;
     size_t n;
+    uint64_t durable;                /* the store's durable ticket */
 } s_idle_t;
 
 static bool
@@ -554,6 +589,8 @@ s_can_run (void *job_, void *arg)
 {
     const s_job_t *job = job_;
     const s_idle_t *idle = arg;
+    if (job->ticket > idle->durable)
+        return false;                /* its inline blobs are not on disk yet */
     for (size_t i = 0; i < idle->n; i++)
         if (idle->idle[i]->busy < idle->idle[i]->slots
             && s_worker_offers (idle->idle[i], &job->toolchain))
@@ -682,7 +719,7 @@ s_dispatch (kiln_broker_t *self)
     if (kiln_sched_size (self->sched) == 0)
         return;
     s_worker_t *list[S_MAX_WORKERS];
-    s_idle_t idle = { list, 0 };
+    s_idle_t idle = { list, 0, kiln_store_durable (self->store) };
     int free_slots = 0;
     for (s_worker_t *w = zhashx_first (self->workers); w; w = zhashx_next (self->workers))
         if (w->busy < w->slots && idle.n < S_MAX_WORKERS) {
@@ -922,6 +959,19 @@ s_job_succeed (kiln_broker_t *self, s_job_t *job, s_worker_t *w, kiln_msg_t *msg
         s_post_result (self, job->waiters[i].client->rid, job->waiters[i].req_id, digest,
                        job->action_key, job->graph_digest, false, w->name, signed_bytes,
                        signed_len);
+    /* Until the store has it on disk, the same action is served from here. */
+    s_pending_t *pending = calloc (1, sizeof *pending);
+    if (pending) {
+        memcpy (pending->action_key, job->action_key, KILN_HEX_LEN);
+        memcpy (pending->artifact, digest, KILN_HEX_LEN);
+        memcpy (pending->graph_digest, job->graph_digest, KILN_HEX_LEN);
+        snprintf (pending->worker, sizeof pending->worker, "%s", w->name);
+        pending->bytes = signed_bytes;
+        pending->len = signed_len;
+        pending->ticket = S_THIS_BATCH;
+        signed_bytes = NULL;
+        zhashx_update (self->pending, pending->action_key, pending);
+    }
     for (uint32_t i = 0; i < job->n_blobs; i++)
         s_worker_holds (w, job->blobs[i].digest);
     w->done++;
@@ -1155,6 +1205,13 @@ s_serve_cached (kiln_broker_t *self, zframe_t *rid, uint64_t req_id, const char 
     uint8_t *data = NULL;
     size_t len = 0;
     self->stats.lookups++;
+    s_pending_t *pending = zhashx_lookup (self->pending, action_key);
+    if (pending) {
+        self->stats.hits++;
+        s_post_result (self, rid, req_id, pending->artifact, action_key, graph_digest, true,
+                       NULL, pending->bytes, pending->len);
+        return true;
+    }
     int rc = kiln_store_lookup (self->store, action_key, artifact, &data, &len, &err);
     if (rc == -KILN_ENOTFOUND)
         return false;
@@ -1474,8 +1531,13 @@ s_on_compile (kiln_broker_t *self, zframe_t *rid, s_client_t *c, kiln_msg_t *msg
         goto refuse;
     }
     c->pending++;
-    for (uint32_t i = 0; i < job->n_blobs; i++)
+    for (uint32_t i = 0; i < job->n_blobs; i++) {
+        if (!kiln_store_has_blob (self->store, job->blobs[i].digest))
+            job->ticket = S_THIS_BATCH;        /* staged now, or in a batch on its way */
         kiln_store_blob_pin (self->store, job->blobs[i].digest);
+    }
+    if (job->ticket)
+        zlistx_add_end (self->fresh, job);
     zhashx_insert (self->jobs, job->action_key, job);
     zhashx_insert (self->jobs_by_id, job->id_key, job);
     self->queued_bytes += job->struct_len;
@@ -1877,16 +1939,15 @@ s_handle (kiln_broker_t *self, zframe_t *rid, const char *key, const kiln_peer_t
 
 /* Commit what the batch staged, send the replies that waited for it,
  * and dispatch. */
+/* Send the replies whose store commit is durable, in order: a reply
+ * waits for its own batch's commit, and for every earlier one. */
 static void
-s_finish_batch (kiln_broker_t *self)
+s_flush_outbox (kiln_broker_t *self)
 {
-    if (kiln_store_staged (self->store) > 0) {
-        kiln_err_t err = { 0 };
-        if (kiln_store_commit (self->store, &err) < 0)
-            kiln_log_err ("store commit: %s", err.msg);
-    }
+    uint64_t durable = kiln_store_durable (self->store);
     s_outgoing_t *o;
-    while ((o = zlistx_detach (self->outbox, NULL))) {
+    while ((o = zlistx_first (self->outbox)) && o->ticket <= durable) {
+        o = zlistx_detach (self->outbox, NULL);
         if (o->msg && s_send_now (self, o->rid, &o->msg, "client") == -KILN_ENOTFOUND) {
             char *key = zframe_strhex (o->rid);
             s_client_t *c = key ? zhashx_lookup (self->clients, key) : NULL;
@@ -1896,7 +1957,55 @@ s_finish_batch (kiln_broker_t *self)
         }
         s_outgoing_destroy (&o);
     }
+}
+
+/* End of a batch of messages: hand what it staged to the store's syncer
+ * (group commit, off the loop), tag the batch's replies, jobs and
+ * pending artifacts with that commit, send what may go, dispatch. */
+static void
+s_finish_batch (kiln_broker_t *self)
+{
+    uint64_t ticket = 0;
+    if (kiln_store_staged (self->store) > 0) {
+        kiln_err_t err = { 0 };
+        ticket = kiln_store_commit_async (self->store, &err);
+        if (err.code)
+            kiln_log_err ("store commit: %s", err.msg);
+    }
+    if (!ticket && kiln_store_last_ticket (self->store) > kiln_store_durable (self->store))
+        ticket = kiln_store_last_ticket (self->store);    /* order behind what is on its way */
+    for (s_outgoing_t *o = zlistx_last (self->outbox); o && o->ticket == S_THIS_BATCH;
+         o = zlistx_prev (self->outbox))
+        o->ticket = ticket;
+    for (s_pending_t *p = zhashx_first (self->pending); p; p = zhashx_next (self->pending))
+        if (p->ticket == S_THIS_BATCH)
+            p->ticket = ticket;
+    for (s_job_t *job = zlistx_first (self->fresh); job; job = zlistx_next (self->fresh))
+        job->ticket = ticket;
+    zlistx_purge (self->fresh);
+    s_flush_outbox (self);
     s_dispatch (self);
+}
+
+/* A store commit is durable: index it, release what waited for it. */
+static int
+s_on_commit (zloop_t *loop, zmq_pollitem_t *item, void *arg)
+{
+    kiln_broker_t *self = arg;
+    kiln_err_t err = { 0 };
+    uint64_t durable = kiln_store_commit_collect (self->store, &err);
+    if (err.code)
+        kiln_log_err ("store commit: %s", err.msg);
+    zlistx_t *done = zlistx_new ();
+    for (s_pending_t *p = zhashx_first (self->pending); done && p; p = zhashx_next (self->pending))
+        if (p->ticket <= durable)
+            zlistx_add_end (done, p->action_key);
+    for (const char *key = done ? zlistx_first (done) : NULL; key; key = zlistx_next (done))
+        zhashx_delete (self->pending, key);
+    zlistx_destroy (&done);
+    s_flush_outbox (self);
+    s_dispatch (self);
+    return 0;
 }
 
 static void
@@ -2140,9 +2249,11 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
     self->jobs = zhashx_new ();
     self->jobs_by_id = zhashx_new ();
     self->outbox = zlistx_new ();
+    self->pending = zhashx_new ();
+    self->fresh = zlistx_new ();
     self->loop = zloop_new ();
     if (!self->sched || !self->workers || !self->clients || !self->jobs || !self->jobs_by_id
-        || !self->outbox || !self->loop) {
+        || !self->outbox || !self->pending || !self->fresh || !self->loop) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
         goto fail;
     }
@@ -2150,6 +2261,7 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
     zhashx_set_destructor (self->clients, (zhashx_destructor_fn *) s_client_destroy);
     zhashx_set_destructor (self->jobs, (zhashx_destructor_fn *) s_job_destroy);
     zlistx_set_destructor (self->outbox, (zlistx_destructor_fn *) s_outgoing_destroy);
+    zhashx_set_destructor (self->pending, (zhashx_destructor_fn *) s_pending_destroy);
 
     self->router = zsock_new (ZMQ_ROUTER);
     if (!self->router) {
@@ -2177,6 +2289,11 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
         goto fail;
     }
     zloop_reader_set_tolerant (self->loop, self->router);
+    zmq_pollitem_t commit = { NULL, kiln_store_commit_fd (self->store), ZMQ_POLLIN, 0 };
+    if (zloop_poller (self->loop, &commit, s_on_commit, self) != 0) {
+        kiln_error (err, KILN_ESYS, "could not set up the event loop");
+        goto fail;
+    }
     if (self->monitor
         && zloop_reader (self->loop, zactor_sock (self->monitor), s_on_monitor, self) != 0) {
         kiln_error (err, KILN_ESYS, "could not set up the event loop");
@@ -2209,6 +2326,8 @@ kiln_broker_destroy (kiln_broker_t **self_p)
     zsock_destroy (&self->router);
     zactor_destroy (&self->auth);
     zlistx_destroy (&self->outbox);
+    zlistx_destroy (&self->fresh);
+    zhashx_destroy (&self->pending);
     /* jobs unpin their blobs through the store, so they go first */
     if (self->jobs && self->store)
         for (s_job_t *job = zhashx_first (self->jobs); job; job = zhashx_next (self->jobs)) {

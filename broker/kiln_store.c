@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,7 +67,25 @@ struct kiln_store {
     s_staged_t *staged;              /* owned, n_staged used */
     size_t n_staged, cap_staged;
     uint64_t tmp_seq;                /* names files in STATE/tmp */
+    /* Commits made durable by the syncer thread (kiln_store_commit_async). */
+    pthread_t syncer;
+    bool syncer_started, stopping;
+    pthread_mutex_t mu;
+    pthread_cond_t work;
+    struct s_batch *todo, *todo_tail;   /* for the syncer, in ticket order */
+    struct s_batch *done, *done_tail;   /* for kiln_store_commit_collect */
+    int efd;                         /* eventfd: a batch is durable */
+    uint64_t next_ticket, durable;
 };
+
+/* Staged writes handed to the syncer. */
+typedef struct s_batch {
+    uint64_t ticket;
+    s_staged_t *staged;              /* owned */
+    size_t n;
+    kiln_err_t err;                  /* the first failure */
+    struct s_batch *next;
+} s_batch_t;
 
 /* A blob being received.  The broker's loop hands it the chunks (their
  * frames, no copy): it hashes each one, and a thread of the writer's own
@@ -393,6 +412,14 @@ kiln_store_new (const char *state_dir, uint64_t max_bytes, kiln_err_t *err)
     }
     zhashx_set_destructor (self->index, s_entry_free);
     self->max_bytes = max_bytes ? max_bytes : KILN_STORE_DEFAULT_MAX_BYTES;
+    pthread_mutex_init (&self->mu, NULL);
+    pthread_cond_init (&self->work, NULL);
+    self->efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->efd < 0) {
+        kiln_error (err, KILN_ESYS, "eventfd: %s", strerror (errno));
+        kiln_store_destroy (&self);
+        return NULL;
+    }
     snprintf (path, sizeof path, "%s/tmp", state_dir);
     s_clean_tmp (path);
     s_scan (self);
@@ -415,6 +442,21 @@ kiln_store_destroy (kiln_store_t **self_p)
     if (!self_p || !*self_p)
         return;
     kiln_store_t *self = *self_p;
+    /* Batches handed over are finished, not dropped: their replies may be
+     * out already. */
+    if (self->syncer_started) {
+        pthread_mutex_lock (&self->mu);
+        self->stopping = true;
+        pthread_cond_signal (&self->work);
+        pthread_mutex_unlock (&self->mu);
+        pthread_join (self->syncer, NULL);
+    }
+    if (self->efd > 0) {
+        kiln_store_commit_collect (self, NULL);
+        close (self->efd);
+    }
+    pthread_mutex_destroy (&self->mu);
+    pthread_cond_destroy (&self->work);
     for (size_t i = 0; i < self->n_staged; i++)
         s_staged_drop (&self->staged[i]);
     free (self->staged);
@@ -565,64 +607,83 @@ kiln_store_staged (const kiln_store_t *self)
     return self->n_staged;
 }
 
-int
-kiln_store_commit (kiln_store_t *self, kiln_err_t *err)
+/* Make staged files durable and visible: fsync each (writeback of all
+ * started first, so the device sees the batch at once; with a journal,
+ * the first fsync commits it all), rename each into place, fsync each
+ * directory once.  Touches only files: safe on the syncer thread.  A
+ * file that fails is dropped (fd -1). */
+static void
+s_make_durable (const kiln_store_t *self, s_staged_t *staged, size_t n, kiln_err_t *first)
 {
-    if (self->n_staged == 0)
-        return 0;
-    int done = 0;
-    kiln_err_t first = { 0 };
-    /* Data first.  Writeback of every staged file is started before the
-     * first fsync waits, so the device sees the batch at once (with a
-     * journal, the first fsync commits it all; without, the writes still
-     * overlap). */
-    for (size_t i = 0; i < self->n_staged; i++)
-        sync_file_range (self->staged[i].fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-    for (size_t i = 0; i < self->n_staged; i++) {
-        s_staged_t *s = &self->staged[i];
+    for (size_t i = 0; i < n; i++)
+        sync_file_range (staged[i].fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    for (size_t i = 0; i < n; i++) {
+        s_staged_t *s = &staged[i];
         if (fsync (s->fd) != 0) {
-            if (!first.code)
-                kiln_error (&first, KILN_EIO, "could not write '%s': %s", s->tmp,
+            if (!first->code)
+                kiln_error (first, KILN_EIO, "could not write '%s': %s", s->tmp,
                             strerror (errno));
             s_staged_drop (s);
         }
     }
-    /* Then the names, then the directories that hold them, each once. */
-    char dirs[64][PATH_MAX];
+    char (*dirs)[PATH_MAX] = malloc (64 * sizeof *dirs);
     size_t n_dirs = 0;
-    bool all_dirs = false;
-    for (size_t i = 0; i < self->n_staged; i++) {
-        s_staged_t *s = &self->staged[i];
+    for (size_t i = 0; i < n; i++) {
+        s_staged_t *s = &staged[i];
         if (s->fd < 0)
             continue;
         char path[PATH_MAX];
-        if (s_path (self, s->kind, s->hex, true, path, sizeof path, &first) != 0
+        if (s_path (self, s->kind, s->hex, true, path, sizeof path, first) != 0
             || rename (s->tmp, path) != 0) {
-            if (!first.code)
-                kiln_error (&first, KILN_EIO, "could not rename onto '%s': %s", path,
+            if (!first->code)
+                kiln_error (first, KILN_EIO, "could not rename onto '%s': %s", path,
                             strerror (errno));
             s_staged_drop (s);
             continue;
         }
         close (s->fd);
-        s->fd = -1;
+        s->fd = -2;                  /* done, not failed */
         char dir[PATH_MAX];
         s_dirname (path, dir, sizeof dir);
-        bool seen = all_dirs;
-        for (size_t k = 0; k < n_dirs && !seen; k++)
+        bool seen = false;
+        for (size_t k = 0; dirs && k < n_dirs && !seen; k++)
             seen = strcmp (dirs[k], dir) == 0;
         if (!seen) {
-            if (n_dirs < sizeof dirs / sizeof dirs[0])
+            if (dirs && n_dirs < 64)
                 memcpy (dirs[n_dirs++], dir, sizeof dir);
             else
                 s_fsync_dir (dir);
         }
-        if (s->kind != S_ACTION)
-            s_index (self, s->kind, s->hex, s->size, (int64_t) time (NULL));
-        done++;
     }
     for (size_t k = 0; k < n_dirs; k++)
         s_fsync_dir (dirs[k]);
+    free (dirs);
+}
+
+/* Index what a batch made durable; returns how many entries. */
+static int
+s_index_batch (kiln_store_t *self, s_staged_t *staged, size_t n)
+{
+    int done = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (staged[i].fd != -2)
+            continue;
+        if (staged[i].kind != S_ACTION)
+            s_index (self, staged[i].kind, staged[i].hex, staged[i].size,
+                     (int64_t) time (NULL));
+        done++;
+    }
+    return done;
+}
+
+int
+kiln_store_commit (kiln_store_t *self, kiln_err_t *err)
+{
+    if (self->n_staged == 0)
+        return 0;
+    kiln_err_t first = { 0 };
+    s_make_durable (self, self->staged, self->n_staged, &first);
+    int done = s_index_batch (self, self->staged, self->n_staged);
     self->n_staged = 0;
     s_evict (self);
     if (first.code) {
@@ -631,6 +692,114 @@ kiln_store_commit (kiln_store_t *self, kiln_err_t *err)
         return -first.code;
     }
     return done;
+}
+
+static void *
+s_syncer (void *arg)
+{
+    kiln_store_t *self = arg;
+    pthread_mutex_lock (&self->mu);
+    while (true) {
+        while (!self->todo && !self->stopping)
+            pthread_cond_wait (&self->work, &self->mu);
+        s_batch_t *b = self->todo;
+        if (!b)
+            break;                   /* stopping, and nothing left to do */
+        self->todo = b->next;
+        if (!self->todo)
+            self->todo_tail = NULL;
+        pthread_mutex_unlock (&self->mu);
+        s_make_durable (self, b->staged, b->n, &b->err);
+        pthread_mutex_lock (&self->mu);
+        b->next = NULL;
+        if (self->done_tail)
+            self->done_tail->next = b;
+        else
+            self->done = b;
+        self->done_tail = b;
+        uint64_t one = 1;
+        ssize_t ignored = write (self->efd, &one, sizeof one);
+        (void) ignored;
+    }
+    pthread_mutex_unlock (&self->mu);
+    return NULL;
+}
+
+uint64_t
+kiln_store_commit_async (kiln_store_t *self, kiln_err_t *err)
+{
+    if (self->n_staged == 0)
+        return 0;
+    s_batch_t *b = calloc (1, sizeof *b);
+    if (!b || (!self->syncer_started
+               && pthread_create (&self->syncer, NULL, s_syncer, self) != 0)) {
+        free (b);
+        /* no thread: do it here */
+        kiln_store_commit (self, err);
+        self->durable = ++self->next_ticket;
+        return self->durable;
+    }
+    self->syncer_started = true;
+    b->ticket = ++self->next_ticket;
+    b->staged = self->staged;
+    b->n = self->n_staged;
+    self->staged = NULL;
+    self->n_staged = self->cap_staged = 0;
+    pthread_mutex_lock (&self->mu);
+    if (self->todo_tail)
+        self->todo_tail->next = b;
+    else
+        self->todo = b;
+    self->todo_tail = b;
+    pthread_cond_signal (&self->work);
+    pthread_mutex_unlock (&self->mu);
+    return b->ticket;
+}
+
+int
+kiln_store_commit_fd (const kiln_store_t *self)
+{
+    return self->efd;
+}
+
+uint64_t
+kiln_store_commit_collect (kiln_store_t *self, kiln_err_t *err)
+{
+    uint64_t count;
+    ssize_t ignored = read (self->efd, &count, sizeof count);
+    (void) ignored;
+    pthread_mutex_lock (&self->mu);
+    s_batch_t *b = self->done;
+    self->done = self->done_tail = NULL;
+    pthread_mutex_unlock (&self->mu);
+    bool reported = false;
+    while (b) {
+        s_batch_t *next = b->next;
+        s_index_batch (self, b->staged, b->n);
+        if (b->err.code && !reported && err) {
+            *err = b->err;
+            reported = true;
+        }
+        if (b->ticket > self->durable)
+            self->durable = b->ticket;
+        free (b->staged);
+        free (b);
+        b = next;
+    }
+    s_evict (self);
+    return self->durable;
+}
+
+uint64_t
+kiln_store_durable (const kiln_store_t *self)
+{
+    return self->durable;
+}
+
+uint64_t
+kiln_store_last_ticket (const kiln_store_t *self)
+{
+    return self->next_ticket;
 }
 
 /* --- lookups ------------------------------------------------------------------ */

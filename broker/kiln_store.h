@@ -20,11 +20,13 @@
  * place and its directory fsynced, so that after a crash (of the broker
  * or of the host) an entry is either whole or absent.  Small entries
  * (artifacts, action and failure records, inline blobs) are *staged* and
- * made durable together by kiln_store_commit: one journal commit of the
- * file system covers a whole batch (group commit), and the broker answers
- * clients only after the commit.  A blob upload is written as it arrives
- * (the file is preallocated and its pages are pushed to disk while it
- * grows), checked against its digest, fsynced and renamed when complete.
+ * made durable together, a batch at a time (group commit): by
+ * kiln_store_commit, or by the store's syncer thread
+ * (kiln_store_commit_async), which lets the broker's loop go on while the
+ * disk works; the broker answers clients only after their batch is
+ * durable.  A blob upload is written as it arrives (by a writer thread,
+ * beside the hashing), checked against its digest, fsynced and renamed
+ * when complete.
  *
  * Trust.  Names are checked to be 64 lower-case hex characters before
  * they become paths.  The store trusts nothing it reads back: a cache hit
@@ -91,6 +93,20 @@ int kiln_store_put_blob (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LE
 int kiln_store_commit (kiln_store_t *self, kiln_err_t *err);
 /* Staged writes waiting for a commit. */
 size_t kiln_store_staged (const kiln_store_t *self);
+
+/* The same commit on the store's syncer thread, so that the caller's loop
+ * goes on while the disk works.  Returns the batch's ticket (tickets grow
+ * by one per batch), 0 when nothing was staged.  When the batch is
+ * durable the eventfd kiln_store_commit_fd becomes readable; then
+ * kiln_store_commit_collect indexes what finished and returns the highest
+ * durable ticket.  Until then the batch's entries are not visible.
+ * Batches finish in ticket order.  Do not mix with kiln_store_commit. */
+uint64_t kiln_store_commit_async (kiln_store_t *self, kiln_err_t *err);
+int kiln_store_commit_fd (const kiln_store_t *self);
+uint64_t kiln_store_commit_collect (kiln_store_t *self, kiln_err_t *err);
+/* The highest durable ticket, and the last one handed out. */
+uint64_t kiln_store_durable (const kiln_store_t *self);
+uint64_t kiln_store_last_ticket (const kiln_store_t *self);
 
 /* --- lookups ---------------------------------------------------------- */
 

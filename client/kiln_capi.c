@@ -329,8 +329,12 @@ kiln_capi_compile (kiln_graph_t *g, const char *broker, const char *compiler_arg
     if (timeout_ms < 0 || timeout_ms > (long) 7 * 24 * 3600 * 1000)
         return kiln_error (err, KILN_EINVAL, "timeout of %ld ms is out of range",
                            timeout_ms);
+    /* compiler_timeout bounds the whole wait, as in the trace APIs: the
+     * compile on the farm is killed after it, and the call gives up (and
+     * cancels its request) after it too, queueing included. */
     kiln_compile_opts_t opts = { .compiler_args = compiler_args,
-                                 .timeout_ms = (int) timeout_ms };
+                                 .timeout_ms = (int) timeout_ms,
+                                 .wait_ms = (int) timeout_ms };
     kiln_compile_result_t res;
     memset (&res, 0, sizeof res);
     int rc;
