@@ -196,9 +196,14 @@ $(BIN)/kiln-run: $(BUILD)/obj/runtime/main_run.o $(SO_RT)
 # --- tests ----------------------------------------------------------
 ALL_A := $(A_CLIENT) $(A_BROKER) $(A_WORKER) $(A_COMPILER) $(A_GRAPH) $(A_RUNTIME) $(A_ARTIFACT) $(A_COMMON)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(ALL_A)
+# Every unit test links tests/unit/testlib.c, the helpers they share.
+# Kept, not removed as an intermediate of the first test that needs it.
+TESTLIB_OBJ := $(BUILD)/obj/tests/unit/testlib.o
+.SECONDARY: $(TESTLIB_OBJ)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TESTLIB_OBJ) $(ALL_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $< $(call LINK_GROUP,$(ALL_A)) $(LDLIBS) $(CHECK_LIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(call LINK_GROUP,$(ALL_A)) $(LDLIBS) $(CHECK_LIBS)
 
 unit-test: $(UNIT_TESTS) all
 	@fail=0; for t in $(UNIT_TESTS); do \

@@ -38,6 +38,18 @@ kiln_pack_conv_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
     return !__builtin_mul_overflow (per, group, out);
 }
 
+bool
+kiln_pack_conv_t_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
+                        int64_t group, int64_t *out)
+{
+    int64_t k, per;
+    if (group < 1 || m % group != 0 || __builtin_mul_overflow (cg, kh, &k)
+        || __builtin_mul_overflow (k, kw, &k)
+        || !kiln_pack_b_elems (k, m / group, &per))
+        return false;
+    return !__builtin_mul_overflow (per, group, out);
+}
+
 void
 kiln_pack_a (const float *a, int64_t m, int64_t k, int64_t rs, int64_t cs,
              float *out)
@@ -86,6 +98,32 @@ kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
                         int64_t i = p * KILN_PACK_MR + r;
                         panel[kk * KILN_PACK_MR + r] =
                             i < mg ? wg[i * k + c * taps + t] : 0.0f;
+                    }
+                }
+        }
+    }
+}
+
+void
+kiln_pack_conv_t (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
+                  int64_t group, float *out)
+{
+    int64_t mg = m / group, taps = kh * kw, k = cg * taps, per;
+    kiln_pack_b_elems (k, mg, &per);
+    for (int64_t g = 0; g < group; g++) {
+        float *dst = out + g * per;
+        const float *wg = w + g * mg * k;
+        /* Column j of this group's B is output channel g·mg + j; element
+         * kk = tap·cg + c is W[.., c, tap] = wg[j·k + c·taps + tap]. */
+        for (int64_t q = 0; q * KILN_PACK_NR < mg; q++) {
+            float *panel = dst + q * KILN_PACK_NR * k;
+            for (int64_t t = 0; t < taps; t++)
+                for (int64_t c = 0; c < cg; c++) {
+                    int64_t kk = t * cg + c;
+                    for (int64_t r = 0; r < KILN_PACK_NR; r++) {
+                        int64_t j = q * KILN_PACK_NR + r;
+                        panel[kk * KILN_PACK_NR + r] =
+                            j < mg ? wg[j * k + c * taps + t] : 0.0f;
                     }
                 }
         }

@@ -22,6 +22,12 @@
  * consecutive input planes.  The packed conv weights are the groups'
  * packed A operands one after the other.
  *
+ * The same weights transposed (conv-packed-T, for convolutions whose
+ * output planes are small: the runtime then computes Yᵀ = im2col(X)ᵀ ·
+ * Wᵀ, the output positions as rows): per group, the B-packed operand
+ * Wᵀ[(C/group)·kh·kw, M/group], k tap-major as above, the groups one after
+ * another.
+ *
  * Winograd F(t x t, 3x3) weights, t = 2 or 4 (a 3x3, stride-1,
  * ungrouped convolution at -O3): U = G·g·Gᵀ for each output channel m and
  * input channel c, an a x a matrix (a = t + 2) whose element (i, j) is
@@ -56,6 +62,10 @@ bool kiln_pack_b_elems (int64_t k, int64_t n, int64_t *out);
 bool kiln_pack_conv_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
                            int64_t group, int64_t *out);
 
+/* Elements of conv-packed-T weights: group · packed B of [K, M/group]. */
+bool kiln_pack_conv_t_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
+                             int64_t group, int64_t *out);
+
 /* Elements of packed Winograd F(t x t, 3x3) weights for m output and c
  * input channels: points · packed A of [m, c]; false for a t other than
  * 2 and 4. */
@@ -70,6 +80,11 @@ void kiln_pack_b (const float *b, int64_t k, int64_t n, int64_t rs, int64_t cs,
 /* Pack conv weights w[m, cg, kh, kw] (ONNX layout, all groups) into out. */
 void kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh,
                      int64_t kw, int64_t group, float *out);
+
+/* Pack conv weights w[m, cg, kh, kw] (ONNX layout, all groups) into out,
+ * conv-packed-T. */
+void kiln_pack_conv_t (const float *w, int64_t m, int64_t cg, int64_t kh,
+                       int64_t kw, int64_t group, float *out);
 
 /* Transform 3x3 conv weights w[m, c, 3, 3] and pack them (Winograd);
  * `out` must be zeroed first (padding rows stay zero). */

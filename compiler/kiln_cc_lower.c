@@ -643,6 +643,19 @@ s_wino_tile (int64_t oh, int64_t ow)
     return pick;
 }
 
+/* A convolution's product runs transposed (output positions as the rows
+ * of the engine's 8 × 32 tiles, output channels along the 32) when that
+ * computes clearly fewer padding elements: a 7×7 output is 49 positions,
+ * 56 as rows but 64 as columns; a 14×14 one 200 against 224. */
+static bool
+s_conv_trans (int64_t mg, int64_t positions)
+{
+    int64_t mr = KILN_PACK_MR, nr = KILN_PACK_NR;
+    int64_t normal = (positions + nr - 1) / nr * nr * ((mg + mr - 1) / mr * mr);
+    int64_t trans = (positions + mr - 1) / mr * mr * ((mg + nr - 1) / nr * nr);
+    return trans * 20 < normal * 19;
+}
+
 /* Fold BatchNormalization node `bn` into a convolution's constant weights
  * w[m, per] and bias b[m] (or none): W' = W·s, B' = (B − mean)·s + beta
  * with s = scale / sqrt(var + epsilon), in double.  Caller frees *wf, *bf. */
@@ -1100,6 +1113,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                  * are 16/9 of the direct ones to stream */
                 && ((w.out[0] + 1) / 2) * ((w.out[1] + 1) / 2) >= 8;
     int tile = wino ? s_wino_tile (w.out[0], w.out[1]) : 0;
+    bool trans = pack && !wino
+                 && s_conv_trans (m / group, w.out[0] * (w.ns > 1 ? w.out[1] : 1));
     float *wfold = NULL, *bfold = NULL;
     if (f->bn >= 0 && (rc = s_fold_bn (cx, f->bn, wdata, bdata, m, per, &wfold,
                                        &bfold, err)))
@@ -1114,10 +1129,11 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         int64_t elems = 0;
         float *pw;
         kiln_shape_t ps = { .rank = 1 };
+        int64_t kw1 = w.ns > 1 ? w.kernel[1] : 1;
         if (!(wino ? kiln_pack_wino_elems (m, c, tile, &elems)
-                   : kiln_pack_conv_elems (m, cg, w.kernel[0],
-                                           w.ns > 1 ? w.kernel[1] : 1, group,
-                                           &elems))
+              : trans ? kiln_pack_conv_t_elems (m, cg, w.kernel[0], kw1, group,
+                                                &elems)
+              : kiln_pack_conv_elems (m, cg, w.kernel[0], kw1, group, &elems))
             || elems > KILN_MAX_TENSOR_ELEMS)
             rc = s_fail (cx, KILN_ELIMIT, err, "packed weights too large");
         ps.dims[0] = elems;
@@ -1125,6 +1141,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
             rc = ins[n_in - 1];
         if (!rc && wino)
             kiln_pack_wino (wdata, m, c, tile, pw);
+        else if (!rc && trans)
+            kiln_pack_conv_t (wdata, m, cg, w.kernel[0], kw1, group, pw);
         else if (!rc)
             kiln_pack_conv (wdata, m, cg, w.kernel[0], w.ns > 1 ? w.kernel[1] : 1,
                             group, pw);
@@ -1163,7 +1181,7 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if ((rc = s_set_window (cx, op, &w, err))
         || (rc = s_set_int (cx, op, "group", group, err))
         || (pack && (rc = s_set_int (cx, op, wino ? "winograd" : "packed",
-                                     wino ? tile : 1, err)))
+                                     wino ? tile : trans ? 2 : 1, err)))
         || (rc = s_fused_params (cx, op, f, err)))
         return rc;
     /* A 1x1, stride-1, unpadded convolution is a plain matrix product over

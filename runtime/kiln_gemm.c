@@ -214,6 +214,7 @@ s_ukr_avx2_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
 static s_ukr_fn *s_ukr = s_ukr_generic;
 static s_ukr_fn *s_ukr_16 = s_ukr_generic_16;
 static const char *s_isa = "generic";
+static bool s_fin_avx512;       /* s_finish_avx512 may run */
 static pthread_once_t s_isa_once = PTHREAD_ONCE_INIT;
 
 static void
@@ -226,6 +227,7 @@ s_isa_init (void)
     if ((any || strcmp (want, "avx512") == 0) && __builtin_cpu_supports ("avx512f")) {
         s_ukr = s_ukr_avx512;
         s_ukr_16 = s_ukr_avx512_16;
+        s_fin_avx512 = true;
         s_isa = "avx512";
     } else if ((any || strcmp (want, "avx512") == 0 || strcmp (want, "avx2") == 0)
                && __builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma")) {
@@ -263,6 +265,19 @@ s_pack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
         int64_t rows = s_min (MR, mr - p * MR);
         if (rows < MR)
             memset (panel, 0, (size_t) (kc * MR) * sizeof *panel);
+        if (s->rs == 1) {
+            /* Rows are adjacent (a matrix read transposed, a convolution's
+             * positions): a run of `rows` floats per step of k. */
+            const float *src = s->p + m0 + p * MR + k0 * s->cs;
+            if (rows == MR)
+                for (int64_t kk = 0; kk < kc; kk++)
+                    memcpy (panel + kk * MR, src + kk * s->cs, MR * sizeof *panel);
+            else
+                for (int64_t kk = 0; kk < kc; kk++)
+                    memcpy (panel + kk * MR, src + kk * s->cs,
+                            (size_t) rows * sizeof *panel);
+            continue;
+        }
         for (int64_t r = 0; r < rows; r++) {
             const float *src = s->p + (m0 + p * MR + r) * s->rs + k0 * s->cs;
             if (s->cs == 1)
@@ -283,7 +298,12 @@ s_pack_b_strided (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
     for (int64_t q = 0; q * NR < nw; q++) {
         float *panel = dst + q * kc * NR;
         int64_t j0 = n0 + q * NR, cols = s_min (NR, nw - q * NR);
-        if (s->cs == 1) {
+        if (s->cs == 1 && cols == NR) {
+            /* a constant size: the copy is two vector moves */
+            for (int64_t kk = 0; kk < kc; kk++)
+                memcpy (panel + kk * NR, s->p + (k0 + kk) * s->rs + j0,
+                        NR * sizeof *panel);
+        } else if (s->cs == 1) {
             for (int64_t kk = 0; kk < kc; kk++) {
                 const float *src = s->p + (k0 + kk) * s->rs + j0;
                 float *d = panel + kk * NR;
@@ -310,19 +330,20 @@ typedef struct {
 } s_seg_t;
 
 /* Columns n0..n0+nw-1 (output positions), k0..k0+kc-1 (tap-major) of the
- * im2col matrix of a convolution input, into panels of kc × NR.  For one
- * tap and a run of output positions in one output row, every input
- * channel is read at the same offset in its plane: the loop over channels
- * is innermost. */
+ * im2col matrix of a convolution input, into panels of kc × `width`: B
+ * panels (width NR), or A panels of the transposed product (width MR,
+ * the positions as rows).  For one tap and a run of output positions in
+ * one output row, every input channel is read at the same offset in its
+ * plane: the loop over channels is innermost. */
 KILN_VCLONES static void
-s_pack_b_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
-               int64_t nw, float *dst)
+s_pack_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
+             int64_t nw, float *dst, int64_t width)
 {
     const kiln_gconv_t *cv = s->conv;
     int64_t hw = cv->h * cv->w;
-    for (int64_t q = 0; q * NR < nw; q++) {
-        float *panel = dst + q * kc * NR;
-        int64_t j0 = n0 + q * NR, cols = s_min (NR, nw - q * NR);
+    for (int64_t q = 0; q * width < nw; q++) {
+        float *panel = dst + q * kc * width;
+        int64_t j0 = n0 + q * width, cols = s_min (width, nw - q * width);
         s_seg_t seg[NR];
         int nseg = 0;
         for (int64_t j = 0; j < cols;) {
@@ -331,22 +352,22 @@ s_pack_b_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
             seg[nseg++] = (s_seg_t) { (int) j, (int) len, oh, ow };
             j += len;
         }
-        if (cols < NR)
+        if (cols < width)
             for (int64_t kk = 0; kk < kc; kk++)
-                memset (panel + kk * NR + cols, 0,
-                        (size_t) (NR - cols) * sizeof *panel);
+                memset (panel + kk * width + cols, 0,
+                        (size_t) (width - cols) * sizeof *panel);
         for (int64_t k = k0; k < k0 + kc;) {
             int64_t tap = k / cv->c, c0 = k % cv->c;
             int64_t c1 = s_min (cv->c, c0 + (k0 + kc - k));
             int64_t ki = tap / cv->kw, kj = tap % cv->kw;
-            float *rows = panel + (k - k0) * NR;
+            float *rows = panel + (k - k0) * width;
             for (int si = 0; si < nseg; si++) {
                 const s_seg_t *sg = &seg[si];
                 int64_t ih = sg->oh * cv->sh - cv->pt + ki * cv->dh;
                 int64_t len = sg->len;
                 if (ih < 0 || ih >= cv->h) {
                     for (int64_t c = c0; c < c1; c++)
-                        memset (rows + (c - c0) * NR + sg->off, 0,
+                        memset (rows + (c - c0) * width + sg->off, 0,
                                 (size_t) len * sizeof *rows);
                     continue;
                 }
@@ -363,11 +384,11 @@ s_pack_b_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
                 const float *src = s->p + c0 * hw + ih * cv->w + iw0;
                 float *d = rows + sg->off;
                 if (cv->sw == 1 && tlo == 0 && thi == len) {
-                    for (int64_t c = c0; c < c1; c++, src += hw, d += NR)
+                    for (int64_t c = c0; c < c1; c++, src += hw, d += width)
                         memcpy (d, src, (size_t) len * sizeof *d);
                     continue;
                 }
-                for (int64_t c = c0; c < c1; c++, src += hw, d += NR) {
+                for (int64_t c = c0; c < c1; c++, src += hw, d += width) {
                     for (int64_t t = 0; t < tlo; t++)
                         d[t] = 0.0f;
                     if (cv->sw == 1)
@@ -412,37 +433,261 @@ kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
     }
 }
 
-KILN_VCLONES static void
-s_epilogue (const kiln_gemm_t *g, int64_t i0, int64_t j0, int64_t mr,
-            int64_t nr)
+/* v[0..len-1] = act (alpha · v + addends) for product elements (i, j),
+ * (i, j + 1), ... (along_j) or (i, j), (i + 1, j), ...: the epilogue of
+ * a run of one row of C, or of one column when C is written transposed.
+ * Every tile goes through here, in the same order of operations. */
+static inline __attribute__ ((always_inline)) void
+s_epi_run (const kiln_gemm_t *g, float *v, int64_t len, int64_t i, int64_t j,
+           bool along_j)
 {
-    for (int64_t i = i0; i < i0 + mr; i++) {
-        float *row = g->c + i * g->ldc + j0;
-        if (g->alpha != 1.0f)
-            for (int64_t j = 0; j < nr; j++)
-                row[j] *= g->alpha;
-        for (int a = 0; a < g->n_add; a++) {
-            const kiln_gadd_t *ad = &g->add[a];
-            const float *src = ad->p + i * ad->rs + j0 * ad->cs;
-            float sc = ad->scale;
-            if (ad->cs == 0) {
-                float v = sc * src[0];
-                for (int64_t j = 0; j < nr; j++)
-                    row[j] += v;
-            } else if (ad->cs == 1) {
-                if (sc == 1.0f)
-                    for (int64_t j = 0; j < nr; j++)
-                        row[j] += src[j];
-                else
-                    for (int64_t j = 0; j < nr; j++)
-                        row[j] += sc * src[j];
-            } else {
-                for (int64_t j = 0; j < nr; j++)
-                    row[j] += sc * src[j * ad->cs];
-            }
+    if (g->alpha != 1.0f)
+        for (int64_t t = 0; t < len; t++)
+            v[t] *= g->alpha;
+    for (int a = 0; a < g->n_add; a++) {
+        const kiln_gadd_t *ad = &g->add[a];
+        const float *src = ad->p + i * ad->rs + j * ad->cs;
+        int64_t st = along_j ? ad->cs : ad->rs;
+        float sc = ad->scale;
+        if (st == 0) {
+            float val = sc * src[0];
+            for (int64_t t = 0; t < len; t++)
+                v[t] += val;
+        } else if (st == 1 && sc == 1.0f) {
+            for (int64_t t = 0; t < len; t++)
+                v[t] += src[t];
+        } else if (st == 1) {
+            for (int64_t t = 0; t < len; t++)
+                v[t] += sc * src[t];
+        } else {
+            for (int64_t t = 0; t < len; t++)
+                v[t] += sc * src[t * st];
         }
-        kiln_act_apply (row, nr, g->act, g->act_a, g->act_b);
     }
+    switch (g->act) {
+    case KILN_ACT_RELU:
+        for (int64_t t = 0; t < len; t++)
+            v[t] = v[t] < 0.0f ? 0.0f : v[t];
+        break;
+    case KILN_ACT_CLIP:
+        for (int64_t t = 0; t < len; t++) {
+            float x = v[t] < g->act_a ? g->act_a : v[t];
+            v[t] = x > g->act_b ? g->act_b : x;
+        }
+        break;
+    case KILN_ACT_LEAKY:
+        for (int64_t t = 0; t < len; t++)
+            v[t] = v[t] < 0.0f ? v[t] * g->act_a : v[t];
+        break;
+    default:
+        break;
+    }
+}
+
+/* Rows of a tile computed into t (MR × NR, row stride NR) written to C
+ * at (i0, j0): C = (acc ? C : 0) + t, then the epilogue when `last`.
+ * The tile passes through a row buffer once; C is written once. */
+static inline __attribute__ ((always_inline)) void
+s_finish_rows (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
+               int64_t mr, int64_t nr, bool acc, bool last)
+{
+    for (int64_t r = 0; r < mr; r++) {
+        float *row = g->c + (i0 + r) * g->ldc + j0;
+        const float *tr = t + r * NR;
+        float v[NR];
+        if (acc)
+            for (int64_t j = 0; j < nr; j++)
+                v[j] = tr[j] + row[j];
+        else
+            for (int64_t j = 0; j < nr; j++)
+                v[j] = tr[j];
+        if (last)
+            s_epi_run (g, v, nr, i0 + r, j0, true);
+        for (int64_t j = 0; j < nr; j++)
+            row[j] = v[j];
+    }
+}
+
+/* The same for C written transposed: product column j0 + q is row
+ * j0 + q of c, its elements i0 .. i0 + mr - 1 adjacent. */
+static inline __attribute__ ((always_inline)) void
+s_finish_cols (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
+               int64_t mr, int64_t nr, bool acc, bool last)
+{
+    float tt[NR][MR];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < NR; q++)
+            tt[q][r] = t[r * NR + q];
+    for (int64_t q = 0; q < nr; q++) {
+        float *col = g->c + (j0 + q) * g->ldc + i0;
+        float v[MR];
+        if (acc)
+            for (int64_t r = 0; r < mr; r++)
+                v[r] = tt[q][r] + col[r];
+        else
+            for (int64_t r = 0; r < mr; r++)
+                v[r] = tt[q][r];
+        if (last)
+            s_epi_run (g, v, mr, i0, j0 + q, false);
+        for (int64_t r = 0; r < mr; r++)
+            col[r] = v[r];
+    }
+}
+
+#if defined(__x86_64__)
+
+/* The epilogue of s_epi_run on the lanes of v in `mask`, for addends
+ * whose elements along the run are adjacent (step 1) or one value (step
+ * 0): the same operations in the same order, so that a tile finished
+ * here and one finished by s_finish are bit for bit alike. */
+__attribute__ ((target ("avx512f"))) static inline __m512
+s_epi_avx512 (const kiln_gemm_t *g, __m512 v, __mmask16 mask, int64_t i,
+              int64_t j, bool along_j)
+{
+    if (g->alpha != 1.0f)
+        v = _mm512_mul_ps (v, _mm512_set1_ps (g->alpha));
+    for (int a = 0; a < g->n_add; a++) {
+        const kiln_gadd_t *ad = &g->add[a];
+        const float *src = ad->p + i * ad->rs + j * ad->cs;
+        int64_t st = along_j ? ad->cs : ad->rs;
+        if (st == 0) {
+            v = _mm512_add_ps (v, _mm512_set1_ps (ad->scale * src[0]));
+        } else {
+            __m512 x = _mm512_maskz_loadu_ps (mask, src);
+            if (ad->scale != 1.0f)
+                x = _mm512_mul_ps (_mm512_set1_ps (ad->scale), x);
+            v = _mm512_add_ps (v, x);
+        }
+    }
+    __m512 zero = _mm512_setzero_ps ();
+    switch (g->act) {
+    case KILN_ACT_RELU:
+        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, zero, _CMP_LT_OQ), zero);
+        break;
+    case KILN_ACT_CLIP: {
+        __m512 lo = _mm512_set1_ps (g->act_a), hi = _mm512_set1_ps (g->act_b);
+        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, lo, _CMP_LT_OQ), lo);
+        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, hi, _CMP_GT_OQ), hi);
+        break;
+    }
+    case KILN_ACT_LEAKY:
+        v = _mm512_mask_mul_ps (v, _mm512_cmp_ps_mask (v, zero, _CMP_LT_OQ), v,
+                                _mm512_set1_ps (g->act_a));
+        break;
+    default:
+        break;
+    }
+    return v;
+}
+
+static __mmask16
+s_mask16 (int64_t n)
+{
+    return n >= 16 ? (__mmask16) 0xffff : n <= 0 ? 0 : (__mmask16) ((1u << n) - 1);
+}
+
+/* s_finish for AVX-512: the rows of a tile as two vectors each, or (C
+ * transposed) its columns by 8 × 8 transposes, eight rows to a vector. */
+__attribute__ ((target ("avx512f"))) static void
+s_finish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
+                 int64_t mr, int64_t nr, bool acc, bool last)
+{
+    if (!g->c_trans) {
+        __mmask16 k0 = s_mask16 (nr), k1 = s_mask16 (nr - 16);
+        for (int64_t r = 0; r < mr; r++) {
+            float *row = g->c + (i0 + r) * g->ldc + j0;
+            __m512 v0 = _mm512_loadu_ps (t + r * NR);
+            __m512 v1 = _mm512_loadu_ps (t + r * NR + 16);
+            if (acc) {
+                v0 = _mm512_add_ps (v0, _mm512_maskz_loadu_ps (k0, row));
+                v1 = _mm512_add_ps (v1, _mm512_maskz_loadu_ps (k1, row + 16));
+            }
+            if (last) {
+                v0 = s_epi_avx512 (g, v0, k0, i0 + r, j0, true);
+                if (k1)
+                    v1 = s_epi_avx512 (g, v1, k1, i0 + r, j0 + 16, true);
+            }
+            _mm512_mask_storeu_ps (row, k0, v0);
+            _mm512_mask_storeu_ps (row + 16, k1, v1);
+        }
+        return;
+    }
+    __mmask16 km = s_mask16 (mr < MR ? mr : MR);
+    for (int64_t q0 = 0; q0 < nr; q0 += 8) {
+        __m256 r0 = _mm256_loadu_ps (t + 0 * NR + q0), r1 = _mm256_loadu_ps (t + 1 * NR + q0);
+        __m256 r2 = _mm256_loadu_ps (t + 2 * NR + q0), r3 = _mm256_loadu_ps (t + 3 * NR + q0);
+        __m256 r4 = _mm256_loadu_ps (t + 4 * NR + q0), r5 = _mm256_loadu_ps (t + 5 * NR + q0);
+        __m256 r6 = _mm256_loadu_ps (t + 6 * NR + q0), r7 = _mm256_loadu_ps (t + 7 * NR + q0);
+        __m256 t0 = _mm256_unpacklo_ps (r0, r1), t1 = _mm256_unpackhi_ps (r0, r1);
+        __m256 t2 = _mm256_unpacklo_ps (r2, r3), t3 = _mm256_unpackhi_ps (r2, r3);
+        __m256 t4 = _mm256_unpacklo_ps (r4, r5), t5 = _mm256_unpackhi_ps (r4, r5);
+        __m256 t6 = _mm256_unpacklo_ps (r6, r7), t7 = _mm256_unpackhi_ps (r6, r7);
+        __m256 u0 = _mm256_shuffle_ps (t0, t2, 0x44), u1 = _mm256_shuffle_ps (t0, t2, 0xee);
+        __m256 u2 = _mm256_shuffle_ps (t1, t3, 0x44), u3 = _mm256_shuffle_ps (t1, t3, 0xee);
+        __m256 u4 = _mm256_shuffle_ps (t4, t6, 0x44), u5 = _mm256_shuffle_ps (t4, t6, 0xee);
+        __m256 u6 = _mm256_shuffle_ps (t5, t7, 0x44), u7 = _mm256_shuffle_ps (t5, t7, 0xee);
+        __m256 col[8] = {
+            _mm256_permute2f128_ps (u0, u4, 0x20), _mm256_permute2f128_ps (u1, u5, 0x20),
+            _mm256_permute2f128_ps (u2, u6, 0x20), _mm256_permute2f128_ps (u3, u7, 0x20),
+            _mm256_permute2f128_ps (u0, u4, 0x31), _mm256_permute2f128_ps (u1, u5, 0x31),
+            _mm256_permute2f128_ps (u2, u6, 0x31), _mm256_permute2f128_ps (u3, u7, 0x31) };
+        int64_t nq = nr - q0 < 8 ? nr - q0 : 8;
+        for (int64_t q = 0; q < nq; q++) {
+            float *c = g->c + (j0 + q0 + q) * g->ldc + i0;
+            __m512 v = _mm512_castps256_ps512 (col[q]);
+            if (acc)
+                v = _mm512_add_ps (v, _mm512_maskz_loadu_ps (km, c));
+            if (last)
+                v = s_epi_avx512 (g, v, km, i0, j0 + q0 + q, false);
+            _mm512_mask_storeu_ps (c, km, v);
+        }
+    }
+}
+
+#endif
+
+/* s_finish_avx512 applies: the CPU has it and every addend is a vector
+ * or one value along the runs it finishes. */
+static bool
+s_finish_fast (const kiln_gemm_t *g)
+{
+    if (!s_fin_avx512)
+        return false;
+    for (int a = 0; a < g->n_add; a++) {
+        int64_t st = g->c_trans ? g->add[a].rs : g->add[a].cs;
+        if (st != 0 && st != 1)
+            return false;
+    }
+    return true;
+}
+
+KILN_VCLONES static void
+s_finish_c (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
+            int64_t mr, int64_t nr, bool acc, bool last)
+{
+    if (g->c_trans) {
+        if (mr == MR)
+            s_finish_cols (g, t, i0, j0, MR, nr, acc, last);
+        else
+            s_finish_cols (g, t, i0, j0, mr, nr, acc, last);
+    } else if (nr == NR) {
+        s_finish_rows (g, t, i0, j0, mr, NR, acc, last);
+    } else {
+        s_finish_rows (g, t, i0, j0, mr, nr, acc, last);
+    }
+}
+
+static void
+s_finish (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
+          int64_t mr, int64_t nr, bool acc, bool last)
+{
+#if defined(__x86_64__)
+    if (s_finish_fast (g)) {
+        s_finish_avx512 (g, t, i0, j0, mr, nr, acc, last);
+        return;
+    }
+#endif
+    s_finish_c (g, t, i0, j0, mr, nr, acc, last);
 }
 
 /* --- driver ---------------------------------------------------------- */
@@ -478,8 +723,12 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
 {
     bl->kc = s_kc (g->k, &bl->nkb);
     bool a_packed = g->a.kind == KILN_GSRC_PACKED;
+    bool b_packed = g->b.kind == KILN_GSRC_PACKED;
     bl->mc = a_packed ? s_round_up (g->m, MR) : s_min (s_round_up (g->m, MR), S_MC);
-    bl->nc = s_min (s_round_up (g->n, NR), S_NC);
+    /* A packed weight B needs no block of its own: a tile then spans
+     * every column, so that its A block is packed once (s_tile). */
+    bl->nc = b_packed && !a_packed ? s_round_up (g->n, NR)
+                                   : s_min (s_round_up (g->n, NR), S_NC);
     if (bl->mc < MR)
         bl->mc = MR;
     if (bl->nc < NR)
@@ -507,6 +756,22 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
     bl->tn = g->n ? (g->n + bl->nc - 1) / bl->nc : 0;
 }
 
+/* One micro-tile: the micro-kernel writes C itself while the tile is a
+ * partial sum (or needs no epilogue), else it goes through s_finish. */
+static inline void
+s_micro (const kiln_gemm_t *g, s_ukr_fn *ukr, int64_t kc, const float *a,
+         const float *b, int64_t i, int64_t j, bool acc, bool last, bool plain,
+         float *tmp)
+{
+    int64_t mr = s_min (MR, g->m - i), nr = s_min (NR, g->n - j);
+    if ((!last || plain) && !g->c_trans && mr == MR && nr == NR) {
+        ukr (kc, a, b, NR, g->c + i * g->ldc + j, g->ldc, acc);
+        return;
+    }
+    ukr (kc, a, b, NR, tmp, NR, false);
+    s_finish (g, tmp, i, j, mr, nr, acc, last);
+}
+
 static void
 s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
         int64_t n0, int64_t n1, float *ws)
@@ -516,14 +781,24 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
     float *bws = tmp + MR * NR;
     float *aws = bws + (g->b.kind == KILN_GSRC_PACKED ? 0 : bl->kc * bl->nc);
     if (bl->nkb == 0) {
-        for (int64_t i = m0; i < m1; i++)
-            memset (g->c + i * g->ldc + n0, 0, (size_t) (n1 - n0) * sizeof (float));
-        s_epilogue (g, m0, n0, m1 - m0, n1 - n0);
+        /* k = 0: the epilogue of zeros */
+        memset (tmp, 0, MR * NR * sizeof *tmp);
+        for (int64_t i = m0; i < m1; i += MR)
+            for (int64_t j = n0; j < n1; j += NR)
+                s_finish (g, tmp, i, j, s_min (MR, m1 - i), s_min (NR, n1 - j),
+                          false, true);
         return;
     }
+    bool plain = !g->c_trans && g->alpha == 1.0f && g->n_add == 0
+                 && g->act == KILN_ACT_NONE;
+    /* A pre-packed B (a weight) with an A packed here: the A block (at
+     * most S_MC × S_KC) stays in L2 while the B panels stream past it,
+     * each used by every row panel before the next.  Otherwise the B
+     * block packed here stays in L2 and each A panel in L1. */
+    bool j_outer = g->b.kind == KILN_GSRC_PACKED && g->a.kind != KILN_GSRC_PACKED;
     for (int64_t kb = 0; kb < bl->nkb; kb++) {
         int64_t k0 = kb * bl->kc, kc = s_min (bl->kc, g->k - k0);
-        bool last = kb == bl->nkb - 1;
+        bool last = kb == bl->nkb - 1, acc = kb > 0;
         const float *bp, *ap;
         int64_t bstride, astride;
         if (g->b.kind == KILN_GSRC_PACKED) {
@@ -531,7 +806,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             bstride = g->k * NR;
         } else {
             if (g->b.kind == KILN_GSRC_CONV)
-                s_pack_b_conv (&g->b, k0, kc, n0, n1 - n0, bws);
+                s_pack_conv (&g->b, k0, kc, n0, n1 - n0, bws, NR);
             else
                 s_pack_b_strided (&g->b, k0, kc, n0, n1 - n0, bws);
             bp = bws;
@@ -541,30 +816,25 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             ap = g->a.p + (m0 / MR) * g->k * MR + k0 * MR;
             astride = g->k * MR;
         } else {
-            s_pack_a_strided (&g->a, m0, m1 - m0, k0, kc, aws);
+            if (g->a.kind == KILN_GSRC_CONV)
+                s_pack_conv (&g->a, k0, kc, m0, m1 - m0, aws, MR);
+            else
+                s_pack_a_strided (&g->a, m0, m1 - m0, k0, kc, aws);
             ap = aws;
             astride = kc * MR;
         }
-        for (int64_t i = m0; i < m1; i += MR) {
-            const float *a = ap + (i - m0) / MR * astride;
-            int64_t mr = s_min (MR, m1 - i);
-            for (int64_t j = n0; j < n1; j += NR) {
-                const float *b = bp + (j - n0) / NR * bstride;
-                int64_t nr = s_min (NR, n1 - j);
-                float *c = g->c + i * g->ldc + j;
-                if (mr == MR && nr == NR) {
-                    ukr (kc, a, b, NR, c, g->ldc, kb > 0);
-                } else {
-                    ukr (kc, a, b, NR, tmp, NR, false);
-                    for (int64_t r = 0; r < mr; r++)
-                        for (int64_t q = 0; q < nr; q++)
-                            c[r * g->ldc + q] = kb > 0 ? c[r * g->ldc + q]
-                                                         + tmp[r * NR + q]
-                                                       : tmp[r * NR + q];
-                }
-                if (last)
-                    s_epilogue (g, i, j, mr, nr);
-            }
+        if (j_outer) {
+            for (int64_t j = n0; j < n1; j += NR)
+                for (int64_t i = m0; i < m1; i += MR)
+                    s_micro (g, ukr, kc, ap + (i - m0) / MR * astride,
+                             bp + (j - n0) / NR * bstride, i, j, acc, last, plain,
+                             tmp);
+        } else {
+            for (int64_t i = m0; i < m1; i += MR)
+                for (int64_t j = n0; j < n1; j += NR)
+                    s_micro (g, ukr, kc, ap + (i - m0) / MR * astride,
+                             bp + (j - n0) / NR * bstride, i, j, acc, last, plain,
+                             tmp);
         }
     }
 }

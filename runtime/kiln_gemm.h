@@ -15,6 +15,12 @@
  * still in cache, so a fused Conv + bias + Add + Relu writes its output
  * once.
  *
+ * A product may also write C transposed (c_trans): a convolution whose
+ * output planes are small runs as Yᵀ = im2col(X)ᵀ · Wᵀ, output positions
+ * as the rows of the tiles and output channels along the vectors, so that
+ * a 7×7 or 14×14 plane fills the tiles (49 positions are 7 panels of 8
+ * rows, where 32-wide columns would compute 64).
+ *
  * Work is split into tasks (column blocks, and row blocks when there are
  * few columns) run on the intra-op pool (kiln_exec.h).  The sum over k of
  * one element is always accumulated in the same order, whatever the
@@ -41,7 +47,7 @@ typedef struct kiln_gconv {
 typedef enum {
     KILN_GSRC_PACKED = 1,       /* p is the whole operand, packed */
     KILN_GSRC_STRIDED = 2,      /* element (i, j) at p[i·rs + j·cs] */
-    KILN_GSRC_CONV = 3,         /* B only: im2col of p by `conv` */
+    KILN_GSRC_CONV = 3,         /* B: im2col of p by `conv`; A: its transpose */
 } kiln_gsrc_kind_t;
 
 typedef struct kiln_gsrc {
@@ -62,7 +68,8 @@ typedef struct kiln_gemm {
     int64_t m, n, k;
     kiln_gsrc_t a, b;
     float *c;
-    int64_t ldc;                /* C(i, j) at c[i·ldc + j] */
+    int64_t ldc;                /* C(i, j) at c[i·ldc + j], or c[j·ldc + i] */
+    bool c_trans;               /* C is written transposed */
     float alpha;
     kiln_gadd_t add[2];
     int n_add;

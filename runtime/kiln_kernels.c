@@ -740,15 +740,20 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (rc)
         return rc;
     s_win_t w;
-    int64_t group, x[4], y[4], want, tile = 0;
-    bool packed;
+    int64_t group, x[4], y[4], want, tile = 0, pk = 0;
     if ((rc = s_get_window (op, &w, err))
         || (rc = kiln_prog_op_int (op, "group", &group, err))
         || (rc = s_get_epilogue (p, op, plan, err))
-        || (rc = s_get_packed (op, "packed", &packed, err))
+        || (kiln_prog_op_has (op, "packed")
+            && (rc = kiln_prog_op_int (op, "packed", &pk, err)))
         || (kiln_prog_op_has (op, "winograd")
             && (rc = kiln_prog_op_int (op, "winograd", &tile, err))))
         return rc;
+    /* packed: 1 conv-packed weights, 2 conv-packed-T (kiln_pack.h) */
+    if (pk < 0 || pk > 2)
+        return kiln_error (err, KILN_EFORMAT, "packed must be 0, 1 or 2, not %lld",
+                           (long long) pk);
+    bool packed = pk != 0, trans = pk == 2;
     if (tile != 0 && tile != 2 && tile != 4)
         return kiln_error (err, KILN_EFORMAT, "winograd must be 2 or 4 (the "
                            "output tile), not %lld", (long long) tile);
@@ -778,8 +783,10 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (!s_mul3 (cg, w.k[0], w.k[1], &rows) || !s_mul3 (y[2], y[3], 1, &cols)
         || !s_mul3 (y[1], rows, 1, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
-    if (packed && !wino
+    if (packed && !wino && !trans
         && !kiln_pack_conv_elems (y[1], cg, w.k[0], w.k[1], group, &want))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large");
+    if (trans && !kiln_pack_conv_t_elems (y[1], cg, w.k[0], w.k[1], group, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
     if (wino && !kiln_pack_wino_elems (y[1], cg, (int) tile, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
@@ -843,6 +850,15 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         kiln_wino_plan (&plan->u.conv.wino, (int) tile, x[0], x[1], x[2], x[3],
                         y[1], y[2], y[3], w.p[0], w.p[1], kiln_exec_threads ());
         plan->ws_bytes = kiln_wino_ws_bytes (&plan->u.conv.wino);
+    } else if (trans) {
+        /* Yᵀ = im2col(X)ᵀ · Wᵀ: positions as rows, C written transposed */
+        plan->u.conv.trans = true;
+        kiln_pack_conv_t_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
+        plan->u.conv.geo = (kiln_gconv_t) {
+            .c = cg, .h = x[2], .w = x[3], .oh = y[2], .ow = y[3],
+            .kh = w.k[0], .kw = w.k[1], .sh = w.s[0], .sw = w.s[1],
+            .dh = w.d[0], .dw = w.d[1], .pt = w.p[0], .pl = w.p[1] };
+        plan->ws_bytes = kiln_gemm_ws_bytes (cols, mg, rows, false, true);
     } else if (packed) {
         kiln_pack_conv_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
         plan->u.conv.geo = (kiln_gconv_t) {
@@ -902,9 +918,36 @@ s_conv_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
                      + (ni * plan->u.conv.c + gi * cg) * hw;
     int64_t yoff = (ni * plan->u.conv.m + gi * mg) * ohw;
     memset (g, 0, sizeof *g);
+    g->k = cg * plan->u.conv.kh * plan->u.conv.kw;
+    if (plan->u.conv.trans) {
+        /* rows: output positions; columns: this group's output channels */
+        g->m = ohw;
+        g->n = mg;
+        if (plan->u.conv.pointwise)
+            g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, x, 1, hw, NULL };
+        else
+            g->a = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &plan->u.conv.geo };
+        g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED,
+                               (const float *) data[plan->in[1]] + gi * plan->u.conv.wpg,
+                               0, 0, NULL };
+        g->c = (float *) data[plan->out] + yoff;
+        g->ldc = ohw;
+        g->c_trans = true;
+        g->alpha = 1.0f;
+        if (plan->u.conv.bias)
+            g->add[g->n_add++] = (kiln_gadd_t) {
+                (const float *) data[plan->in[2]] + gi * mg, 0, 1, 1.0f };
+        if (plan->epi.residual >= 0)
+            g->add[g->n_add++] = (kiln_gadd_t) {
+                (const float *) data[plan->in[plan->epi.residual]] + yoff, 1, ohw,
+                1.0f };
+        g->act = plan->epi.act;
+        g->act_a = plan->epi.a;
+        g->act_b = plan->epi.b;
+        return;
+    }
     g->m = mg;
     g->n = ohw;
-    g->k = cg * plan->u.conv.kh * plan->u.conv.kw;
     g->a = (kiln_gsrc_t) { KILN_GSRC_PACKED,
                            (const float *) data[plan->in[1]] + gi * plan->u.conv.wpg,
                            0, 0, NULL };

@@ -86,6 +86,7 @@ typedef struct kiln_kplan {
             int64_t group;
             bool bias, im2col;
             bool packed;            /* W packed (kiln_pack.h): kiln_gemm */
+            bool trans;             /* W conv-packed-T: Yᵀ = im2col(X)ᵀ · Wᵀ */
             bool depthwise;         /* one channel per group, direct loops */
             bool pointwise;         /* 1x1, stride 1, unpadded */
             int64_t wpg;            /* packed W floats per group */

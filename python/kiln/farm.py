@@ -141,3 +141,10 @@ class LocalFarm:
     def __exit__(self, *exc):
         self.stop()
         return False
+
+
+def stop_process(proc):
+    """Stop `proc` and its process group (SIGTERM, then SIGKILL after 5 s):
+    what LocalFarm.stop does to each of its processes, for code that starts
+    its own.  Nothing when `proc` is None or has already exited."""
+    LocalFarm._kill(proc)

@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from conftest import kiln_bin
-from kiln.farm import free_port, wait_for_port
+from kiln.farm import free_port, stop_process, wait_for_port
 
 
 def tiny_model(path, seed, size=4):
@@ -141,26 +141,12 @@ class Farm:
         self.others.append(proc)
         return proc
 
-    @staticmethod
-    def _stop(proc):
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=5)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=5)
-
     def stop(self):
         for proc in self.others:
-            self._stop(proc)
+            stop_process(proc)
         for proc in self.workers.values():
-            self._stop(proc)
-        self._stop(self.broker)
+            stop_process(proc)
+        stop_process(self.broker)
 
     # --- looking at it ----------------------------------------------------
     def log(self, name="broker"):

@@ -24,6 +24,7 @@
 #include "artifact/kiln_artifact.h"
 #include "common/kiln_fs.h"
 #include "common/kiln_hash.h"
+#include "tests/unit/testlib.h"
 
 #define PROGRAM_MARKER "KILNPROGRAM-MARKER-0123456789"
 #define WEIGHTS_MARKER "KILNWEIGHTS-MARKER-9876543210"
@@ -36,22 +37,14 @@ static kiln_key_t *s_key;     /* the signer */
 static void
 setup (void)
 {
-    kiln_err_t err;
-    s_dir = kiln_mkdtemp ("kiln-test-artifact-", &err);
-    ck_assert_msg (s_dir, "%s", err.msg);
-    snprintf (s_keys, sizeof s_keys, "%s/keys", s_dir);
-    s_key = kiln_key_generate (&err);
-    ck_assert_msg (s_key, "%s", err.msg);
-    ck_assert_msg (kiln_key_write_pair (s_key, s_keys, &err) == 0, "%s", err.msg);
+    s_dir = testlib_keydir ("kiln-test-artifact-", s_keys, &s_key);
 }
 
 static void
 teardown (void)
 {
     kiln_key_destroy (&s_key);
-    kiln_rm_rf (s_dir);
-    free (s_dir);
-    s_dir = NULL;
+    testlib_rmdir (&s_dir);
 }
 
 /* --- helpers --------------------------------------------------------- */
@@ -1046,21 +1039,5 @@ s_suite (void)
 int
 main (void)
 {
-    //  Each test's directory goes under one root that is removed here, so
-    //  that a failed test (whose teardown Check does not run) leaves
-    //  nothing behind either.
-    kiln_err_t err;
-    char *root = kiln_mkdtemp ("kiln-test-artifact-", &err);
-    if (!root) {
-        fprintf (stderr, "test_artifact: %s\n", err.msg);
-        return EXIT_FAILURE;
-    }
-    setenv ("TMPDIR", root, 1);
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    kiln_rm_rf (root);
-    free (root);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return testlib_run_in_tmpdir (s_suite (), "artifact");
 }

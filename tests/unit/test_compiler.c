@@ -16,30 +16,9 @@
 #include "common/kiln_program.h"
 #include "compiler/kiln_compiler.h"
 #include "graph/kiln_graph.h"
+#include "tests/unit/testlib.h"
 
 /* --- helpers -------------------------------------------------------- */
-
-static kiln_shape_t
-s_shape (const int64_t *dims, int rank)
-{
-    kiln_shape_t s = { .rank = rank };
-    memcpy (s.dims, dims, (size_t) rank * sizeof *dims);
-    return s;
-}
-
-#define SH(...) s_shape ((int64_t[]) { __VA_ARGS__ }, S_NARGS (__VA_ARGS__))
-#define S_NARGS(...) S_NARGS_ (__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define S_NARGS_(a, b, c, d, e, f, g, h, n, ...) n
-
-static int
-s_input (kiln_graph_t *g, const char *name, kiln_dtype_t dt, kiln_shape_t shape)
-{
-    kiln_err_t err;
-    int t = kiln_graph_add_tensor (g, name, dt, &shape, &err);
-    ck_assert_msg (t >= 0, "%s", err.msg);
-    ck_assert (kiln_graph_add_input (g, t, &err) == 0);
-    return t;
-}
 
 /* A float32 constant whose bytes depend on `salt`. */
 static int
@@ -48,9 +27,7 @@ s_weight (kiln_graph_t *g, const char *name, kiln_shape_t shape, unsigned salt)
     kiln_err_t err;
     int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
     ck_assert (t >= 0);
-    int64_t n = 1;
-    for (int i = 0; i < shape.rank; i++)
-        n *= shape.dims[i];
+    int64_t n = testlib_numel (&shape);
     float *v = malloc ((size_t) (n ? n : 1) * sizeof *v);
     for (int64_t i = 0; i < n; i++)
         v[i] = (float) ((i * 31 + salt * 7) % 17) / 8.0f - 1.0f;
@@ -60,32 +37,6 @@ s_weight (kiln_graph_t *g, const char *name, kiln_shape_t shape, unsigned salt)
     return t;
 }
 
-static int
-s_tensor (kiln_graph_t *g, const char *name)
-{
-    kiln_err_t err;
-    int t = kiln_graph_add_tensor (g, name, KILN_DT_UNDEFINED, NULL, &err);
-    ck_assert (t >= 0);
-    return t;
-}
-
-static int
-s_node (kiln_graph_t *g, const char *op, const char *name, const int *ins,
-        int n_in, int out)
-{
-    kiln_err_t err;
-    int n = kiln_graph_add_node (g, op, name, ins, n_in, &out, 1, &err);
-    ck_assert_msg (n >= 0, "%s", err.msg);
-    return n;
-}
-
-static void
-s_output (kiln_graph_t *g, int t)
-{
-    kiln_err_t err;
-    ck_assert (kiln_graph_add_output (g, t, &err) == 0);
-}
-
 /* A residual block: x -> conv -> relu -> conv -> add(x) -> relu -> gap ->
  * flatten -> gemm.  `salt` varies the weights. */
 static kiln_graph_t *
@@ -93,7 +44,7 @@ s_resnetish (unsigned salt)
 {
     kiln_err_t err;
     kiln_graph_t *g = kiln_graph_new ();
-    int x = s_input (g, "x", KILN_DT_FLOAT32, SH (1, 8, 12, 12));
+    int x = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (1, 8, 12, 12));
     int w1 = s_weight (g, "w1", SH (8, 8, 3, 3), salt);
     int w2 = s_weight (g, "w2", SH (8, 8, 3, 3), salt + 1);
     int wl = s_weight (g, "wl", SH (4, 8), salt + 2);
@@ -101,35 +52,23 @@ s_resnetish (unsigned salt)
     for (int i = 0; i < 8; i++) {
         char name[8];
         snprintf (name, sizeof name, "t%d", i);
-        t[i] = s_tensor (g, name);
+        t[i] = testlib_tensor (g, name);
     }
-    int y = s_tensor (g, "y");
+    int y = testlib_tensor (g, "y");
     int64_t pads[4] = { 1, 1, 1, 1 };
-    int n = s_node (g, "Conv", "c1", (int[]) { x, w1 }, 2, t[0]);
+    int n = testlib_node (g, "Conv", "c1", (int[]) { x, w1 }, 2, t[0]);
     ck_assert (kiln_node_set_ints (g, n, "pads", pads, 4, &err) == 0);
-    s_node (g, "Relu", "r1", &t[0], 1, t[1]);
-    n = s_node (g, "Conv", "c2", (int[]) { t[1], w2 }, 2, t[2]);
+    testlib_node (g, "Relu", "r1", &t[0], 1, t[1]);
+    n = testlib_node (g, "Conv", "c2", (int[]) { t[1], w2 }, 2, t[2]);
     ck_assert (kiln_node_set_ints (g, n, "pads", pads, 4, &err) == 0);
-    s_node (g, "Add", "add", (int[]) { t[2], x }, 2, t[3]);
-    s_node (g, "Relu", "r2", &t[3], 1, t[4]);
-    s_node (g, "GlobalAveragePool", "gap", &t[4], 1, t[5]);
-    s_node (g, "Flatten", "flat", &t[5], 1, t[6]);
-    n = s_node (g, "Gemm", "fc", (int[]) { t[6], wl }, 2, y);
+    testlib_node (g, "Add", "add", (int[]) { t[2], x }, 2, t[3]);
+    testlib_node (g, "Relu", "r2", &t[3], 1, t[4]);
+    testlib_node (g, "GlobalAveragePool", "gap", &t[4], 1, t[5]);
+    testlib_node (g, "Flatten", "flat", &t[5], 1, t[6]);
+    n = testlib_node (g, "Gemm", "fc", (int[]) { t[6], wl }, 2, y);
     ck_assert (kiln_node_set_int (g, n, "transB", 1, &err) == 0);
-    s_output (g, y);
+    testlib_output (g, y);
     return g;
-}
-
-static kiln_program_t *
-s_program_of (kiln_artifact_t *art)
-{
-    size_t plen, wlen;
-    const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
-    ck_assert (prog && kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen));
-    kiln_err_t err = { 0 };
-    kiln_program_t *p = kiln_program_decode (prog, plen, wlen, &err);
-    ck_assert_msg (p, "%s", err.msg);
-    return p;
 }
 
 /* --- arguments and target ------------------------------------------- */
@@ -219,7 +158,7 @@ START_TEST (test_compile_fills_the_manifest)
     ck_assert (kiln_shape_equal (&m->outputs[0].shape, &ys));
     ck_assert_int_eq (kiln_artifact_member_count (art), 2);
 
-    kiln_program_t *p = s_program_of (art);
+    kiln_program_t *p = testlib_program_of (art);
     ck_assert_uint_eq (p->arena_size, st.arena_bytes);
     ck_assert_int_eq (p->n_ops, st.n_ops);
     ck_assert_int_eq (p->n_ops, 7);            /* Flatten is an alias at -O1 */
@@ -288,11 +227,11 @@ START_TEST (test_compile_refuses_unsupported_ops_naming_node_and_op)
     const char *ops[] = { "NonMaxSuppression", "NonZero", "FancyCustomOp" };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         kiln_graph_t *g = kiln_graph_new ();
-        int x = s_input (g, "x", KILN_DT_FLOAT32, SH (2, 3));
-        int r = s_tensor (g, "r"), y = s_tensor (g, "y");
-        s_node (g, "Relu", "fine", &x, 1, r);
-        s_node (g, ops[i], "the_node", &r, 1, y);
-        s_output (g, y);
+        int x = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (2, 3));
+        int r = testlib_tensor (g, "r"), y = testlib_tensor (g, "y");
+        testlib_node (g, "Relu", "fine", &x, 1, r);
+        testlib_node (g, ops[i], "the_node", &r, 1, y);
+        testlib_output (g, y);
         kiln_err_t err = { 0 };
         ck_assert (kiln_cc_compile (g, NULL, &err) == NULL);
         ck_assert_int_eq (err.code, KILN_EUNSUPPORTED);
@@ -308,11 +247,11 @@ START_TEST (test_compile_refuses_what_the_kernels_cannot_run)
     kiln_err_t err = { 0 };
     /* float16 arithmetic: no kernel computes in float16. */
     kiln_graph_t *g = kiln_graph_new ();
-    int a = s_input (g, "a", KILN_DT_FLOAT16, SH (4));
-    int b = s_input (g, "b", KILN_DT_FLOAT16, SH (4));
-    int y = s_tensor (g, "y");
-    s_node (g, "Add", "hadd", (int[]) { a, b }, 2, y);
-    s_output (g, y);
+    int a = testlib_input_dt (g, "a", KILN_DT_FLOAT16, SH (4));
+    int b = testlib_input_dt (g, "b", KILN_DT_FLOAT16, SH (4));
+    int y = testlib_tensor (g, "y");
+    testlib_node (g, "Add", "hadd", (int[]) { a, b }, 2, y);
+    testlib_output (g, y);
     ck_assert (kiln_cc_compile (g, NULL, &err) == NULL);
     ck_assert_int_eq (err.code, KILN_EUNSUPPORTED);
     ck_assert_msg (strstr (err.msg, "'hadd'") && strstr (err.msg, "float16"), "%s", err.msg);
@@ -320,11 +259,11 @@ START_TEST (test_compile_refuses_what_the_kernels_cannot_run)
 
     /* 3-D convolution. */
     g = kiln_graph_new ();
-    int x = s_input (g, "x", KILN_DT_FLOAT32, SH (1, 2, 4, 4, 4));
+    int x = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (1, 2, 4, 4, 4));
     int w = s_weight (g, "w", SH (3, 2, 1, 1, 1), 0);
-    y = s_tensor (g, "y");
-    s_node (g, "Conv", "conv3d", (int[]) { x, w }, 2, y);
-    s_output (g, y);
+    y = testlib_tensor (g, "y");
+    testlib_node (g, "Conv", "conv3d", (int[]) { x, w }, 2, y);
+    testlib_output (g, y);
     ck_assert (kiln_cc_compile (g, NULL, &err) == NULL);
     ck_assert_msg (err.code == KILN_EUNSUPPORTED || err.code == KILN_ESHAPE
                    || err.code == KILN_EFORMAT, "%d %s", err.code, err.msg);
@@ -343,20 +282,20 @@ START_TEST (test_weights_are_aligned_deduplicated_and_exact)
 {
     kiln_err_t err = { 0 };
     kiln_graph_t *g = kiln_graph_new ();
-    int x = s_input (g, "x", KILN_DT_FLOAT32, SH (3, 5));
+    int x = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (3, 5));
     int w1 = s_weight (g, "w1", SH (5), 9);
     int w2 = s_weight (g, "w2", SH (5), 9);      /* same bytes as w1 */
     int w3 = s_weight (g, "w3", SH (3, 1), 2);
-    int t0 = s_tensor (g, "t0"), t1 = s_tensor (g, "t1"), y = s_tensor (g, "y");
-    s_node (g, "Add", "a", (int[]) { x, w1 }, 2, t0);
-    s_node (g, "Mul", "m", (int[]) { t0, w2 }, 2, t1);
-    s_node (g, "Sub", "s", (int[]) { t1, w3 }, 2, y);
-    s_output (g, y);
+    int t0 = testlib_tensor (g, "t0"), t1 = testlib_tensor (g, "t1"), y = testlib_tensor (g, "y");
+    testlib_node (g, "Add", "a", (int[]) { x, w1 }, 2, t0);
+    testlib_node (g, "Mul", "m", (int[]) { t0, w2 }, 2, t1);
+    testlib_node (g, "Sub", "s", (int[]) { t1, w3 }, 2, y);
+    testlib_output (g, y);
     kiln_artifact_t *art = kiln_cc_compile (g, NULL, &err);
     ck_assert_msg (art, "%s", err.msg);
     size_t wlen;
     const uint8_t *wb = kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
-    kiln_program_t *p = s_program_of (art);
+    kiln_program_t *p = testlib_program_of (art);
     ck_assert_uint_eq (wlen, 128);               /* two blobs, 64 bytes each */
     int64_t offs[3] = { -1, -1, -1 };
     int gts[3] = { w1, w2, w3 }, k = 0;
@@ -436,16 +375,16 @@ START_TEST (test_planner_reuses_memory_on_a_chain)
 {
     kiln_err_t err = { 0 };
     kiln_graph_t *g = kiln_graph_new ();
-    int prev = s_input (g, "x", KILN_DT_FLOAT32, SH (1, 1024));
+    int prev = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (1, 1024));
     const int n = 10;
     for (int i = 0; i < n; i++) {
         char name[8];
         snprintf (name, sizeof name, "r%d", i);
-        int t = s_tensor (g, name);
-        s_node (g, "Relu", name, &prev, 1, t);
+        int t = testlib_tensor (g, name);
+        testlib_node (g, "Relu", name, &prev, 1, t);
         prev = t;
     }
-    s_output (g, prev);
+    testlib_output (g, prev);
     for (int opt = 0; opt <= 3; opt++) {
         char args[32];
         snprintf (args, sizeof args, "--optlevel %d", opt);
@@ -456,7 +395,7 @@ START_TEST (test_planner_reuses_memory_on_a_chain)
         /* Two buffers suffice for a chain: each step reads one, writes the
          * other; at -O0 nothing is shared. */
         ck_assert_uint_eq (st.arena_bytes, opt == 0 ? (n + 1) * 4096 : 2 * 4096);
-        kiln_program_t *p = s_program_of (art);
+        kiln_program_t *p = testlib_program_of (art);
         s_assert_plan_is_safe (p);
         kiln_program_destroy (&p);
         kiln_artifact_destroy (&art);
@@ -475,7 +414,7 @@ START_TEST (test_planner_is_safe_with_branches_scratch_and_views)
         kiln_cc_stats_t st;
         kiln_artifact_t *art = kiln_cc_compile_ex (g, args, &st, &err);
         ck_assert_msg (art, "%s", err.msg);
-        kiln_program_t *p = s_program_of (art);
+        kiln_program_t *p = testlib_program_of (art);
         s_assert_plan_is_safe (p);
         if (opt > 0)
             ck_assert (st.arena_bytes < st.naive_bytes);
@@ -515,9 +454,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return testlib_run (s_suite ());
 }

@@ -20,6 +20,7 @@
 #include "graph/kiln_graph.h"
 #include "runtime/kiln_cores.h"
 #include "runtime/kiln_rt.h"
+#include "tests/unit/testlib.h"
 
 static char *s_dir;
 static char s_keys[PATH_MAX];
@@ -38,10 +39,7 @@ s_allowed (void)
 static void
 setup (void)
 {
-    kiln_err_t err = { 0 };
-    s_dir = kiln_mkdtemp ("kiln-test-cores-", &err);
-    ck_assert_msg (s_dir, "%s", err.msg);
-    snprintf (s_keys, sizeof s_keys, "%s/keys", s_dir);
+    s_dir = testlib_keydir ("kiln-test-cores-", s_keys, NULL);
     unsetenv ("KILN_RT_VISIBLE_CORES");
     unsetenv ("KILN_RT_NUM_CORES");
     s_rt = NULL;
@@ -51,9 +49,7 @@ static void
 teardown (void)
 {
     kiln_rt_destroy (&s_rt);
-    kiln_rm_rf (s_dir);
-    free (s_dir);
-    s_dir = NULL;
+    testlib_rmdir (&s_dir);
 }
 
 /* --- a small model: y = relu (x @ W) + z, x [B, 4], z [B, 3] --------- */
@@ -107,11 +103,9 @@ s_make_model (int64_t b)
                        err.msg);
     }
     ck_assert_msg (key, "%s", err.msg);
-    ck_assert_msg (kiln_artifact_sign (art, key, NULL, &err) == 0, "%s", err.msg);
     static char path[PATH_MAX];
     snprintf (path, sizeof path, "%s/model-b%lld.kar", s_dir, (long long) b);
-    ck_assert_msg (kiln_artifact_write (art, path, &err) == 0, "%s", err.msg);
-    kiln_artifact_destroy (&art);
+    testlib_sign_write (&art, key, path);
     kiln_key_destroy (&key);
     kiln_graph_destroy (&g);
     return path;
@@ -485,9 +479,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return testlib_run (s_suite ());
 }

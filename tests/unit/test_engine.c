@@ -34,27 +34,22 @@
 #include "runtime/kiln_gemm.h"
 #include "runtime/kiln_rt.h"
 #include "runtime/kiln_vmath.h"
+#include "tests/unit/testlib.h"
 
 static char *s_dir;             /* per-test temporary directory */
 static char s_keys[PATH_MAX];   /* s_dir/keys: key pair and keyring */
 static kiln_key_t *s_key;
 static kiln_rt_t *s_rt;
-static unsigned s_seed;
 static int s_files;
 
 static void
 setup (void)
 {
     kiln_err_t err;
-    s_dir = kiln_mkdtemp ("kiln-test-engine-", &err);
-    ck_assert_msg (s_dir, "%s", err.msg);
-    snprintf (s_keys, sizeof s_keys, "%s/keys", s_dir);
-    s_key = kiln_key_generate (&err);
-    ck_assert_msg (s_key, "%s", err.msg);
-    ck_assert_msg (kiln_key_write_pair (s_key, s_keys, &err) == 0, "%s", err.msg);
+    s_dir = testlib_keydir ("kiln-test-engine-", s_keys, &s_key);
     s_rt = kiln_rt_new (&err);
     ck_assert_msg (s_rt, "%s", err.msg);
-    s_seed = 4242;
+    testlib_seed (4242);
     s_files = 0;
 }
 
@@ -63,134 +58,25 @@ teardown (void)
 {
     kiln_rt_destroy (&s_rt);
     kiln_key_destroy (&s_key);
-    kiln_rm_rf (s_dir);
-    free (s_dir);
-    s_dir = NULL;
+    testlib_rmdir (&s_dir);
 }
 
 /* --- helpers ---------------------------------------------------------- */
 
-static float
-s_randf (void)
-{
-    s_seed = s_seed * 1103515245u + 12345u;
-    return (float) ((s_seed >> 8) & 0xffff) / 32768.0f - 1.0f;
-}
-
-static float *
-s_rand (int64_t n)
-{
-    float *v = malloc ((size_t) (n ? n : 1) * sizeof *v);
-    for (int64_t i = 0; i < n; i++)
-        v[i] = s_randf ();
-    return v;
-}
-
-static kiln_shape_t
-s_shape (const int64_t *dims, int rank)
-{
-    kiln_shape_t s = { .rank = rank };
-    memcpy (s.dims, dims, (size_t) rank * sizeof *dims);
-    return s;
-}
-
-#define SH(...) s_shape ((int64_t[]) { __VA_ARGS__ }, S_NARGS (__VA_ARGS__))
-#define S_NARGS(...) S_NARGS_ (__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define S_NARGS_(a, b, c, d, e, f, g, h, n, ...) n
-
-static int64_t
-s_numel (const kiln_shape_t *s)
-{
-    int64_t n = 1;
-    for (int i = 0; i < s->rank; i++)
-        n *= s->dims[i];
-    return n;
-}
-
-static int
-s_input (kiln_graph_t *g, const char *name, kiln_shape_t shape)
-{
-    kiln_err_t err;
-    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
-    ck_assert_msg (t >= 0, "%s", err.msg);
-    ck_assert_msg (kiln_graph_add_input (g, t, &err) == 0, "%s", err.msg);
-    return t;
-}
-
-/* A float32 constant: random values times `scale`, plus `offset`. */
-static int
-s_const (kiln_graph_t *g, const char *name, kiln_shape_t shape, float scale,
-         float offset)
-{
-    kiln_err_t err;
-    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
-    ck_assert_msg (t >= 0, "%s", err.msg);
-    float *v = s_rand (s_numel (&shape));
-    for (int64_t i = 0; i < s_numel (&shape); i++)
-        v[i] = v[i] * scale + offset;
-    uint8_t *data = (uint8_t *) v;
-    ck_assert_msg (kiln_graph_set_weight (g, t, &data,
-                                          (uint64_t) s_numel (&shape) * 4, &err) == 0,
-                   "%s", err.msg);
-    return t;
-}
-
-static int
-s_weight (kiln_graph_t *g, const char *name, kiln_shape_t shape)
-{
-    return s_const (g, name, shape, 1.0f, 0.0f);
-}
-
-static int
-s_tensor (kiln_graph_t *g, const char *name)
-{
-    kiln_err_t err;
-    int t = kiln_graph_add_tensor (g, name, KILN_DT_UNDEFINED, NULL, &err);
-    ck_assert_msg (t >= 0, "%s", err.msg);
-    return t;
-}
-
-static int
-s_node (kiln_graph_t *g, const char *op, const char *name, const int *ins,
-        int n_in, int out)
-{
-    kiln_err_t err;
-    int n = kiln_graph_add_node (g, op, name, ins, n_in, &out, 1, &err);
-    ck_assert_msg (n >= 0, "%s", err.msg);
-    return n;
-}
-
-static void
-s_ints_ (kiln_graph_t *g, int n, const char *name, const int64_t *v, int count)
-{
-    kiln_err_t err;
-    ck_assert_msg (kiln_node_set_ints (g, n, name, v, (size_t) count, &err) == 0,
-                   "%s", err.msg);
-}
-
-#define s_ints(g, n, name, count, ...) \
-    s_ints_ (g, n, name, (int64_t[]) { __VA_ARGS__ }, count)
-
-static void
-s_int (kiln_graph_t *g, int n, const char *name, int64_t v)
-{
-    kiln_err_t err;
-    ck_assert_msg (kiln_node_set_int (g, n, name, v, &err) == 0, "%s", err.msg);
-}
-
-static void
-s_float (kiln_graph_t *g, int n, const char *name, double v)
-{
-    kiln_err_t err;
-    ck_assert_msg (kiln_node_set_float (g, n, name, v, &err) == 0, "%s", err.msg);
-}
-
-static void
-s_output (kiln_graph_t *g, int t)
-{
-    kiln_err_t err;
-    ck_assert_msg (kiln_graph_add_output (g, t, &err) == 0, "%s", err.msg);
-}
+/* The helpers shared with the other unit tests (tests/unit/testlib.h),
+ * under the short names this file's tests use. */
+#define s_randf testlib_randf
+#define s_rand testlib_rand
+#define s_numel testlib_numel
+#define s_input testlib_input
+#define s_const testlib_const
+#define s_weight testlib_weight
+#define s_tensor testlib_tensor
+#define s_node testlib_node
+#define s_ints testlib_ints
+#define s_int testlib_int
+#define s_float testlib_float
+#define s_output testlib_output
 
 /* Compile `g` at `optlevel`; the program too when `prog` is not NULL
  * (caller destroys it).  Signs, writes and loads the artifact. */
@@ -202,18 +88,11 @@ s_build (kiln_graph_t *g, int optlevel, kiln_program_t **prog)
     snprintf (args, sizeof args, "--optlevel %d", optlevel);
     kiln_artifact_t *art = kiln_cc_compile (g, args, &err);
     ck_assert_msg (art, "compile -O%d: %s", optlevel, err.msg);
-    if (prog) {
-        size_t plen, wlen;
-        const uint8_t *p = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
-        kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
-        *prog = kiln_program_decode (p, plen, wlen, &err);
-        ck_assert_msg (*prog, "%s", err.msg);
-    }
-    ck_assert_msg (kiln_artifact_sign (art, s_key, NULL, &err) == 0, "%s", err.msg);
+    if (prog)
+        *prog = testlib_program_of (art);
     char path[PATH_MAX];
     snprintf (path, sizeof path, "%s/m%d.kar", s_dir, s_files++);
-    ck_assert_msg (kiln_artifact_write (art, path, &err) == 0, "%s", err.msg);
-    kiln_artifact_destroy (&art);
+    testlib_sign_write (&art, s_key, path);
     kiln_model_t *m = kiln_rt_load (s_rt, path, s_keys, &err);
     ck_assert_msg (m, "load -O%d: %s", optlevel, err.msg);
     return m;
@@ -400,27 +279,103 @@ s_check_shape (int64_t m, int64_t n, int64_t k)
     free (bias_m); free (bias_n); free (res); free (c);
 }
 
-/* The im2col operand, never built, against one built here. */
+/* C written transposed (c[j·m + i]): A read with adjacent rows (as a
+ * convolution's positions are) or not, addends adjacent along the
+ * written runs (the vector finish) or strided (the portable one), every
+ * activation, against double. */
 static void
-s_check_conv (int64_t c, int64_t h, int64_t w, int64_t m, int64_t kh, int64_t kw,
-              int64_t s, int64_t d, int64_t pt, int64_t pl, int64_t pb, int64_t pr)
+s_check_trans (int64_t m, int64_t n, int64_t k)
+{
+    float *a = s_rand (m * k), *b = s_rand (k * n);
+    float *bias_n = s_rand (n), *res = s_rand (m * n);
+    float *at = malloc ((size_t) (m * k + 1) * sizeof *at);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t q = 0; q < k; q++)
+            at[q * m + i] = a[i * k + q];
+    int64_t be;
+    ck_assert (kiln_pack_b_elems (k, n, &be));
+    float *bp = calloc ((size_t) be + 1, sizeof *bp);
+    kiln_pack_b (b, k, n, n, 1, bp);
+    float *c = malloc ((size_t) (m * n + 1) * sizeof *c);
+    for (int form = 0; form < 3; form++) {
+        kiln_gemm_t g = { .m = m, .n = n, .k = k, .c = c, .ldc = m, .c_trans = true,
+                          .alpha = form == 1 ? 0.5f : 1.0f };
+        g.a = form == 1 ? (kiln_gsrc_t) { KILN_GSRC_STRIDED, a, k, 1, NULL }
+                        : (kiln_gsrc_t) { KILN_GSRC_STRIDED, at, 1, m, NULL };
+        g.b = (kiln_gsrc_t) { KILN_GSRC_PACKED, bp, 0, 0, NULL };
+        if (form < 2)
+            g.add[g.n_add++] = (kiln_gadd_t) { bias_n, 0, 1, 1.0f };
+        if (form == 1)          /* a residual laid out like C */
+            g.add[g.n_add++] = (kiln_gadd_t) { res, 1, m, 1.0f };
+        if (form == 2)          /* one laid out like the product: strided */
+            g.add[g.n_add++] = (kiln_gadd_t) { res, n, 1, 2.0f };
+        g.act = form == 0 ? KILN_ACT_RELU : form == 1 ? KILN_ACT_CLIP : KILN_ACT_LEAKY;
+        g.act_a = g.act == KILN_ACT_CLIP ? -0.5f : 0.1f;
+        g.act_b = 0.75f;
+        for (int64_t i = 0; i < m * n; i++)
+            c[i] = NAN;
+        s_gemm (&g);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double sum = 0, mag = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    sum += (double) a[i * k + q] * b[q * n + j];
+                    mag += fabs ((double) a[i * k + q] * b[q * n + j]);
+                }
+                sum *= g.alpha;
+                for (int ad = 0; ad < g.n_add; ad++)
+                    sum += g.add[ad].scale
+                           * g.add[ad].p[i * g.add[ad].rs + j * g.add[ad].cs];
+                sum = s_act_ref (sum, g.act, g.act_a, g.act_b);
+                double got = c[j * m + i];
+                ck_assert_msg (fabs (got - sum) <= 1e-5 * (mag + 4.0),
+                               "%s: %lldx%lldx%lld transposed, form %d: C[%lld, "
+                               "%lld] = %.8g, expected %.8g", kiln_gemm_isa (),
+                               (long long) m, (long long) n, (long long) k, form,
+                               (long long) i, (long long) j, got, sum);
+            }
+    }
+    free (a); free (b); free (at); free (bp); free (bias_n); free (res); free (c);
+}
+
+/* The im2col operand, never built, against one built here; with `trans`
+ * the transposed product (positions as rows, conv-packed-T weights). */
+static void
+s_check_conv_as (bool trans, int64_t c, int64_t h, int64_t w, int64_t m,
+                 int64_t kh, int64_t kw, int64_t s, int64_t d, int64_t pt,
+                 int64_t pl, int64_t pb, int64_t pr)
 {
     int64_t oh = (h + pt + pb - d * (kh - 1) - 1) / s + 1;
     int64_t ow = (w + pl + pr - d * (kw - 1) - 1) / s + 1;
     int64_t k = c * kh * kw, n = oh * ow, pe;
     float *x = s_rand (c * h * w), *wt = s_rand (m * k), *bias = s_rand (m);
-    ck_assert (kiln_pack_conv_elems (m, c, kh, kw, 1, &pe));
+    ck_assert (trans ? kiln_pack_conv_t_elems (m, c, kh, kw, 1, &pe)
+                     : kiln_pack_conv_elems (m, c, kh, kw, 1, &pe));
     float *wp = calloc ((size_t) pe + 1, sizeof *wp);
-    kiln_pack_conv (wt, m, c, kh, kw, 1, wp);
+    if (trans)
+        kiln_pack_conv_t (wt, m, c, kh, kw, 1, wp);
+    else
+        kiln_pack_conv (wt, m, c, kh, kw, 1, wp);
     float *y = malloc ((size_t) (m * n + 1) * sizeof *y);
     kiln_gconv_t geo = { .c = c, .h = h, .w = w, .oh = oh, .ow = ow, .kh = kh,
                          .kw = kw, .sh = s, .sw = s, .dh = d, .dw = d, .pt = pt,
                          .pl = pl };
     kiln_gemm_t g = { .m = m, .n = n, .k = k, .c = y, .ldc = n, .alpha = 1.0f,
                       .act = KILN_ACT_RELU };
-    g.a = (kiln_gsrc_t) { KILN_GSRC_PACKED, wp, 0, 0, NULL };
-    g.b = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &geo };
-    g.add[g.n_add++] = (kiln_gadd_t) { bias, 1, 0, 1.0f };
+    if (trans) {
+        g.m = n;
+        g.n = m;
+        g.c_trans = true;
+        g.a = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &geo };
+        g.b = (kiln_gsrc_t) { KILN_GSRC_PACKED, wp, 0, 0, NULL };
+        g.add[g.n_add++] = (kiln_gadd_t) { bias, 0, 1, 1.0f };
+    } else {
+        g.a = (kiln_gsrc_t) { KILN_GSRC_PACKED, wp, 0, 0, NULL };
+        g.b = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &geo };
+        g.add[g.n_add++] = (kiln_gadd_t) { bias, 1, 0, 1.0f };
+    }
+    for (int64_t i = 0; i < m * n; i++)
+        y[i] = NAN;
     s_gemm (&g);
     for (int64_t o = 0; o < m; o++)
         for (int64_t r = 0; r < oh; r++)
@@ -440,8 +395,9 @@ s_check_conv (int64_t c, int64_t h, int64_t w, int64_t m, int64_t kh, int64_t kw
                 sum = sum < 0 ? 0 : sum;
                 double got = y[(o * oh + r) * ow + q];
                 ck_assert_msg (fabs (got - sum) <= 1e-5 * (mag + 4.0),
-                               "conv c%lld %lldx%lld m%lld k%lldx%lld s%lld d%lld: "
-                               "y[%lld, %lld, %lld] = %.8g, expected %.8g",
+                               "conv%s c%lld %lldx%lld m%lld k%lldx%lld s%lld "
+                               "d%lld: y[%lld, %lld, %lld] = %.8g, expected %.8g",
+                               trans ? " (transposed)" : "",
                                (long long) c, (long long) h, (long long) w,
                                (long long) m, (long long) kh, (long long) kw,
                                (long long) s, (long long) d, (long long) o,
@@ -451,14 +407,24 @@ s_check_conv (int64_t c, int64_t h, int64_t w, int64_t m, int64_t kh, int64_t kw
 }
 
 static void
+s_check_conv (int64_t c, int64_t h, int64_t w, int64_t m, int64_t kh, int64_t kw,
+              int64_t s, int64_t d, int64_t pt, int64_t pl, int64_t pb, int64_t pr)
+{
+    s_check_conv_as (false, c, h, w, m, kh, kw, s, d, pt, pl, pb, pr);
+    s_check_conv_as (true, c, h, w, m, kh, kw, s, d, pt, pl, pb, pr);
+}
+
+static void
 s_check_engine (void)
 {
     static const int64_t shapes[][3] = {
         { 1, 1, 1 }, { 7, 33, 5 }, { 8, 32, 256 }, { 13, 70, 300 },
         { 64, 49, 600 }, { 3, 100, 0 }, { 40, 17, 257 }, { 129, 65, 33 },
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         s_check_shape (shapes[i][0], shapes[i][1], shapes[i][2]);
+        s_check_trans (shapes[i][0], shapes[i][1], shapes[i][2]);
+    }
     /* c, h, w, m, kh, kw, stride, dilation, pads t l b r */
     s_check_conv (3, 11, 13, 10, 3, 3, 1, 1, 1, 1, 1, 1);
     s_check_conv (5, 9, 9, 16, 3, 3, 2, 1, 1, 1, 1, 1);
@@ -466,6 +432,7 @@ s_check_engine (void)
     s_check_conv (3, 16, 16, 8, 7, 7, 2, 1, 3, 3, 3, 3);
     s_check_conv (6, 12, 12, 12, 5, 5, 1, 2, 3, 1, 2, 4);
     s_check_conv (40, 5, 40, 33, 3, 3, 1, 1, 0, 2, 1, 0);
+    s_check_conv (20, 14, 14, 40, 3, 3, 2, 1, 1, 1, 1, 1);     /* 7 × 7 out */
 }
 
 /* The ISA test: when the CPU has it, the micro-kernel asked for runs. */
@@ -654,6 +621,21 @@ START_TEST (test_fused_packed_convolution_matches_o0)
 
     g = s_conv_block (8, 16, 10, 10, 1, 2, 4);      /* grouped, strided */
     p = s_check_against_o0 (g, 2, 1e-5, "grouped strided conv block");
+    kiln_program_destroy (&p);
+    kiln_graph_destroy (&g);
+
+    /* 7×7 outputs: both products run transposed (conv-packed-T weights,
+     * packed = 2), the 3x3 one with the residual and relu fused */
+    g = s_conv_block (24, 64, 14, 14, 1, 2, 1);
+    p = s_check_against_o0 (g, 2, 1e-5, "conv block with 7x7 outputs");
+    ck_assert_int_eq (p->n_ops, 2);
+    for (int i = 0; i < p->n_ops; i++) {
+        bool trans = false;
+        for (int j = 0; j < p->ops[i].n_params; j++)
+            if (strcmp (p->ops[i].params[j].name, "packed") == 0)
+                trans = p->ops[i].params[j].i == 2;
+        ck_assert_msg (trans, "op %d is not a transposed product", i);
+    }
     kiln_program_destroy (&p);
     kiln_graph_destroy (&g);
 }
@@ -889,27 +871,8 @@ static char *
 s_resign (kiln_artifact_t *src, const uint8_t *prog, size_t len)
 {
     static char path[PATH_MAX];
-    kiln_err_t err = { 0 };
-    kiln_artifact_t *a = kiln_artifact_new ();
-    kiln_manifest_t *sm = kiln_artifact_manifest (src), *dm = kiln_artifact_manifest (a);
-    dm->format_version = sm->format_version;
-    memcpy (dm->graph_digest, sm->graph_digest, sizeof dm->graph_digest);
-    memcpy (dm->action_key, sm->action_key, sizeof dm->action_key);
-    memcpy (dm->compiler_id, sm->compiler_id, sizeof dm->compiler_id);
-    memcpy (dm->compiler_version, sm->compiler_version, sizeof dm->compiler_version);
-    memcpy (dm->compiler_args, sm->compiler_args, sizeof dm->compiler_args);
-    memcpy (dm->target, sm->target, sizeof dm->target);
-    dm->runtime_abi = sm->runtime_abi;
-    ck_assert (kiln_manifest_set_io (dm, false, sm->inputs, sm->n_inputs, &err) == 0);
-    ck_assert (kiln_manifest_set_io (dm, true, sm->outputs, sm->n_outputs, &err) == 0);
-    size_t wlen;
-    const uint8_t *w = kiln_artifact_member (src, KILN_WEIGHTS_MEMBER, &wlen);
-    ck_assert (kiln_artifact_add_member (a, KILN_WEIGHTS_MEMBER, w, wlen, &err) == 0);
-    ck_assert (kiln_artifact_add_member (a, KILN_PROGRAM_MEMBER, prog, len, &err) == 0);
-    ck_assert (kiln_artifact_sign (a, s_key, NULL, &err) == 0);
     snprintf (path, sizeof path, "%s/resigned-%d.kar", s_dir, s_files++);
-    ck_assert_msg (kiln_artifact_write (a, path, &err) == 0, "%s", err.msg);
-    kiln_artifact_destroy (&a);
+    testlib_resign (src, prog, len, s_key, path);
     return path;
 }
 
@@ -922,8 +885,11 @@ START_TEST (test_malformed_packed_programs_are_refused)
     size_t plen, wlen;
     const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
     kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
-    const char *want[] = { "unknown activation", "residual", "packed W", "winograd" };
-    for (int c = 0; c < 4; c++) {
+    /* the last two: an unknown weight layout, and the transposed layout
+     * declared for weights of the other one (a different size) */
+    const char *want[] = { "unknown activation", "residual", "packed W", "winograd",
+                           "packed must be", "packed W" };
+    for (int c = 0; c < 6; c++) {
         kiln_program_t *p = kiln_program_decode (prog, plen, wlen, &err);
         ck_assert_msg (p, "%s", err.msg);
         int op = -1;            /* the conv the residual and relu went into */
@@ -941,8 +907,10 @@ START_TEST (test_malformed_packed_programs_are_refused)
             kiln_prog_tensor_t *t = &p->tensors[o->inputs[1]];
             t->shape.dims[0] -= KILN_PACK_MR;
             t->size -= KILN_PACK_MR * 4;
-        } else {
+        } else if (c == 3) {
             ck_assert (kiln_prog_op_set_int (o, "winograd", 1, &err) == 0);
+        } else {
+            ck_assert (kiln_prog_op_set_int (o, "packed", c == 4 ? 3 : 2, &err) == 0);
         }
         uint8_t *bytes;
         size_t len;
@@ -988,9 +956,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return testlib_run (s_suite ());
 }

@@ -17,6 +17,7 @@
 #include "graph/kiln_graph.h"
 #include "graph/kiln_shape_ops.h"
 #include "runtime/kiln_kernels.h"
+#include "tests/unit/testlib.h"
 
 /* --- building graphs ------------------------------------------------ */
 
@@ -460,9 +461,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed == 0 ? 0 : 1;
+    return testlib_run (s_suite ());
 }

@@ -16,6 +16,7 @@
 
 #include "common/kiln_fs.h"
 #include "graph/kiln_graph.h"
+#include "tests/unit/testlib.h"
 
 /* --- helpers ------------------------------------------------------- */
 
@@ -1552,9 +1553,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed == 0 ? 0 : 1;
+    return testlib_run (s_suite ());
 }

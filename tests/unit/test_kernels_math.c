@@ -16,18 +16,9 @@
 
 #include "common/kiln_program.h"
 #include "runtime/kiln_kernels.h"
+#include "tests/unit/testlib.h"
 
-#define SH(...) s_shape ((int64_t[]) { __VA_ARGS__ }, \
-                         (int) (sizeof ((int64_t[]) { __VA_ARGS__ }) / sizeof (int64_t)))
 #define SCALAR ((kiln_shape_t) { .rank = 0 })
-
-static kiln_shape_t
-s_shape (const int64_t *d, int n)
-{
-    kiln_shape_t s = { .rank = n };
-    memcpy (s.dims, d, (size_t) n * sizeof *d);
-    return s;
-}
 
 /* A program being built, with a buffer per tensor. */
 typedef struct {
@@ -471,9 +462,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return testlib_run (s_suite ());
 }

@@ -12,6 +12,7 @@
 
 #include "common/kiln_fs.h"
 #include "runtime/kiln_npy.h"
+#include "tests/unit/testlib.h"
 
 /* What numpy 1.24's np.save writes for np.arange(6, dtype=np.float32)
  * .reshape(2, 3): the header padded to 128 bytes, then the data. */
@@ -217,9 +218,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return testlib_run (s_suite ());
 }

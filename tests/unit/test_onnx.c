@@ -21,6 +21,7 @@
 #include "graph/kiln_graph.h"
 #include "graph/kiln_onnx.h"
 #include "onnx.pb-c.h"
+#include "tests/unit/testlib.h"
 
 /* --- helpers ---------------------------------------------------------- */
 
@@ -1106,9 +1107,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return testlib_run (s_suite ());
 }

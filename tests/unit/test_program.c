@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/kiln_program.h"
+#include "tests/unit/testlib.h"
 
 /* input x[2,3] -> relu -> y (output), plus a weight w[3] and an add. */
 static kiln_program_t *
@@ -254,9 +255,5 @@ s_suite (void)
 int
 main (void)
 {
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return testlib_run (s_suite ());
 }

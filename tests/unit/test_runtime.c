@@ -27,6 +27,7 @@
 #include "compiler/kiln_compiler.h"
 #include "graph/kiln_graph.h"
 #include "runtime/kiln_rt.h"
+#include "tests/unit/testlib.h"
 
 #define RTOL 1e-5
 
@@ -34,22 +35,16 @@ static char *s_dir;             /* per-test temporary directory */
 static char s_keys[PATH_MAX];   /* s_dir/keys: key pair and keyring */
 static kiln_key_t *s_key;
 static kiln_rt_t *s_rt;
-static unsigned s_seed;         /* random numbers, reset per test */
 static int s_files;             /* artifacts written by this test */
 
 static void
 setup (void)
 {
     kiln_err_t err;
-    s_dir = kiln_mkdtemp ("kiln-test-runtime-", &err);
-    ck_assert_msg (s_dir, "%s", err.msg);
-    snprintf (s_keys, sizeof s_keys, "%s/keys", s_dir);
-    s_key = kiln_key_generate (&err);
-    ck_assert_msg (s_key, "%s", err.msg);
-    ck_assert_msg (kiln_key_write_pair (s_key, s_keys, &err) == 0, "%s", err.msg);
+    s_dir = testlib_keydir ("kiln-test-runtime-", s_keys, &s_key);
     s_rt = kiln_rt_new (&err);
     ck_assert_msg (s_rt, "%s", err.msg);
-    s_seed = 12345;
+    testlib_seed (12345);
     s_files = 0;
 }
 
@@ -58,75 +53,10 @@ teardown (void)
 {
     kiln_rt_destroy (&s_rt);
     kiln_key_destroy (&s_key);
-    kiln_rm_rf (s_dir);
-    free (s_dir);
-    s_dir = NULL;
+    testlib_rmdir (&s_dir);
 }
 
 /* --- helpers: numbers, shapes, graphs -------------------------------- */
-
-static float
-s_randf (void)
-{
-    s_seed = s_seed * 1103515245u + 12345u;
-    return (float) ((s_seed >> 8) & 0xffff) / 32768.0f - 1.0f;
-}
-
-static float *
-s_rand (int64_t n)
-{
-    float *v = malloc ((size_t) (n ? n : 1) * sizeof *v);
-    for (int64_t i = 0; i < n; i++)
-        v[i] = s_randf ();
-    return v;
-}
-
-static kiln_shape_t
-s_shape (const int64_t *dims, int rank)
-{
-    kiln_shape_t s = { .rank = rank };
-    memcpy (s.dims, dims, (size_t) rank * sizeof *dims);
-    return s;
-}
-
-/* SH (2, 3, 4): a shape from its dimensions. */
-#define SH(...) s_shape ((int64_t[]) { __VA_ARGS__ }, S_NARGS (__VA_ARGS__))
-#define S_NARGS(...) S_NARGS_ (__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define S_NARGS_(a, b, c, d, e, f, g, h, n, ...) n
-
-static int64_t
-s_numel (const kiln_shape_t *s)
-{
-    int64_t n = 1;
-    for (int i = 0; i < s->rank; i++)
-        n *= s->dims[i];
-    return n;
-}
-
-/* A float32 graph input. */
-static int
-s_input (kiln_graph_t *g, const char *name, kiln_shape_t shape)
-{
-    kiln_err_t err;
-    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
-    ck_assert_msg (t >= 0, "%s", err.msg);
-    ck_assert_msg (kiln_graph_add_input (g, t, &err) == 0, "%s", err.msg);
-    return t;
-}
-
-/* A float32 constant with random values. */
-static int
-s_weight (kiln_graph_t *g, const char *name, kiln_shape_t shape)
-{
-    kiln_err_t err;
-    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &shape, &err);
-    ck_assert_msg (t >= 0, "%s", err.msg);
-    uint8_t *data = (uint8_t *) s_rand (s_numel (&shape));
-    ck_assert_msg (kiln_graph_set_weight (g, t, &data,
-                                          (uint64_t) s_numel (&shape) * 4, &err) == 0,
-                   "%s", err.msg);
-    return t;
-}
 
 /* An int64 constant (a Reshape's shape). */
 static int
@@ -148,52 +78,6 @@ static const float *
 s_wdata (const kiln_graph_t *g, int t)
 {
     return (const float *) g->weights[g->tensors[t].weight].data;
-}
-
-/* A tensor whose shape the graph infers. */
-static int
-s_tensor (kiln_graph_t *g, const char *name)
-{
-    kiln_err_t err;
-    int t = kiln_graph_add_tensor (g, name, KILN_DT_UNDEFINED, NULL, &err);
-    ck_assert_msg (t >= 0, "%s", err.msg);
-    return t;
-}
-
-static int
-s_node (kiln_graph_t *g, const char *op, const char *name, const int *ins,
-        int n_in, int out)
-{
-    kiln_err_t err;
-    int n = kiln_graph_add_node (g, op, name, ins, n_in, &out, 1, &err);
-    ck_assert_msg (n >= 0, "%s", err.msg);
-    return n;
-}
-
-static void
-s_ints_ (kiln_graph_t *g, int n, const char *name, const int64_t *v, int count)
-{
-    kiln_err_t err;
-    ck_assert_msg (kiln_node_set_ints (g, n, name, v, (size_t) count, &err) == 0,
-                   "%s", err.msg);
-}
-
-/* s_ints (g, node, "pads", 4, 1, 1, 1, 1) */
-#define s_ints(g, n, name, count, ...) \
-    s_ints_ (g, n, name, (int64_t[]) { __VA_ARGS__ }, count)
-
-static void
-s_int (kiln_graph_t *g, int n, const char *name, int64_t v)
-{
-    kiln_err_t err;
-    ck_assert_msg (kiln_node_set_int (g, n, name, v, &err) == 0, "%s", err.msg);
-}
-
-static void
-s_output (kiln_graph_t *g, int t)
-{
-    kiln_err_t err;
-    ck_assert_msg (kiln_graph_add_output (g, t, &err) == 0, "%s", err.msg);
 }
 
 static char *
@@ -218,10 +102,8 @@ s_build (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats)
     kiln_err_t err = { 0 };
     kiln_artifact_t *art = kiln_cc_compile_ex (g, args, stats, &err);
     ck_assert_msg (art, "compile: %s", err.msg);
-    ck_assert_msg (kiln_artifact_sign (art, s_key, NULL, &err) == 0, "%s", err.msg);
     char *path = s_path ("model-%d.kar", s_files++);
-    ck_assert_msg (kiln_artifact_write (art, path, &err) == 0, "%s", err.msg);
-    kiln_artifact_destroy (&art);
+    testlib_sign_write (&art, s_key, path);
     kiln_model_t *m = kiln_rt_load (s_rt, path, s_keys, &err);
     ck_assert_msg (m, "load: %s", err.msg);
     return m;
@@ -238,7 +120,7 @@ s_run1 (kiln_model_t *m, const float *x, kiln_shape_t want)
     ck_assert_msg (kiln_shape_equal (&man->outputs[0].shape, &want),
                    "output shape differs from the reference's");
     kiln_rt_tensor_t in = { KILN_DT_FLOAT32, man->inputs[0].shape, (void *) x };
-    float *y = malloc ((size_t) (s_numel (&want) ? s_numel (&want) : 1) * 4);
+    float *y = malloc ((size_t) (testlib_numel (&want) ? testlib_numel (&want) : 1) * 4);
     kiln_rt_tensor_t out = { .data = y };
     kiln_err_t err = { 0 };
     ck_assert_msg (kiln_model_run (m, &in, 1, &out, 1, &err) == 0, "%s", err.msg);
@@ -331,13 +213,13 @@ s_check_conv (const conv_case_t *c, bool one_d)
     kiln_shape_t xs = one_d ? SH (c->n, c->c, c->w) : SH (c->n, c->c, c->h, c->w);
     kiln_shape_t ws = one_d ? SH (c->m, c->c / c->group, c->kw)
                             : SH (c->m, c->c / c->group, c->kh, c->kw);
-    int x = s_input (g, "x", xs);
-    int w = s_weight (g, "w", ws);
-    int b = c->bias ? s_weight (g, "b", SH (c->m)) : -1;
-    int y = s_tensor (g, "y");
+    int x = testlib_input (g, "x", xs);
+    int w = testlib_weight (g, "w", ws);
+    int b = c->bias ? testlib_weight (g, "b", SH (c->m)) : -1;
+    int y = testlib_tensor (g, "y");
     int ins[3] = { x, w, b };
-    int n = s_node (g, "Conv", "conv", ins, c->bias ? 3 : 2, y);
-    s_output (g, y);
+    int n = testlib_node (g, "Conv", "conv", ins, c->bias ? 3 : 2, y);
+    testlib_output (g, y);
     conv_case_t cc = *c;
     if (c->auto_pad) {
         kiln_err_t err;
@@ -355,32 +237,32 @@ s_check_conv (const conv_case_t *c, bool one_d)
         }
         cc.pt = pb[0]; cc.pl = pb[1]; cc.pb = pe[0]; cc.pr = pe[1];
     } else if (one_d) {
-        s_ints (g, n, "pads", 2, c->pl, c->pr);
+        testlib_ints (g, n, "pads", 2, c->pl, c->pr);
     } else {
-        s_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
+        testlib_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
     }
     if (one_d) {
-        s_ints (g, n, "strides", 1, c->sw);
-        s_ints (g, n, "dilations", 1, c->dw);
-        s_ints (g, n, "kernel_shape", 1, c->kw);
+        testlib_ints (g, n, "strides", 1, c->sw);
+        testlib_ints (g, n, "dilations", 1, c->dw);
+        testlib_ints (g, n, "kernel_shape", 1, c->kw);
     } else {
-        s_ints (g, n, "strides", 2, c->sh, c->sw);
-        s_ints (g, n, "dilations", 2, c->dh, c->dw);
-        s_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
+        testlib_ints (g, n, "strides", 2, c->sh, c->sw);
+        testlib_ints (g, n, "dilations", 2, c->dh, c->dw);
+        testlib_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
     }
     if (c->group != 1)
-        s_int (g, n, "group", c->group);
+        testlib_int (g, n, "group", c->group);
 
     int64_t oh = s_out (cc.h, cc.pt, cc.pb, cc.kh, cc.sh, cc.dh, false);
     int64_t ow = s_out (cc.w, cc.pl, cc.pr, cc.kw, cc.sw, cc.dw, false);
     kiln_shape_t ys = one_d ? SH (c->n, c->m, ow) : SH (c->n, c->m, oh, ow);
-    float *xv = s_rand (s_numel (&xs));
-    double *ref = malloc ((size_t) s_numel (&ys) * sizeof *ref);
+    float *xv = testlib_rand (testlib_numel (&xs));
+    double *ref = malloc ((size_t) testlib_numel (&ys) * sizeof *ref);
     ref_conv (&cc, xv, s_wdata (g, w), c->bias ? s_wdata (g, b) : NULL, oh, ow, ref);
 
     kiln_model_t *m = s_build (g, NULL, NULL);
     float *got = s_run1 (m, xv, ys);
-    s_assert_close (got, ref, s_numel (&ys), "conv");
+    s_assert_close (got, ref, testlib_numel (&ys), "conv");
     free (got);
     free (ref);
     free (xv);
@@ -444,22 +326,22 @@ START_TEST (test_gemm_matches_naive_product)
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const gemm_case_t *c = &cases[ci];
         kiln_graph_t *g = kiln_graph_new ();
-        int a = s_input (g, "a", c->ta ? SH (c->k, c->m) : SH (c->m, c->k));
-        int b = s_weight (g, "b", c->tb ? SH (c->n, c->k) : SH (c->k, c->n));
+        int a = testlib_input (g, "a", c->ta ? SH (c->k, c->m) : SH (c->m, c->k));
+        int b = testlib_weight (g, "b", c->tb ? SH (c->n, c->k) : SH (c->k, c->n));
         kiln_shape_t cs[] = { SH (1), SH (c->n), SH (c->m, c->n), SH (c->m, 1),
                               { .rank = 0 } };
-        int cc = c->c ? s_weight (g, "c", cs[c->c]) : -1;
-        int y = s_tensor (g, "y");
+        int cc = c->c ? testlib_weight (g, "c", cs[c->c]) : -1;
+        int y = testlib_tensor (g, "y");
         int ins[3] = { a, b, cc };
-        int n = s_node (g, "Gemm", "gemm", ins, c->c ? 3 : 2, y);
-        s_output (g, y);
-        s_int (g, n, "transA", c->ta);
-        s_int (g, n, "transB", c->tb);
+        int n = testlib_node (g, "Gemm", "gemm", ins, c->c ? 3 : 2, y);
+        testlib_output (g, y);
+        testlib_int (g, n, "transA", c->ta);
+        testlib_int (g, n, "transB", c->tb);
         kiln_err_t err;
         ck_assert (kiln_node_set_float (g, n, "alpha", c->alpha, &err) == 0);
         ck_assert (kiln_node_set_float (g, n, "beta", c->beta, &err) == 0);
 
-        float *av = s_rand (c->m * c->k);
+        float *av = testlib_rand (c->m * c->k);
         const float *bv = s_wdata (g, b), *cv = c->c ? s_wdata (g, cc) : NULL;
         double *ref = malloc ((size_t) (c->m * c->n) * sizeof *ref);
         kiln_shape_t ys = SH (c->m, c->n);
@@ -507,7 +389,7 @@ ref_matmul (const float *a, kiln_shape_t sa, const float *b, kiln_shape_t sb,
         int64_t da = ia >= 0 ? ba.dims[ia] : 1, db = ib >= 0 ? bb.dims[ib] : 1;
         batch.dims[i] = da > db ? da : db;
     }
-    int64_t nb = s_numel (&batch);
+    int64_t nb = testlib_numel (&batch);
     for (int64_t bi = 0; bi < nb; bi++) {
         int64_t oa = s_bidx (&batch, &ba, bi) * m * k;
         int64_t ob = s_bidx (&batch, &bb, bi) * k * n;
@@ -539,19 +421,19 @@ START_TEST (test_matmul_batched_and_broadcast_matches_naive_product)
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         kiln_graph_t *g = kiln_graph_new ();
-        int a = s_input (g, "a", cases[ci].a);
-        int b = s_weight (g, "b", cases[ci].b);
-        int y = s_tensor (g, "y");
+        int a = testlib_input (g, "a", cases[ci].a);
+        int b = testlib_weight (g, "b", cases[ci].b);
+        int y = testlib_tensor (g, "y");
         int ins[2] = { a, b };
-        s_node (g, "MatMul", "mm", ins, 2, y);
-        s_output (g, y);
-        float *av = s_rand (s_numel (&cases[ci].a));
+        testlib_node (g, "MatMul", "mm", ins, 2, y);
+        testlib_output (g, y);
+        float *av = testlib_rand (testlib_numel (&cases[ci].a));
         double *ref = malloc (4096 * sizeof *ref);
         kiln_shape_t ys;
         ref_matmul (av, cases[ci].a, s_wdata (g, b), cases[ci].b, ref, &ys);
         kiln_model_t *m = s_build (g, NULL, NULL);
         float *got = s_run1 (m, av, ys);
-        s_assert_close (got, ref, s_numel (&ys), "matmul");
+        s_assert_close (got, ref, testlib_numel (&ys), "matmul");
         free (got);
         free (ref);
         free (av);
@@ -576,13 +458,13 @@ START_TEST (test_binary_ops_broadcast_like_numpy)
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         kiln_graph_t *g = kiln_graph_new ();
-        int a = s_input (g, "a", cases[ci].a);
-        int b = cases[ci].b_input ? s_input (g, "b", cases[ci].b)
-                                  : s_weight (g, "b", cases[ci].b);
-        int y = s_tensor (g, "y");
+        int a = testlib_input (g, "a", cases[ci].a);
+        int b = cases[ci].b_input ? testlib_input (g, "b", cases[ci].b)
+                                  : testlib_weight (g, "b", cases[ci].b);
+        int y = testlib_tensor (g, "y");
         int ins[2] = { a, b };
-        s_node (g, cases[ci].op, "op", ins, 2, y);
-        s_output (g, y);
+        testlib_node (g, cases[ci].op, "op", ins, 2, y);
+        testlib_output (g, y);
 
         kiln_shape_t ys = { .rank = cases[ci].a.rank > cases[ci].b.rank
                                     ? cases[ci].a.rank : cases[ci].b.rank };
@@ -593,13 +475,13 @@ START_TEST (test_binary_ops_broadcast_like_numpy)
             int64_t db = ib >= 0 ? cases[ci].b.dims[ib] : 1;
             ys.dims[i] = da > db ? da : db;
         }
-        float *av = s_rand (s_numel (&cases[ci].a));
-        float *bv = cases[ci].b_input ? s_rand (s_numel (&cases[ci].b)) : NULL;
+        float *av = testlib_rand (testlib_numel (&cases[ci].a));
+        float *bv = cases[ci].b_input ? testlib_rand (testlib_numel (&cases[ci].b)) : NULL;
         const float *bd = bv ? bv : s_wdata (g, b);
         if (strcmp (cases[ci].op, "Div") == 0)
-            for (int64_t i = 0; bv && i < s_numel (&cases[ci].b); i++)
+            for (int64_t i = 0; bv && i < testlib_numel (&cases[ci].b); i++)
                 bv[i] = bv[i] >= 0 ? bv[i] + 0.5f : bv[i] - 0.5f;
-        int64_t n = s_numel (&ys);
+        int64_t n = testlib_numel (&ys);
         double *ref = malloc ((size_t) n * sizeof *ref);
         for (int64_t i = 0; i < n; i++) {
             double x0 = av[s_bidx (&ys, &cases[ci].a, i)];
@@ -649,20 +531,20 @@ START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         __typeof__ (cases[0]) *c = &cases[ci];
         kiln_graph_t *g = kiln_graph_new ();
-        int x = s_input (g, "x", SH (c->n, c->c, c->h, c->w));
-        int y = s_tensor (g, "y");
-        int n = s_node (g, "MaxPool", "pool", &x, 1, y);
-        s_output (g, y);
-        s_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
-        s_ints (g, n, "strides", 2, c->sh, c->sw);
-        s_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
-        s_ints (g, n, "dilations", 2, c->dh, c->dw);
-        s_int (g, n, "ceil_mode", c->ceil);
+        int x = testlib_input (g, "x", SH (c->n, c->c, c->h, c->w));
+        int y = testlib_tensor (g, "y");
+        int n = testlib_node (g, "MaxPool", "pool", &x, 1, y);
+        testlib_output (g, y);
+        testlib_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
+        testlib_ints (g, n, "strides", 2, c->sh, c->sw);
+        testlib_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
+        testlib_ints (g, n, "dilations", 2, c->dh, c->dw);
+        testlib_int (g, n, "ceil_mode", c->ceil);
         int64_t oh = s_out (c->h, c->pt, c->pb, c->kh, c->sh, c->dh, c->ceil);
         int64_t ow = s_out (c->w, c->pl, c->pr, c->kw, c->sw, c->dw, c->ceil);
         kiln_shape_t ys = SH (c->n, c->c, oh, ow);
-        float *xv = s_rand (c->n * c->c * c->h * c->w);
-        double *ref = malloc ((size_t) s_numel (&ys) * sizeof *ref);
+        float *xv = testlib_rand (c->n * c->c * c->h * c->w);
+        double *ref = malloc ((size_t) testlib_numel (&ys) * sizeof *ref);
         for (int64_t p = 0; p < c->n * c->c; p++)
             for (int64_t r = 0; r < oh; r++)
                 for (int64_t q = 0; q < ow; q++) {
@@ -679,7 +561,7 @@ START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
                 }
         kiln_model_t *m = s_build (g, NULL, NULL);
         float *got = s_run1 (m, xv, ys);
-        s_assert_close (got, ref, s_numel (&ys), "maxpool");
+        s_assert_close (got, ref, testlib_numel (&ys), "maxpool");
         free (got);
         free (ref);
         free (xv);
@@ -692,11 +574,11 @@ END_TEST
 START_TEST (test_global_average_pool_matches_mean)
 {
     kiln_graph_t *g = kiln_graph_new ();
-    int x = s_input (g, "x", SH (2, 3, 5, 7));
-    int y = s_tensor (g, "y");
-    s_node (g, "GlobalAveragePool", "gap", &x, 1, y);
-    s_output (g, y);
-    float *xv = s_rand (2 * 3 * 5 * 7);
+    int x = testlib_input (g, "x", SH (2, 3, 5, 7));
+    int y = testlib_tensor (g, "y");
+    testlib_node (g, "GlobalAveragePool", "gap", &x, 1, y);
+    testlib_output (g, y);
+    float *xv = testlib_rand (2 * 3 * 5 * 7);
     double ref[6];
     for (int p = 0; p < 6; p++) {
         double s = 0;
@@ -723,38 +605,38 @@ static kiln_graph_t *
 s_small_cnn (int *w1, int *b1, int *w2, int *b2, int *wl, int *bl)
 {
     kiln_graph_t *g = kiln_graph_new ();
-    int x = s_input (g, "image", SH (2, 3, 16, 16));
-    *w1 = s_weight (g, "w1", SH (8, 3, 3, 3));
-    *b1 = s_weight (g, "b1", SH (8));
-    *w2 = s_weight (g, "w2", SH (16, 8, 3, 3));
-    *b2 = s_weight (g, "b2", SH (16));
-    *wl = s_weight (g, "wl", SH (10, 16));
-    *bl = s_weight (g, "bl", SH (10));
+    int x = testlib_input (g, "image", SH (2, 3, 16, 16));
+    *w1 = testlib_weight (g, "w1", SH (8, 3, 3, 3));
+    *b1 = testlib_weight (g, "b1", SH (8));
+    *w2 = testlib_weight (g, "w2", SH (16, 8, 3, 3));
+    *b2 = testlib_weight (g, "b2", SH (16));
+    *wl = testlib_weight (g, "wl", SH (10, 16));
+    *bl = testlib_weight (g, "bl", SH (10));
     int t[8];
     for (int i = 0; i < 8; i++) {
         char name[16];
         snprintf (name, sizeof name, "t%d", i);
-        t[i] = s_tensor (g, name);
+        t[i] = testlib_tensor (g, name);
     }
-    int logits = s_tensor (g, "logits");
+    int logits = testlib_tensor (g, "logits");
     int n;
-    n = s_node (g, "Conv", "conv1", (int[]) { x, *w1, *b1 }, 3, t[0]);
-    s_ints (g, n, "pads", 4, 1, 1, 1, 1);
-    s_ints (g, n, "kernel_shape", 2, 3, 3);
-    s_node (g, "Relu", "relu1", &t[0], 1, t[1]);
-    n = s_node (g, "MaxPool", "pool", &t[1], 1, t[2]);
-    s_ints (g, n, "kernel_shape", 2, 2, 2);
-    s_ints (g, n, "strides", 2, 2, 2);
-    n = s_node (g, "Conv", "conv2", (int[]) { t[2], *w2, *b2 }, 3, t[3]);
-    s_ints (g, n, "pads", 4, 1, 1, 1, 1);
-    s_ints (g, n, "strides", 2, 2, 2);
-    s_node (g, "Relu", "relu2", &t[3], 1, t[4]);
-    s_node (g, "GlobalAveragePool", "gap", &t[4], 1, t[5]);
-    n = s_node (g, "Flatten", "flatten", &t[5], 1, t[6]);
-    s_int (g, n, "axis", 1);
-    n = s_node (g, "Gemm", "fc", (int[]) { t[6], *wl, *bl }, 3, logits);
-    s_int (g, n, "transB", 1);
-    s_output (g, logits);
+    n = testlib_node (g, "Conv", "conv1", (int[]) { x, *w1, *b1 }, 3, t[0]);
+    testlib_ints (g, n, "pads", 4, 1, 1, 1, 1);
+    testlib_ints (g, n, "kernel_shape", 2, 3, 3);
+    testlib_node (g, "Relu", "relu1", &t[0], 1, t[1]);
+    n = testlib_node (g, "MaxPool", "pool", &t[1], 1, t[2]);
+    testlib_ints (g, n, "kernel_shape", 2, 2, 2);
+    testlib_ints (g, n, "strides", 2, 2, 2);
+    n = testlib_node (g, "Conv", "conv2", (int[]) { t[2], *w2, *b2 }, 3, t[3]);
+    testlib_ints (g, n, "pads", 4, 1, 1, 1, 1);
+    testlib_ints (g, n, "strides", 2, 2, 2);
+    testlib_node (g, "Relu", "relu2", &t[3], 1, t[4]);
+    testlib_node (g, "GlobalAveragePool", "gap", &t[4], 1, t[5]);
+    n = testlib_node (g, "Flatten", "flatten", &t[5], 1, t[6]);
+    testlib_int (g, n, "axis", 1);
+    n = testlib_node (g, "Gemm", "fc", (int[]) { t[6], *wl, *bl }, 3, logits);
+    testlib_int (g, n, "transB", 1);
+    testlib_output (g, logits);
     return g;
 }
 
@@ -804,7 +686,7 @@ START_TEST (test_small_cnn_matches_reference_and_reuses_memory)
     for (int opt = 0; opt <= 3; opt++) {
         int w1, b1, w2, b2, wl, bl;
         kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
-        float *xv = s_rand (2 * 3 * 16 * 16);
+        float *xv = testlib_rand (2 * 3 * 16 * 16);
         double ref[20];
         ref_small_cnn (g, xv, w1, b1, w2, b2, wl, bl, ref);
         char args[32];
@@ -845,23 +727,23 @@ START_TEST (test_views_alias_or_copy_with_same_result)
 {
     for (int opt = 0; opt <= 2; opt += 2) {
         kiln_graph_t *g = kiln_graph_new ();
-        int x = s_input (g, "x", SH (2, 3, 4));
+        int x = testlib_input (g, "x", SH (2, 3, 4));
         int64_t shp[2] = { 6, 4 };
         int sh = s_weight_i64 (g, "shape", shp, 2);
-        int w = s_weight (g, "w", SH (4, 5));
-        int r = s_tensor (g, "r"), f = s_tensor (g, "f"), y = s_tensor (g, "y");
-        int wi = s_tensor (g, "wi"), id = s_tensor (g, "id");
-        s_node (g, "Reshape", "reshape", (int[]) { x, sh }, 2, r);
-        s_node (g, "Identity", "wid", &w, 1, wi);
-        s_node (g, "MatMul", "mm", (int[]) { r, wi }, 2, y);
-        int n = s_node (g, "Flatten", "flat", &x, 1, f);
-        s_int (g, n, "axis", 2);
-        s_node (g, "Identity", "ident", &y, 1, id);
-        s_output (g, id);
-        s_output (g, f);
-        s_output (g, y);
+        int w = testlib_weight (g, "w", SH (4, 5));
+        int r = testlib_tensor (g, "r"), f = testlib_tensor (g, "f"), y = testlib_tensor (g, "y");
+        int wi = testlib_tensor (g, "wi"), id = testlib_tensor (g, "id");
+        testlib_node (g, "Reshape", "reshape", (int[]) { x, sh }, 2, r);
+        testlib_node (g, "Identity", "wid", &w, 1, wi);
+        testlib_node (g, "MatMul", "mm", (int[]) { r, wi }, 2, y);
+        int n = testlib_node (g, "Flatten", "flat", &x, 1, f);
+        testlib_int (g, n, "axis", 2);
+        testlib_node (g, "Identity", "ident", &y, 1, id);
+        testlib_output (g, id);
+        testlib_output (g, f);
+        testlib_output (g, y);
 
-        float *xv = s_rand (24);
+        float *xv = testlib_rand (24);
         double ref[30];
         ref_matmul (xv, SH (6, 4), s_wdata (g, w), SH (4, 5), ref, &(kiln_shape_t) { 0 });
         double fref[24];
@@ -891,14 +773,14 @@ END_TEST
 START_TEST (test_seed_function_two_x_plus_y)
 {
     kiln_graph_t *g = kiln_graph_new ();
-    int x = s_input (g, "x", SH (3));
-    int y = s_input (g, "y", SH (3));
-    int t = s_tensor (g, "t"), z = s_tensor (g, "z"), xi = s_tensor (g, "x_out");
-    s_node (g, "Add", "twice", (int[]) { x, x }, 2, t);
-    s_node (g, "Add", "plus", (int[]) { t, y }, 2, z);
-    s_node (g, "Identity", "pass", &x, 1, xi);
-    s_output (g, z);
-    s_output (g, xi);
+    int x = testlib_input (g, "x", SH (3));
+    int y = testlib_input (g, "y", SH (3));
+    int t = testlib_tensor (g, "t"), z = testlib_tensor (g, "z"), xi = testlib_tensor (g, "x_out");
+    testlib_node (g, "Add", "twice", (int[]) { x, x }, 2, t);
+    testlib_node (g, "Add", "plus", (int[]) { t, y }, 2, z);
+    testlib_node (g, "Identity", "pass", &x, 1, xi);
+    testlib_output (g, z);
+    testlib_output (g, xi);
     kiln_model_t *m = s_build (g, NULL, NULL);
     float xv[3] = { 1, 2, 3 }, yv[3] = { 0.5f, -1, 10 }, zo[3], xo[3];
     kiln_rt_tensor_t in[2] = { { KILN_DT_FLOAT32, SH (3), xv },
@@ -945,7 +827,7 @@ START_TEST (test_concurrent_runs_of_one_model_agree)
     kiln_model_t *m = s_build (g, NULL, NULL);
     float *xs[4], *want[4];
     for (int i = 0; i < 4; i++) {
-        xs[i] = s_rand (2 * 3 * 16 * 16);
+        xs[i] = testlib_rand (2 * 3 * 16 * 16);
         want[i] = s_run1 (m, xs[i], SH (2, 10));
     }
     pthread_t th[4];
@@ -972,7 +854,7 @@ START_TEST (test_run_refuses_wrong_input_shape_and_dtype_naming_the_input)
     int w1, b1, w2, b2, wl, bl;
     kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
     kiln_model_t *m = s_build (g, NULL, NULL);
-    float *xv = s_rand (2 * 3 * 16 * 17);
+    float *xv = testlib_rand (2 * 3 * 16 * 17);
     float yo[20];
     kiln_rt_tensor_t in = { KILN_DT_FLOAT32, SH (2, 3, 16, 17), xv };
     kiln_rt_tensor_t out = { .data = yo };
@@ -1057,27 +939,8 @@ END_TEST
 static char *
 s_resign (kiln_artifact_t *src, const uint8_t *prog, size_t len)
 {
-    kiln_err_t err = { 0 };
-    kiln_artifact_t *a = kiln_artifact_new ();
-    kiln_manifest_t *sm = kiln_artifact_manifest (src), *dm = kiln_artifact_manifest (a);
-    dm->format_version = sm->format_version;
-    memcpy (dm->graph_digest, sm->graph_digest, sizeof dm->graph_digest);
-    memcpy (dm->action_key, sm->action_key, sizeof dm->action_key);
-    memcpy (dm->compiler_id, sm->compiler_id, sizeof dm->compiler_id);
-    memcpy (dm->compiler_version, sm->compiler_version, sizeof dm->compiler_version);
-    memcpy (dm->compiler_args, sm->compiler_args, sizeof dm->compiler_args);
-    memcpy (dm->target, sm->target, sizeof dm->target);
-    dm->runtime_abi = sm->runtime_abi;
-    ck_assert (kiln_manifest_set_io (dm, false, sm->inputs, sm->n_inputs, &err) == 0);
-    ck_assert (kiln_manifest_set_io (dm, true, sm->outputs, sm->n_outputs, &err) == 0);
-    size_t wlen;
-    const uint8_t *w = kiln_artifact_member (src, KILN_WEIGHTS_MEMBER, &wlen);
-    ck_assert (kiln_artifact_add_member (a, KILN_WEIGHTS_MEMBER, w, wlen, &err) == 0);
-    ck_assert (kiln_artifact_add_member (a, KILN_PROGRAM_MEMBER, prog, len, &err) == 0);
-    ck_assert (kiln_artifact_sign (a, s_key, NULL, &err) == 0);
     char *path = s_path ("resigned-%d.kar", s_files++);
-    ck_assert_msg (kiln_artifact_write (a, path, &err) == 0, "%s", err.msg);
-    kiln_artifact_destroy (&a);
+    testlib_resign (src, prog, len, s_key, path);
     return path;
 }
 
@@ -1220,7 +1083,7 @@ START_TEST (test_mutated_programs_never_crash_the_runtime)
     size_t plen;
     const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
     uint8_t *mut = malloc (plen);
-    float *xv = s_rand (2 * 3 * 16 * 16);
+    float *xv = testlib_rand (2 * 3 * 16 * 16);
     float yo[20];
     int loaded = 0, refused = 0;
     const int rounds = getenv ("KILN_FUZZ_ROUNDS") ? atoi (getenv ("KILN_FUZZ_ROUNDS")) : 150;
@@ -1232,10 +1095,8 @@ START_TEST (test_mutated_programs_never_crash_the_runtime)
             memcpy (mut, prog, plen);
             int flips = 1 + r % 3;
             for (int f = 0; f < flips; f++) {
-                s_randf ();
-                size_t at = (s_seed >> 4) % plen;
-                s_randf ();
-                mut[at] = (uint8_t) (s_seed >> 9);
+                size_t at = (testlib_randu () >> 4) % plen;
+                mut[at] = (uint8_t) (testlib_randu () >> 9);
             }
         } else {
             /* Values: a parameter or a shape changed to an unlucky number
@@ -1245,24 +1106,23 @@ START_TEST (test_mutated_programs_never_crash_the_runtime)
                                            INT32_MAX, INT64_MAX };
             kiln_program_t *p = kiln_program_decode (prog, plen, UINT64_MAX, &err);
             ck_assert_msg (p, "%s", err.msg);
-            s_randf ();
-            int64_t v = odd[(s_seed >> 7) % (sizeof odd / sizeof odd[0])];
-            s_randf ();
+            int64_t v = odd[(testlib_randu () >> 7) % (sizeof odd / sizeof odd[0])];
+            unsigned u = testlib_randu ();
             if (r % 4 == 1) {
-                kiln_prog_op_t *op = &p->ops[(s_seed >> 5) % (unsigned) p->n_ops];
+                kiln_prog_op_t *op = &p->ops[(u >> 5) % (unsigned) p->n_ops];
                 if (op->n_params) {
-                    kiln_prog_param_t *pp = &op->params[(s_seed >> 11) % (unsigned) op->n_params];
+                    kiln_prog_param_t *pp = &op->params[(u >> 11) % (unsigned) op->n_params];
                     if (pp->kind == KILN_PP_INT)
                         pp->i = v;
                     else if (pp->kind == KILN_PP_INTS && pp->n)
-                        pp->ints[(s_seed >> 13) % (unsigned) pp->n] = v;
+                        pp->ints[(u >> 13) % (unsigned) pp->n] = v;
                     else
                         pp->f = (double) v;
                 }
             } else {
-                kiln_prog_tensor_t *t = &p->tensors[(s_seed >> 5) % (unsigned) p->n_tensors];
+                kiln_prog_tensor_t *t = &p->tensors[(u >> 5) % (unsigned) p->n_tensors];
                 if (t->shape.rank && v >= 0 && v < 1 << 20) {
-                    t->shape.dims[(s_seed >> 11) % (unsigned) t->shape.rank] = v;
+                    t->shape.dims[(u >> 11) % (unsigned) t->shape.rank] = v;
                     kiln_shape_bytes (&t->shape, t->dtype, "t", &t->size, &err);
                 }
             }
@@ -1326,20 +1186,5 @@ s_suite (void)
 int
 main (void)
 {
-    /* Each test's directory goes under one root removed here, so that a
-     * failed test (whose teardown Check does not run) leaves nothing. */
-    kiln_err_t err;
-    char *root = kiln_mkdtemp ("kiln-test-runtime-", &err);
-    if (!root) {
-        fprintf (stderr, "test_runtime: %s\n", err.msg);
-        return EXIT_FAILURE;
-    }
-    setenv ("TMPDIR", root, 1);
-    SRunner *sr = srunner_create (s_suite ());
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    kiln_rm_rf (root);
-    free (root);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return testlib_run_in_tmpdir (s_suite (), "runtime");
 }
