@@ -24,6 +24,12 @@
 #define S_KC 256
 #define S_NC 256
 #define S_MC 256
+#define S_A_FLOATS (128 * 1024)     /* an A block of a long k (s_kc) */
+#define S_KC_LONG 512               /* and its k block at most: longer runs
+                                       of sums in one accumulator lose
+                                       accuracy (resnet50's error against
+                                       torch: 4e-7 at 256, 5e-7 at 512,
+                                       1.2e-6 unbounded) */
 
 static int64_t
 s_min (int64_t a, int64_t b)
@@ -115,6 +121,54 @@ s_ukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
     S_STORE (0); S_STORE (1); S_STORE (2); S_STORE (3);
     S_STORE (4); S_STORE (5); S_STORE (6); S_STORE (7);
 #undef S_STORE
+}
+
+/* 7 × NR, for panels of 7 rows (a 7 × 7 plane's 49 positions are seven
+ * of them): the same per-row rate as 8 × NR, the eighth row written as
+ * zeros.  Only ever writes a tile buffer (s_micro). */
+__attribute__ ((target ("avx512f"))) static void
+s_ukr_avx512_7 (int64_t kc, const float *a, const float *b, int64_t ldb,
+                float *c, int64_t ldc, bool accumulate)
+{
+    __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
+    __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
+    __m512 c20 = _mm512_setzero_ps (), c21 = _mm512_setzero_ps ();
+    __m512 c30 = _mm512_setzero_ps (), c31 = _mm512_setzero_ps ();
+    __m512 c40 = _mm512_setzero_ps (), c41 = _mm512_setzero_ps ();
+    __m512 c50 = _mm512_setzero_ps (), c51 = _mm512_setzero_ps ();
+    __m512 c60 = _mm512_setzero_ps (), c61 = _mm512_setzero_ps ();
+#define S_ROW(r)                                                  \
+    do {                                                          \
+        __m512 ar = _mm512_set1_ps (a[r]);                        \
+        c##r##0 = _mm512_fmadd_ps (ar, b0, c##r##0);              \
+        c##r##1 = _mm512_fmadd_ps (ar, b1, c##r##1);              \
+    } while (0)
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_loadu_ps (b), b1 = _mm512_loadu_ps (b + 16);
+        S_ROW (0); S_ROW (1); S_ROW (2); S_ROW (3);
+        S_ROW (4); S_ROW (5); S_ROW (6);
+        a += MR;
+        b += ldb;
+    }
+#undef S_ROW
+#define S_STORE(r)                                                            \
+    do {                                                                      \
+        float *cr = c + (r) * ldc;                                            \
+        if (accumulate) {                                                     \
+            c##r##0 = _mm512_add_ps (c##r##0, _mm512_loadu_ps (cr));          \
+            c##r##1 = _mm512_add_ps (c##r##1, _mm512_loadu_ps (cr + 16));     \
+        }                                                                     \
+        _mm512_storeu_ps (cr, c##r##0);                                       \
+        _mm512_storeu_ps (cr + 16, c##r##1);                                  \
+    } while (0)
+    S_STORE (0); S_STORE (1); S_STORE (2); S_STORE (3);
+    S_STORE (4); S_STORE (5); S_STORE (6);
+#undef S_STORE
+    if (!accumulate) {
+        _mm512_storeu_ps (c + 7 * ldc, _mm512_setzero_ps ());
+        _mm512_storeu_ps (c + 7 * ldc + 16, _mm512_setzero_ps ());
+    }
 }
 
 /* MR × 16: eight accumulators, enough to hide the FMA latency on CPUs
@@ -212,6 +266,7 @@ s_ukr_avx2_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
 #endif
 
 static s_ukr_fn *s_ukr = s_ukr_generic;
+static s_ukr_fn *s_ukr_7 = s_ukr_generic;  /* panels of 7 rows (and a zero) */
 static s_ukr_fn *s_ukr_16 = s_ukr_generic_16;
 static const char *s_isa = "generic";
 static bool s_fin_avx512;       /* s_finish_avx512 may run */
@@ -226,12 +281,14 @@ s_isa_init (void)
     __builtin_cpu_init ();
     if ((any || strcmp (want, "avx512") == 0) && __builtin_cpu_supports ("avx512f")) {
         s_ukr = s_ukr_avx512;
+        s_ukr_7 = s_ukr_avx512_7;
         s_ukr_16 = s_ukr_avx512_16;
         s_fin_avx512 = true;
         s_isa = "avx512";
     } else if ((any || strcmp (want, "avx512") == 0 || strcmp (want, "avx2") == 0)
                && __builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma")) {
         s_ukr = s_ukr_avx2;
+        s_ukr_7 = s_ukr_avx2;
         s_ukr_16 = s_ukr_avx2_16;
         s_isa = "avx2";
     }
@@ -255,23 +312,27 @@ kiln_gemm_isa (void)
 
 /* --- packing at run time --------------------------------------------- */
 
-/* Rows m0..m0+mr-1, k0..k0+kc-1 of a strided A into panels of kc × MR. */
+/* Rows m0..m0+mr-1, k0..k0+kc-1 of a strided A into panels of kc × MR,
+ * `rp` rows (MR or 7) to a panel; the rest of a panel is zero. */
 KILN_VCLONES static void
 s_pack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
-                  int64_t kc, float *dst)
+                  int64_t kc, float *dst, int64_t rp)
 {
-    for (int64_t p = 0; p * MR < mr; p++) {
+    for (int64_t p = 0; p * rp < mr; p++) {
         float *panel = dst + p * kc * MR;
-        int64_t rows = s_min (MR, mr - p * MR);
+        int64_t rows = s_min (rp, mr - p * rp);
         if (rows < MR)
             memset (panel, 0, (size_t) (kc * MR) * sizeof *panel);
         if (s->rs == 1) {
             /* Rows are adjacent (a matrix read transposed, a convolution's
              * positions): a run of `rows` floats per step of k. */
-            const float *src = s->p + m0 + p * MR + k0 * s->cs;
+            const float *src = s->p + m0 + p * rp + k0 * s->cs;
             if (rows == MR)
                 for (int64_t kk = 0; kk < kc; kk++)
                     memcpy (panel + kk * MR, src + kk * s->cs, MR * sizeof *panel);
+            else if (rows == 7)
+                for (int64_t kk = 0; kk < kc; kk++)
+                    memcpy (panel + kk * MR, src + kk * s->cs, 7 * sizeof *panel);
             else
                 for (int64_t kk = 0; kk < kc; kk++)
                     memcpy (panel + kk * MR, src + kk * s->cs,
@@ -279,7 +340,7 @@ s_pack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
             continue;
         }
         for (int64_t r = 0; r < rows; r++) {
-            const float *src = s->p + (m0 + p * MR + r) * s->rs + k0 * s->cs;
+            const float *src = s->p + (m0 + p * rp + r) * s->rs + k0 * s->cs;
             if (s->cs == 1)
                 for (int64_t kk = 0; kk < kc; kk++)
                     panel[kk * MR + r] = src[kk];
@@ -330,20 +391,21 @@ typedef struct {
 } s_seg_t;
 
 /* Columns n0..n0+nw-1 (output positions), k0..k0+kc-1 (tap-major) of the
- * im2col matrix of a convolution input, into panels of kc × `width`: B
- * panels (width NR), or A panels of the transposed product (width MR,
- * the positions as rows).  For one tap and a run of output positions in
- * one output row, every input channel is read at the same offset in its
- * plane: the loop over channels is innermost. */
+ * im2col matrix of a convolution input, into panels of kc × `width`, `used`
+ * of them filled: B panels (width and used NR), or A panels of the
+ * transposed product (width MR, used MR or 7: the positions as rows).
+ * For one tap and a run of output positions in one output row, every
+ * input channel is read at the same offset in its plane: the loop over
+ * channels is innermost. */
 KILN_VCLONES static void
 s_pack_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
-             int64_t nw, float *dst, int64_t width)
+             int64_t nw, float *dst, int64_t width, int64_t used)
 {
     const kiln_gconv_t *cv = s->conv;
     int64_t hw = cv->h * cv->w;
-    for (int64_t q = 0; q * width < nw; q++) {
+    for (int64_t q = 0; q * used < nw; q++) {
         float *panel = dst + q * kc * width;
-        int64_t j0 = n0 + q * width, cols = s_min (width, nw - q * width);
+        int64_t j0 = n0 + q * used, cols = s_min (used, nw - q * used);
         s_seg_t seg[NR];
         int nseg = 0;
         for (int64_t j = 0; j < cols;) {
@@ -696,12 +758,24 @@ typedef struct {
     int64_t kc, nkb;        /* k block, number of k blocks */
     int64_t mc, nc;         /* rows and columns of a tile */
     int64_t tm, tn;         /* tiles along m and n */
+    int64_t rp;             /* rows of an A panel packed here: MR or 7 */
 } s_block_t;
 
+/* The k block: at most S_KC; but when B is a pre-packed weight and A is
+ * packed here, as long as the A block (every row of the product, at most
+ * S_A_FLOATS) stays in L2: each block past the first adds the partial
+ * tile to C again (a transpose more when C is written transposed).  A
+ * function of the product's shape only, never of the thread count: the
+ * blocks fix the order of the sums. */
 static int64_t
-s_kc (int64_t k, int64_t *nkb)
+s_kc (int64_t m, int64_t k, bool a_packed, bool b_packed, int64_t *nkb)
 {
     *nkb = (k + S_KC - 1) / S_KC;
+    if (b_packed && !a_packed && *nkb > 1) {
+        int64_t rows = s_min (s_round_up (m, MR), S_MC);
+        int64_t fit = s_min (S_A_FLOATS / rows, S_KC_LONG);
+        *nkb = (k + fit - 1) / fit;
+    }
     return *nkb ? (k + *nkb - 1) / *nkb : 0;
 }
 
@@ -709,28 +783,33 @@ size_t
 kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
                     bool b_packed)
 {
-    int64_t nkb, kc = s_kc (k, &nkb);
+    int64_t nkb, kc = s_kc (m, k, a_packed, b_packed, &nkb);
     int64_t floats = MR * NR;                           /* an edge tile */
     if (!b_packed)
         floats += kc * s_min (s_round_up (n, NR), S_NC);
-    if (!a_packed)
-        floats += kc * s_min (s_round_up (m, MR), S_MC);
+    if (!a_packed)      /* panels of 7 rows take the room of 8 */
+        floats += kc * ((s_min (s_round_up (m, MR), S_MC) + 6) / 7 * MR);
     return (size_t) floats * sizeof (float) + 64;
 }
 
 static void
 s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
 {
-    bl->kc = s_kc (g->k, &bl->nkb);
     bool a_packed = g->a.kind == KILN_GSRC_PACKED;
     bool b_packed = g->b.kind == KILN_GSRC_PACKED;
-    bl->mc = a_packed ? s_round_up (g->m, MR) : s_min (s_round_up (g->m, MR), S_MC);
+    bl->kc = s_kc (g->m, g->k, a_packed, b_packed, &bl->nkb);
+    /* An A packed here may come in panels of 7 rows, which the 7-row
+     * micro-kernel runs at the rate of 8: when that computes fewer rows
+     * (49 = 7 · 7 rows, not 56). */
+    bl->rp = !a_packed && s_round_up (g->m, 7) < s_round_up (g->m, MR) ? 7 : MR;
+    bl->mc = a_packed ? s_round_up (g->m, MR)
+                      : s_min (s_round_up (g->m, bl->rp), S_MC / bl->rp * bl->rp);
     /* A packed weight B needs no block of its own: a tile then spans
      * every column, so that its A block is packed once (s_tile). */
     bl->nc = b_packed && !a_packed ? s_round_up (g->n, NR)
                                    : s_min (s_round_up (g->n, NR), S_NC);
-    if (bl->mc < MR)
-        bl->mc = MR;
+    if (bl->mc < bl->rp)
+        bl->mc = bl->rp;
     if (bl->nc < NR)
         bl->nc = NR;
     /* With several threads, cut finer until there are a few tiles per
@@ -747,7 +826,7 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
                                  > (g->n + bl->nc - 1) / bl->nc)
                 bl->nc = s_round_up (bl->nc / 2, NR);
             else if (bl->mc > 4 * MR)
-                bl->mc = s_round_up (bl->mc / 2, MR);
+                bl->mc = s_round_up (bl->mc / 2, a_packed ? MR : bl->rp);
             else
                 break;
         }
@@ -759,11 +838,11 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
 /* One micro-tile: the micro-kernel writes C itself while the tile is a
  * partial sum (or needs no epilogue), else it goes through s_finish. */
 static inline void
-s_micro (const kiln_gemm_t *g, s_ukr_fn *ukr, int64_t kc, const float *a,
-         const float *b, int64_t i, int64_t j, bool acc, bool last, bool plain,
-         float *tmp)
+s_micro (const kiln_gemm_t *g, s_ukr_fn *ukr, int64_t rp, int64_t kc,
+         const float *a, const float *b, int64_t i, int64_t j, bool acc,
+         bool last, bool plain, float *tmp)
 {
-    int64_t mr = s_min (MR, g->m - i), nr = s_min (NR, g->n - j);
+    int64_t mr = s_min (rp, g->m - i), nr = s_min (NR, g->n - j);
     if ((!last || plain) && !g->c_trans && mr == MR && nr == NR) {
         ukr (kc, a, b, NR, g->c + i * g->ldc + j, g->ldc, acc);
         return;
@@ -776,16 +855,18 @@ static void
 s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
         int64_t n0, int64_t n1, float *ws)
 {
-    s_ukr_fn *ukr = s_ukr;
+    /* rows of an A panel: a pre-packed A has MR, one packed here rp */
+    int64_t rp = g->a.kind == KILN_GSRC_PACKED ? MR : bl->rp;
+    s_ukr_fn *ukr = rp == MR ? s_ukr : s_ukr_7;
     float *tmp = ws;                                    /* MR × NR */
     float *bws = tmp + MR * NR;
     float *aws = bws + (g->b.kind == KILN_GSRC_PACKED ? 0 : bl->kc * bl->nc);
     if (bl->nkb == 0) {
         /* k = 0: the epilogue of zeros */
         memset (tmp, 0, MR * NR * sizeof *tmp);
-        for (int64_t i = m0; i < m1; i += MR)
+        for (int64_t i = m0; i < m1; i += rp)
             for (int64_t j = n0; j < n1; j += NR)
-                s_finish (g, tmp, i, j, s_min (MR, m1 - i), s_min (NR, n1 - j),
+                s_finish (g, tmp, i, j, s_min (rp, m1 - i), s_min (NR, n1 - j),
                           false, true);
         return;
     }
@@ -806,7 +887,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             bstride = g->k * NR;
         } else {
             if (g->b.kind == KILN_GSRC_CONV)
-                s_pack_conv (&g->b, k0, kc, n0, n1 - n0, bws, NR);
+                s_pack_conv (&g->b, k0, kc, n0, n1 - n0, bws, NR, NR);
             else
                 s_pack_b_strided (&g->b, k0, kc, n0, n1 - n0, bws);
             bp = bws;
@@ -817,22 +898,22 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             astride = g->k * MR;
         } else {
             if (g->a.kind == KILN_GSRC_CONV)
-                s_pack_conv (&g->a, k0, kc, m0, m1 - m0, aws, MR);
+                s_pack_conv (&g->a, k0, kc, m0, m1 - m0, aws, MR, rp);
             else
-                s_pack_a_strided (&g->a, m0, m1 - m0, k0, kc, aws);
+                s_pack_a_strided (&g->a, m0, m1 - m0, k0, kc, aws, rp);
             ap = aws;
             astride = kc * MR;
         }
         if (j_outer) {
             for (int64_t j = n0; j < n1; j += NR)
-                for (int64_t i = m0; i < m1; i += MR)
-                    s_micro (g, ukr, kc, ap + (i - m0) / MR * astride,
+                for (int64_t i = m0; i < m1; i += rp)
+                    s_micro (g, ukr, rp, kc, ap + (i - m0) / rp * astride,
                              bp + (j - n0) / NR * bstride, i, j, acc, last, plain,
                              tmp);
         } else {
-            for (int64_t i = m0; i < m1; i += MR)
+            for (int64_t i = m0; i < m1; i += rp)
                 for (int64_t j = n0; j < n1; j += NR)
-                    s_micro (g, ukr, kc, ap + (i - m0) / MR * astride,
+                    s_micro (g, ukr, rp, kc, ap + (i - m0) / rp * astride,
                              bp + (j - n0) / NR * bstride, i, j, acc, last, plain,
                              tmp);
         }

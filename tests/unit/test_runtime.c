@@ -731,7 +731,8 @@ START_TEST (test_views_alias_or_copy_with_same_result)
         int64_t shp[2] = { 6, 4 };
         int sh = s_weight_i64 (g, "shape", shp, 2);
         int w = testlib_weight (g, "w", SH (4, 5));
-        int r = testlib_tensor (g, "r"), f = testlib_tensor (g, "f"), y = testlib_tensor (g, "y");
+        int r = testlib_tensor (g, "r"), f = testlib_tensor (g, "f");
+        int y = testlib_tensor (g, "y");
         int wi = testlib_tensor (g, "wi"), id = testlib_tensor (g, "id");
         testlib_node (g, "Reshape", "reshape", (int[]) { x, sh }, 2, r);
         testlib_node (g, "Identity", "wid", &w, 1, wi);
@@ -775,7 +776,8 @@ START_TEST (test_seed_function_two_x_plus_y)
     kiln_graph_t *g = kiln_graph_new ();
     int x = testlib_input (g, "x", SH (3));
     int y = testlib_input (g, "y", SH (3));
-    int t = testlib_tensor (g, "t"), z = testlib_tensor (g, "z"), xi = testlib_tensor (g, "x_out");
+    int t = testlib_tensor (g, "t"), z = testlib_tensor (g, "z");
+    int xi = testlib_tensor (g, "x_out");
     testlib_node (g, "Add", "twice", (int[]) { x, x }, 2, t);
     testlib_node (g, "Add", "plus", (int[]) { t, y }, 2, z);
     testlib_node (g, "Identity", "pass", &x, 1, xi);
