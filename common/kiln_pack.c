@@ -138,8 +138,34 @@ kiln_pack_wino_elems (int64_t m, int64_t c, int tile, int64_t *out)
            && !__builtin_mul_overflow (per, KILN_PACK_WINO_POINTS (tile), out);
 }
 
+bool
+kiln_pack_wino_t_elems (int64_t m, int64_t c, int tile, int64_t *out)
+{
+    int64_t per;
+    return (tile == 2 || tile == 4) && kiln_pack_b_elems (c, m, &per)
+           && !__builtin_mul_overflow (per, KILN_PACK_WINO_POINTS (tile), out);
+}
+
+static void s_pack_wino_as (const float *w, int64_t m, int64_t c, int tile,
+                            bool trans, float *out);
+
 void
 kiln_pack_wino (const float *w, int64_t m, int64_t c, int tile, float *out)
+{
+    s_pack_wino_as (w, m, c, tile, false, out);
+}
+
+void
+kiln_pack_wino_t (const float *w, int64_t m, int64_t c, int tile, float *out)
+{
+    s_pack_wino_as (w, m, c, tile, true, out);
+}
+
+/* U = G·g·Gᵀ per (m, c), in double, stored A-packed [M, C] per point, or
+ * B-packed [C, M] (`trans`). */
+static void
+s_pack_wino_as (const float *w, int64_t m, int64_t c, int tile, bool trans,
+                float *out)
 {
     static const double G2[4][3] = {
         { 1, 0, 0 }, { 0.5, 0.5, 0.5 }, { 0.5, -0.5, 0.5 }, { 0, 0, 1 } };
@@ -150,7 +176,10 @@ kiln_pack_wino (const float *w, int64_t m, int64_t c, int tile, float *out)
     int a = tile + 2;
     const double (*G)[3] = tile == 4 ? G4 : G2;
     int64_t per;
-    kiln_pack_a_elems (m, c, &per);
+    if (trans)
+        kiln_pack_b_elems (c, m, &per);
+    else
+        kiln_pack_a_elems (m, c, &per);
     /* G g Gᵀ in double, one (m, c) at a time */
     for (int64_t o = 0; o < m; o++)
         for (int64_t ci = 0; ci < c; ci++) {
@@ -164,10 +193,10 @@ kiln_pack_wino (const float *w, int64_t m, int64_t c, int tile, float *out)
                 for (int j = 0; j < a; j++)
                     u[i][j] = t[i][0] * G[j][0] + t[i][1] * G[j][1]
                               + t[i][2] * G[j][2];
-            int64_t p = o / KILN_PACK_MR, r = o % KILN_PACK_MR;
+            int64_t width = trans ? KILN_PACK_NR : KILN_PACK_MR;
+            int64_t p = o / width, r = o % width;
             for (int x = 0; x < a * a; x++)
-                out[x * per + p * KILN_PACK_MR * c + ci * KILN_PACK_MR + r] =
-                    (float) u[x / a][x % a];
+                out[x * per + p * width * c + ci * width + r] = (float) u[x / a][x % a];
         }
-    /* rows past m in the last panel stay as the caller zeroed them */
+    /* rows (columns) past m in the last panel stay as the caller zeroed them */
 }

@@ -39,6 +39,10 @@
  * a² - 1 in turn, the packed A operand of U[ξ] as an [M, C] matrix (rows
  * m, k running over c).
  *
+ * Winograd-T (the transposed product, the tiles as rows): for ξ = 0 ..
+ * a² - 1 in turn, the packed B operand of U[ξ]ᵀ as a [C, M] matrix (k
+ * running over c, columns m).
+ *
  * These layouts are part of the program format (docs/program-format.md):
  * changing them changes what a `packed` weight means.
  */
@@ -71,6 +75,9 @@ bool kiln_pack_conv_t_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
  * 2 and 4. */
 bool kiln_pack_wino_elems (int64_t m, int64_t c, int tile, int64_t *out);
 
+/* Elements of packed Winograd-T weights: points · packed B of [c, m]. */
+bool kiln_pack_wino_t_elems (int64_t m, int64_t c, int tile, int64_t *out);
+
 /* Pack A[m, k], element (i, kk) at a[i·rs + kk·cs], into out (A packed). */
 void kiln_pack_a (const float *a, int64_t m, int64_t k, int64_t rs, int64_t cs,
                   float *out);
@@ -86,8 +93,10 @@ void kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh,
 void kiln_pack_conv_t (const float *w, int64_t m, int64_t cg, int64_t kh,
                        int64_t kw, int64_t group, float *out);
 
-/* Transform 3x3 conv weights w[m, c, 3, 3] and pack them (Winograd);
- * `out` must be zeroed first (padding rows stay zero). */
+/* Transform 3x3 conv weights w[m, c, 3, 3] and pack them (Winograd, or
+ * Winograd-T with `trans`); `out` must be zeroed first (padding rows or
+ * columns stay zero). */
 void kiln_pack_wino (const float *w, int64_t m, int64_t c, int tile, float *out);
+void kiln_pack_wino_t (const float *w, int64_t m, int64_t c, int tile, float *out);
 
 #endif

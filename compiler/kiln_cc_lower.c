@@ -656,6 +656,28 @@ s_conv_trans (int64_t mg, int64_t positions)
     return trans * 20 < normal * 19;
 }
 
+/* Winograd-T (the tiles as the rows of the engine's tiles, in panels of
+ * 8 or 7; output channels along the 32 columns) when it computes clearly
+ * fewer tile-channel products than the tiles as columns (blocks of 32
+ * tiles, or 16 for fewer): each transposed tile costs about 170 cycles
+ * more to store, against 16 per input channel of its product (measured:
+ * a 28 × 28 output, 49 tiles in 7 panels of 7 against 64 columns, gains
+ * 8 % with 128 channels; a 56 × 56 one, 196 tiles against 224, loses
+ * with 64). */
+static bool
+s_wino_trans (int64_t c, int64_t m, int64_t oh, int64_t ow, int tile)
+{
+    int64_t tiles = ((oh + tile - 1) / tile) * ((ow + tile - 1) / tile);
+    int64_t nb = tiles >= KILN_PACK_NR ? KILN_PACK_NR : KILN_PACK_NR / 2;
+    int64_t r7 = (tiles + 6) / 7 * 7, r8 = (tiles + 7) / 8 * 8;
+    double cc = (double) (c < 512 ? c : 512);
+    double normal = (double) ((tiles + nb - 1) / nb * nb * ((m + 7) / 8 * 8))
+                    * (16.0 * cc + 30.0);
+    double trans = (double) ((r7 < r8 ? r7 : r8) * ((m + 31) / 32 * 32))
+                   * (16.0 * cc + 200.0);
+    return trans < normal;
+}
+
 /* Fold BatchNormalization node `bn` into a convolution's constant weights
  * w[m, per] and bias b[m] (or none): W' = W·s, B' = (B − mean)·s + beta
  * with s = scale / sqrt(var + epsilon), in double.  Caller frees *wf, *bf. */
@@ -691,6 +713,24 @@ s_fold_bn (kiln_cc_ctx_t *cx, int bn, const float *w, const float *b, int64_t m,
 }
 
 /* --- MatMul and Gemm ------------------------------------------------ */
+
+/* The constant B[k, n] (element (kk, j) at b[kk·rs + j·cs]) as a packed
+ * weight (B-packed). */
+static int
+s_pack_weight_b (kiln_cc_ctx_t *cx, const float *b, int64_t k, int64_t n,
+                 int64_t rs, int64_t cs, kiln_err_t *err)
+{
+    int64_t elems = 0;
+    float *pw;
+    if (!kiln_pack_b_elems (k, n, &elems) || elems > KILN_MAX_TENSOR_ELEMS)
+        return s_fail (cx, KILN_ELIMIT, err, "packed B too large");
+    kiln_shape_t ps = { .rank = 1, .dims = { elems } };
+    int t = kiln_cc_made_weight (cx, &ps, &pw, err);
+    if (t < 0)
+        return t;
+    kiln_pack_b (b, k, n, rs, cs, pw);
+    return t;
+}
 
 /* numpy matmul: a 1-D operand is a row (A) or a column (B) vector whose
  * unit dimension is dropped from the result; leading dimensions broadcast. */
@@ -751,14 +791,8 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if ((ins[0] = s_operand (cx, a, err)) < 0)
         return ins[0];
     if (pack) {
-        int64_t elems = 0;
-        float *pw;
-        if (!kiln_pack_b_elems (kk, n, &elems) || elems > KILN_MAX_TENSOR_ELEMS)
-            return s_fail (cx, KILN_ELIMIT, err, "packed B too large");
-        kiln_shape_t ps = { .rank = 1, .dims = { elems } };
-        if ((ins[1] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
+        if ((ins[1] = s_pack_weight_b (cx, bdata, kk, n, n, 1, err)) < 0)
             return ins[1];
-        kiln_pack_b (bdata, kk, n, n, 1, pw);
     } else if ((ins[1] = s_operand (cx, b, err)) < 0) {
         return ins[1];
     }
@@ -875,17 +909,7 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if (bfold && !pack) {
         /* B is in ins[1] already */
     } else if (pack) {
-        int64_t elems = 0;
-        float *pw;
-        if (!kiln_pack_b_elems (kk, n, &elems) || elems > KILN_MAX_TENSOR_ELEMS)
-            return s_fail (cx, KILN_ELIMIT, err, "packed B too large");
-        kiln_shape_t ps = { .rank = 1, .dims = { elems } };
-        if ((ins[1] = kiln_cc_made_weight (cx, &ps, &pw, err)) >= 0) {
-            if (tb)
-                kiln_pack_b (bdata, kk, n, 1, kk, pw);
-            else
-                kiln_pack_b (bdata, kk, n, n, 1, pw);
-        }
+        ins[1] = s_pack_weight_b (cx, bdata, kk, n, tb ? 1 : n, tb ? kk : 1, err);
     } else {
         ins[1] = s_operand (cx, b, err);
     }
@@ -1113,8 +1137,9 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                  * are 16/9 of the direct ones to stream */
                 && ((w.out[0] + 1) / 2) * ((w.out[1] + 1) / 2) >= 8;
     int tile = wino ? s_wino_tile (w.out[0], w.out[1]) : 0;
-    bool trans = pack && !wino
-                 && s_conv_trans (m / group, w.out[0] * (w.ns > 1 ? w.out[1] : 1));
+    bool trans = pack && (wino ? s_wino_trans (c, m, w.out[0], w.out[1], tile)
+                               : s_conv_trans (m / group,
+                                               w.out[0] * (w.ns > 1 ? w.out[1] : 1)));
     float *wfold = NULL, *bfold = NULL;
     if (f->bn >= 0 && (rc = s_fold_bn (cx, f->bn, wdata, bdata, m, per, &wfold,
                                        &bfold, err)))
@@ -1130,7 +1155,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         float *pw;
         kiln_shape_t ps = { .rank = 1 };
         int64_t kw1 = w.ns > 1 ? w.kernel[1] : 1;
-        if (!(wino ? kiln_pack_wino_elems (m, c, tile, &elems)
+        if (!(wino ? (trans ? kiln_pack_wino_t_elems (m, c, tile, &elems)
+                            : kiln_pack_wino_elems (m, c, tile, &elems))
               : trans ? kiln_pack_conv_t_elems (m, cg, w.kernel[0], kw1, group,
                                                 &elems)
               : kiln_pack_conv_elems (m, cg, w.kernel[0], kw1, group, &elems))
@@ -1139,7 +1165,9 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         ps.dims[0] = elems;
         if (!rc && (ins[n_in++] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
             rc = ins[n_in - 1];
-        if (!rc && wino)
+        if (!rc && wino && trans)
+            kiln_pack_wino_t (wdata, m, c, tile, pw);
+        else if (!rc && wino)
             kiln_pack_wino (wdata, m, c, tile, pw);
         else if (!rc && trans)
             kiln_pack_conv_t (wdata, m, cg, w.kernel[0], kw1, group, pw);
@@ -1181,7 +1209,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if ((rc = s_set_window (cx, op, &w, err))
         || (rc = s_set_int (cx, op, "group", group, err))
         || (pack && (rc = s_set_int (cx, op, wino ? "winograd" : "packed",
-                                     wino ? tile : trans ? 2 : 1, err)))
+                                     wino ? tile : 1, err)))
+        || (trans && (rc = s_set_int (cx, op, "transposed", 1, err)))
         || (rc = s_fused_params (cx, op, f, err)))
         return rc;
     /* A 1x1, stride-1, unpadded convolution is a plain matrix product over

@@ -265,6 +265,86 @@ s_ukr_avx2_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
 
 #endif
 
+/* One A panel from `rows` (at most MR) rows of kc floats, row r at p0 +
+ * r·rs, plus (sign 1) or minus (sign -1) the row at p1 + r·rs when sign
+ * is not 0: panel[kk·MR + r], the rows past `rows` zero. */
+typedef void (s_rows_fn) (float *panel, const float *p0, const float *p1,
+                          int sign, int64_t rows, int64_t kc, int64_t rs);
+
+static void
+s_panel_rows_c (float *panel, const float *p0, const float *p1, int sign,
+                int64_t rows, int64_t kc, int64_t rs)
+{
+    for (int64_t kk = 0; kk < kc; kk++)
+        for (int64_t r = 0; r < MR; r++) {
+            float v = 0.0f;
+            if (r < rows) {
+                v = p0[r * rs + kk];
+                if (sign > 0)
+                    v = v + p1[r * rs + kk];
+                else if (sign < 0)
+                    v = v - p1[r * rs + kk];
+            }
+            panel[kk * MR + r] = v;
+        }
+}
+
+#if defined(__x86_64__)
+
+/* Eight rows of eight floats into eight columns. */
+__attribute__ ((target ("avx2"))) static inline __attribute__ ((always_inline)) void
+s_transpose8 (__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps (r[0], r[1]), t1 = _mm256_unpackhi_ps (r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps (r[2], r[3]), t3 = _mm256_unpackhi_ps (r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps (r[4], r[5]), t5 = _mm256_unpackhi_ps (r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps (r[6], r[7]), t7 = _mm256_unpackhi_ps (r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps (t0, t2, 0x44), u1 = _mm256_shuffle_ps (t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps (t1, t3, 0x44), u3 = _mm256_shuffle_ps (t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps (t4, t6, 0x44), u5 = _mm256_shuffle_ps (t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps (t5, t7, 0x44), u7 = _mm256_shuffle_ps (t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps (u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps (u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps (u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps (u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps (u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps (u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps (u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps (u3, u7, 0x31);
+}
+
+/* s_panel_rows_c by 8 × 8 transposes: the same values. */
+__attribute__ ((target ("avx2"))) static void
+s_panel_rows_avx2 (float *panel, const float *p0, const float *p1, int sign,
+                   int64_t rows, int64_t kc, int64_t rs)
+{
+    int64_t kk = 0;
+    for (; kk + 8 <= kc; kk += 8) {
+        __m256 v[8];
+        for (int r = 0; r < MR; r++) {
+            if (r >= rows) {
+                v[r] = _mm256_setzero_ps ();
+                continue;
+            }
+            v[r] = _mm256_loadu_ps (p0 + r * rs + kk);
+            if (sign > 0)
+                v[r] = _mm256_add_ps (v[r], _mm256_loadu_ps (p1 + r * rs + kk));
+            else if (sign < 0)
+                v[r] = _mm256_sub_ps (v[r], _mm256_loadu_ps (p1 + r * rs + kk));
+        }
+        s_transpose8 (v);
+        for (int t = 0; t < 8; t++)
+            _mm256_storeu_ps (panel + (kk + t) * MR, v[t]);
+    }
+    if (kk < kc)
+        s_panel_rows_c (panel + kk * MR, p0 + kk, p1 ? p1 + kk : NULL, sign, rows,
+                        kc - kk, rs);
+}
+
+#endif
+
+static s_rows_fn *s_panel_rows = s_panel_rows_c;
+
 static s_ukr_fn *s_ukr = s_ukr_generic;
 static s_ukr_fn *s_ukr_7 = s_ukr_generic;  /* panels of 7 rows (and a zero) */
 static s_ukr_fn *s_ukr_16 = s_ukr_generic_16;
@@ -283,6 +363,7 @@ s_isa_init (void)
         s_ukr = s_ukr_avx512;
         s_ukr_7 = s_ukr_avx512_7;
         s_ukr_16 = s_ukr_avx512_16;
+        s_panel_rows = s_panel_rows_avx2;
         s_fin_avx512 = true;
         s_isa = "avx512";
     } else if ((any || strcmp (want, "avx512") == 0 || strcmp (want, "avx2") == 0)
@@ -290,6 +371,7 @@ s_isa_init (void)
         s_ukr = s_ukr_avx2;
         s_ukr_7 = s_ukr_avx2;
         s_ukr_16 = s_ukr_avx2_16;
+        s_panel_rows = s_panel_rows_avx2;
         s_isa = "avx2";
     }
 #endif
@@ -303,6 +385,23 @@ kiln_gemm_ukr (int width, int64_t kc, const float *a, const float *b,
     (width == NR ? s_ukr : s_ukr_16) (kc, a, b, ldb, c, ldc, accumulate);
 }
 
+static void s_finish (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
+                      int64_t mr, int64_t nr, bool acc, bool last);
+
+void
+kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
+                 int64_t ldb, float *c, int64_t ldc, int64_t mr, int64_t nr,
+                 bool accumulate)
+{
+    pthread_once (&s_isa_once, s_isa_init);
+    float tmp[MR * NR] __attribute__ ((aligned (64)));
+    (rows == MR ? s_ukr : s_ukr_7) (kc, a, b, ldb, tmp, NR, false);
+    /* C'(r, q) at c[q·ldc + r]: the transposed finish, no epilogue */
+    kiln_gemm_t g = { .m = mr, .n = nr, .c = c, .ldc = ldc, .c_trans = true,
+                      .alpha = 1.0f, .act = KILN_ACT_NONE };
+    s_finish (&g, tmp, 0, 0, mr, nr, accumulate, false);
+}
+
 const char *
 kiln_gemm_isa (void)
 {
@@ -311,6 +410,7 @@ kiln_gemm_isa (void)
 }
 
 /* --- packing at run time --------------------------------------------- */
+
 
 /* Rows m0..m0+mr-1, k0..k0+kc-1 of a strided A into panels of kc × MR,
  * `rp` rows (MR or 7) to a panel; the rest of a panel is zero. */
@@ -337,6 +437,12 @@ s_pack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
                 for (int64_t kk = 0; kk < kc; kk++)
                     memcpy (panel + kk * MR, src + kk * s->cs,
                             (size_t) rows * sizeof *panel);
+            continue;
+        }
+        if (s->cs == 1) {
+            /* rows along k: a panel is a transpose of rows × kc */
+            s_panel_rows (panel, s->p + (m0 + p * rp) * s->rs + k0, NULL, 0, rows,
+                          kc, s->rs);
             continue;
         }
         for (int64_t r = 0; r < rows; r++) {
@@ -414,10 +520,10 @@ s_pack_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
             seg[nseg++] = (s_seg_t) { (int) j, (int) len, oh, ow };
             j += len;
         }
-        if (cols < width)
+        if (cols < width)       /* (a panel of 7 rows has one such) */
             for (int64_t kk = 0; kk < kc; kk++)
-                memset (panel + kk * width + cols, 0,
-                        (size_t) (width - cols) * sizeof *panel);
+                for (int64_t j = cols; j < width; j++)
+                    panel[kk * width + j] = 0.0f;
         for (int64_t k = k0; k < k0 + kc;) {
             int64_t tap = k / cv->c, c0 = k % cv->c;
             int64_t c1 = s_min (cv->c, c0 + (k0 + kc - k));
@@ -429,8 +535,8 @@ s_pack_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
                 int64_t len = sg->len;
                 if (ih < 0 || ih >= cv->h) {
                     for (int64_t c = c0; c < c1; c++)
-                        memset (rows + (c - c0) * width + sg->off, 0,
-                                (size_t) len * sizeof *rows);
+                        for (int64_t t = 0; t < len; t++)
+                            rows[(c - c0) * width + sg->off + t] = 0.0f;
                     continue;
                 }
                 /* Valid t: 0 <= iw0 + t·sw < w. */
@@ -445,9 +551,31 @@ s_pack_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
                     thi = tlo;
                 const float *src = s->p + c0 * hw + ih * cv->w + iw0;
                 float *d = rows + sg->off;
-                if (cv->sw == 1 && tlo == 0 && thi == len) {
-                    for (int64_t c = c0; c < c1; c++, src += hw, d += width)
-                        memcpy (d, src, (size_t) len * sizeof *d);
+                if (tlo == 0 && thi == len && cv->sw <= 2) {
+                    /* The common runs (a panel of 7 or 8 positions, a
+                     * whole row of 32) at a constant length. */
+#define S_RUNS(L, S)                                                  \
+    for (int64_t c = c0; c < c1; c++, src += hw, d += width)          \
+        for (int64_t t = 0; t < (L); t++)                             \
+            d[t] = src[(S) * t]
+                    if (cv->sw == 1 && len == 7)
+                        S_RUNS (7, 1);
+                    else if (cv->sw == 1 && len == 8)
+                        S_RUNS (8, 1);
+                    else if (cv->sw == 1 && len == NR)
+                        S_RUNS (NR, 1);
+                    else if (cv->sw == 1)
+                        for (int64_t c = c0; c < c1; c++, src += hw, d += width)
+                            memcpy (d, src, (size_t) len * sizeof *d);
+                    else if (len == 7)
+                        S_RUNS (7, 2);
+                    else if (len == 8)
+                        S_RUNS (8, 2);
+                    else if (len == NR)
+                        S_RUNS (NR, 2);
+                    else
+                        S_RUNS (len, 2);
+#undef S_RUNS
                     continue;
                 }
                 for (int64_t c = c0; c < c1; c++, src += hw, d += width) {
@@ -676,23 +804,10 @@ s_finish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
     }
     __mmask16 km = s_mask16 (mr < MR ? mr : MR);
     for (int64_t q0 = 0; q0 < nr; q0 += 8) {
-        __m256 r0 = _mm256_loadu_ps (t + 0 * NR + q0), r1 = _mm256_loadu_ps (t + 1 * NR + q0);
-        __m256 r2 = _mm256_loadu_ps (t + 2 * NR + q0), r3 = _mm256_loadu_ps (t + 3 * NR + q0);
-        __m256 r4 = _mm256_loadu_ps (t + 4 * NR + q0), r5 = _mm256_loadu_ps (t + 5 * NR + q0);
-        __m256 r6 = _mm256_loadu_ps (t + 6 * NR + q0), r7 = _mm256_loadu_ps (t + 7 * NR + q0);
-        __m256 t0 = _mm256_unpacklo_ps (r0, r1), t1 = _mm256_unpackhi_ps (r0, r1);
-        __m256 t2 = _mm256_unpacklo_ps (r2, r3), t3 = _mm256_unpackhi_ps (r2, r3);
-        __m256 t4 = _mm256_unpacklo_ps (r4, r5), t5 = _mm256_unpackhi_ps (r4, r5);
-        __m256 t6 = _mm256_unpacklo_ps (r6, r7), t7 = _mm256_unpackhi_ps (r6, r7);
-        __m256 u0 = _mm256_shuffle_ps (t0, t2, 0x44), u1 = _mm256_shuffle_ps (t0, t2, 0xee);
-        __m256 u2 = _mm256_shuffle_ps (t1, t3, 0x44), u3 = _mm256_shuffle_ps (t1, t3, 0xee);
-        __m256 u4 = _mm256_shuffle_ps (t4, t6, 0x44), u5 = _mm256_shuffle_ps (t4, t6, 0xee);
-        __m256 u6 = _mm256_shuffle_ps (t5, t7, 0x44), u7 = _mm256_shuffle_ps (t5, t7, 0xee);
-        __m256 col[8] = {
-            _mm256_permute2f128_ps (u0, u4, 0x20), _mm256_permute2f128_ps (u1, u5, 0x20),
-            _mm256_permute2f128_ps (u2, u6, 0x20), _mm256_permute2f128_ps (u3, u7, 0x20),
-            _mm256_permute2f128_ps (u0, u4, 0x31), _mm256_permute2f128_ps (u1, u5, 0x31),
-            _mm256_permute2f128_ps (u2, u6, 0x31), _mm256_permute2f128_ps (u3, u7, 0x31) };
+        __m256 col[8];
+        for (int r = 0; r < MR; r++)
+            col[r] = _mm256_loadu_ps (t + r * NR + q0);
+        s_transpose8 (col);
         int64_t nq = nr - q0 < 8 ? nr - q0 : 8;
         for (int64_t q = 0; q < nq; q++) {
             float *c = g->c + (j0 + q0 + q) * g->ldc + i0;

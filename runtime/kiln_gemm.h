@@ -99,6 +99,14 @@ void kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b);
 void kiln_gemm_ukr (int width, int64_t kc, const float *a, const float *b,
                     int64_t ldb, float *c, int64_t ldc, bool accumulate);
 
+/* The transposed tile, for Winograd's products with the tiles as rows:
+ * c[q·ldc + r] = (accumulate ? c[q·ldc + r] : 0) + Σ over kc steps of
+ * a[r] · b[q], a packed as an A panel (of `rows`, 8 or 7, rows used, the
+ * rest zero), b's steps ldb apart (NR wide), for r < mr, q < nr. */
+void kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
+                      int64_t ldb, float *c, int64_t ldc, int64_t mr, int64_t nr,
+                      bool accumulate);
+
 /* "avx512", "avx2" or "generic": the micro-kernel in use. */
 const char *kiln_gemm_isa (void);
 

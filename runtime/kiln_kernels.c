@@ -740,20 +740,19 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (rc)
         return rc;
     s_win_t w;
-    int64_t group, x[4], y[4], want, tile = 0, pk = 0;
+    int64_t group, x[4], y[4], want, tile = 0;
+    bool packed, trans;
     if ((rc = s_get_window (op, &w, err))
         || (rc = kiln_prog_op_int (op, "group", &group, err))
         || (rc = s_get_epilogue (p, op, plan, err))
-        || (kiln_prog_op_has (op, "packed")
-            && (rc = kiln_prog_op_int (op, "packed", &pk, err)))
+        || (rc = s_get_packed (op, "packed", &packed, err))
+        || (rc = s_get_packed (op, "transposed", &trans, err))
         || (kiln_prog_op_has (op, "winograd")
             && (rc = kiln_prog_op_int (op, "winograd", &tile, err))))
         return rc;
-    /* packed: 1 conv-packed weights, 2 conv-packed-T (kiln_pack.h) */
-    if (pk < 0 || pk > 2)
-        return kiln_error (err, KILN_EFORMAT, "packed must be 0, 1 or 2, not %lld",
-                           (long long) pk);
-    bool packed = pk != 0, trans = pk == 2;
+    if (trans && !packed && tile == 0)
+        return kiln_error (err, KILN_EFORMAT, "transposed needs packed or "
+                           "winograd weights");
     if (tile != 0 && tile != 2 && tile != 4)
         return kiln_error (err, KILN_EFORMAT, "winograd must be 2 or 4 (the "
                            "output tile), not %lld", (long long) tile);
@@ -783,12 +782,14 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (!s_mul3 (cg, w.k[0], w.k[1], &rows) || !s_mul3 (y[2], y[3], 1, &cols)
         || !s_mul3 (y[1], rows, 1, &want))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
-    if (packed && !wino && !trans
-        && !kiln_pack_conv_elems (y[1], cg, w.k[0], w.k[1], group, &want))
+    /* the weights' layout (kiln_pack.h): conv-packed, conv-packed-T,
+     * Winograd, Winograd-T */
+    if (packed && !wino
+        && !(trans ? kiln_pack_conv_t_elems (y[1], cg, w.k[0], w.k[1], group, &want)
+                   : kiln_pack_conv_elems (y[1], cg, w.k[0], w.k[1], group, &want)))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
-    if (trans && !kiln_pack_conv_t_elems (y[1], cg, w.k[0], w.k[1], group, &want))
-        return kiln_error (err, KILN_EFORMAT, "convolution too large");
-    if (wino && !kiln_pack_wino_elems (y[1], cg, (int) tile, &want))
+    if (wino && !(trans ? kiln_pack_wino_t_elems (y[1], cg, (int) tile, &want)
+                        : kiln_pack_wino_elems (y[1], cg, (int) tile, &want)))
         return kiln_error (err, KILN_EFORMAT, "convolution too large");
     if ((rc = s_need_numel (p, plan->in[1], want, packed ? "packed W" : "W", err)))
         return rc;
@@ -847,8 +848,8 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.conv.winograd = wino;
     if (wino) {
         plan->u.conv.packed = false;
-        kiln_wino_plan (&plan->u.conv.wino, (int) tile, x[0], x[1], x[2], x[3],
-                        y[1], y[2], y[3], w.p[0], w.p[1], kiln_exec_threads ());
+        kiln_wino_plan (&plan->u.conv.wino, (int) tile, trans, x[0], x[1], x[2],
+                        x[3], y[1], y[2], y[3], w.p[0], w.p[1], kiln_exec_threads ());
         plan->ws_bytes = kiln_wino_ws_bytes (&plan->u.conv.wino);
     } else if (trans) {
         /* Yᵀ = im2col(X)ᵀ · Wᵀ: positions as rows, C written transposed */

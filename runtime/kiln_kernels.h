@@ -91,7 +91,7 @@ typedef struct kiln_kplan {
             bool pointwise;         /* 1x1, stride 1, unpadded */
             int64_t wpg;            /* packed W floats per group */
             kiln_gconv_t geo;       /* one group's geometry for kiln_gemm */
-            bool winograd;          /* W transformed for F(2x2, 3x3) */
+            bool winograd;          /* W transformed for F(t×t, 3x3) */
             kiln_wino_t wino;
         } conv;
         struct {                    /* maxpool2d */

@@ -33,7 +33,7 @@
 
 #define S_ALPHA_MAX 6
 #define S_TILE_MAX 4
-#define S_NB_MAX KILN_PACK_NR
+#define S_NB_MAX 64         /* tiles of a block: 32 (16), or up to 56 (T) */
 /* Floats of V[ξ][c][tile] and of M[ξ][m][tile] a task holds at most
  * (1 MiB each).  Each point's panels are used at once (V by every row
  * panel of the point, M accumulated in place), so these need not fit in
@@ -66,18 +66,13 @@ s_min (int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-static int64_t
-s_round8 (int64_t v)
-{
-    return v / KILN_PACK_MR * KILN_PACK_MR;
-}
-
 void
-kiln_wino_plan (kiln_wino_t *wp, int tile, int64_t n, int64_t c, int64_t h,
-                int64_t w, int64_t m, int64_t oh, int64_t ow, int64_t pt,
-                int64_t pl, int threads)
+kiln_wino_plan (kiln_wino_t *wp, int tile, bool trans, int64_t n, int64_t c,
+                int64_t h, int64_t w, int64_t m, int64_t oh, int64_t ow,
+                int64_t pt, int64_t pl, int threads)
 {
     memset (wp, 0, sizeof *wp);
+    wp->trans = trans;
     wp->tile = tile == 4 ? 4 : 2;
     wp->alpha = wp->tile + 2;
     wp->points = wp->alpha * wp->alpha;
@@ -93,33 +88,46 @@ kiln_wino_plan (kiln_wino_t *wp, int tile, int64_t n, int64_t c, int64_t h,
     wp->th = (oh + wp->tile - 1) / wp->tile;
     wp->tw = (ow + wp->tile - 1) / wp->tile;
     wp->tiles = wp->th * wp->tw;
-    wp->nb = wp->tiles >= S_NB_MAX ? S_NB_MAX : S_NB_MAX / 2;
+    wp->nb = wp->tiles >= KILN_PACK_NR ? KILN_PACK_NR : KILN_PACK_NR / 2;
+    if (trans) {
+        /* blocks of whole tile panels, seven at most (49 or 56 tiles) */
+        wp->rp = (wp->tiles + 6) / 7 * 7 < (wp->tiles + 7) / 8 * 8 ? 7 : 8;
+        int64_t all = (wp->tiles + wp->rp - 1) / wp->rp * wp->rp;
+        wp->nb = all < 7 * wp->rp ? all : 7 * wp->rp;
+    }
     int64_t kc_max = S_V_FLOATS / (wp->points * wp->nb);
     wp->nkb = (c + kc_max - 1) / kc_max;
     wp->kc = wp->nkb ? (c + wp->nkb - 1) / wp->nkb : 0;
     wp->tbs = (wp->tiles + wp->nb - 1) / wp->nb;
-    int64_t m8 = (m + KILN_PACK_MR - 1) / KILN_PACK_MR * KILN_PACK_MR;
-    int64_t cap = s_round8 (S_MO_FLOATS / (wp->points * wp->nb));
-    wp->mchunk = m8 < cap ? m8 : cap;
+    /* chunks of output channels: whole A panels of the weights, or (T)
+     * whole 32-column B panels */
+    int64_t unit = trans ? KILN_PACK_NR : KILN_PACK_MR;
+    int64_t mu = (m + unit - 1) / unit * unit;
+    int64_t cap = S_MO_FLOATS / (wp->points * wp->nb) / unit * unit;
+    if (cap < unit)
+        cap = unit;
+    wp->mchunk = mu < cap ? mu : cap;
     /* Enough tasks for the threads: smaller chunks of channels (each
      * task transforms its input again, which is cheap next to the
      * products while a chunk has 32 channels or more). */
-    while (threads > 1 && wp->mchunk > 4 * KILN_PACK_MR
+    while (threads > 1 && wp->mchunk > 4 * KILN_PACK_MR && wp->mchunk > unit
            && n * wp->tbs * ((m + wp->mchunk - 1) / wp->mchunk) < 4 * threads)
-        wp->mchunk = s_round8 (wp->mchunk / 2 + KILN_PACK_MR - 1);
-    if (wp->mchunk < KILN_PACK_MR)
-        wp->mchunk = KILN_PACK_MR;
+        wp->mchunk = (wp->mchunk / 2 + unit - 1) / unit * unit;
     wp->mcs = (m + wp->mchunk - 1) / wp->mchunk;
     int64_t per;
-    kiln_pack_a_elems (m, c, &per);
+    if (trans)
+        kiln_pack_b_elems (c, m, &per);
+    else
+        kiln_pack_a_elems (m, c, &per);
     wp->u_stride = per;
 }
 
 size_t
 kiln_wino_ws_bytes (const kiln_wino_t *wp)
 {
-    /* V: points × kc × nb; M: points × mchunk × nb */
-    return (size_t) (wp->points * (wp->kc + wp->mchunk) * wp->nb) * sizeof (float);
+    /* V: points × kc × nb; M: points × mchunk × nb; (T) an A panel */
+    return (size_t) (wp->points * (wp->kc + wp->mchunk) * wp->nb
+                     + (wp->trans ? wp->kc * KILN_PACK_MR : 0)) * sizeof (float);
 }
 
 typedef struct {
@@ -168,6 +176,24 @@ s_rows2 (float buf[][S_ROW_MAX], const bool *zero, int len,
     }
 }
 
+/* Elements 0, 4, 8, ... (d0) through 3, 7, 11, ... (d3) of p[0..63]. */
+static inline __attribute__ ((always_inline)) void
+s_deinterleave4 (const float *p, s_v16 *d0, s_v16 *d1, s_v16 *d2, s_v16 *d3)
+{
+    s_v16 e01, o01, e23, o23;
+    s_deinterleave (p, &e01, &o01);
+    s_deinterleave (p + 32, &e23, &o23);
+    const s_i16 ev = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 };
+    const s_i16 od = { 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31 };
+    *d0 = __builtin_shuffle (e01, e23, ev);
+    *d2 = __builtin_shuffle (e01, e23, od);
+    *d1 = __builtin_shuffle (o01, o23, ev);
+    *d3 = __builtin_shuffle (o01, o23, od);
+}
+
+/* F(4x4)'s row transforms, 16 tiles at a time: tile t reads b[4t ..
+ * 4t + 5], four deinterleaved vectors and two of them again one tile on.
+ * The rows must hold 4 · ((len - 1) / 16 · 16) + 68 floats. */
 static inline __attribute__ ((always_inline)) void
 s_rows4 (float buf[][S_ROW_MAX], const bool *zero, int len,
          float rr[][S_ALPHA_MAX][S_NB_MAX])
@@ -179,33 +205,73 @@ s_rows4 (float buf[][S_ROW_MAX], const bool *zero, int len,
             continue;
         }
         const float *b = buf[r];
-        float *q0 = rr[r][0], *q1 = rr[r][1], *q2 = rr[r][2];
-        float *q3 = rr[r][3], *q4 = rr[r][4], *q5 = rr[r][5];
-        for (int t = 0; t < len; t++) {
-            float d0 = b[4 * t], d1 = b[4 * t + 1], d2 = b[4 * t + 2];
-            float d3 = b[4 * t + 3], d4 = b[4 * t + 4], d5 = b[4 * t + 5];
-            q0[t] = 4.0f * d0 - 5.0f * d2 + d4;
-            q1[t] = -4.0f * (d1 + d2) + d3 + d4;
-            q2[t] = 4.0f * (d1 - d2) - d3 + d4;
-            q3[t] = 2.0f * (d3 - d1) - d2 + d4;
-            q4[t] = 2.0f * (d1 - d3) - d2 + d4;
-            q5[t] = 4.0f * d1 - 5.0f * d3 + d5;
+        for (int t0 = 0; t0 < len; t0 += 16) {
+            s_v16 d0, d1, d2, d3, d4, d5, x2, x3;
+            s_deinterleave4 (b + 4 * t0, &d0, &d1, &d2, &d3);
+            s_deinterleave4 (b + 4 * t0 + 4, &d4, &d5, &x2, &x3);
+            s_v16 q0 = 4.0f * d0 - 5.0f * d2 + d4;
+            s_v16 q1 = -4.0f * (d1 + d2) + d3 + d4;
+            s_v16 q2 = 4.0f * (d1 - d2) - d3 + d4;
+            s_v16 q3 = 2.0f * (d3 - d1) - d2 + d4;
+            s_v16 q4 = 2.0f * (d1 - d3) - d2 + d4;
+            s_v16 q5 = 4.0f * d1 - 5.0f * d3 + d5;
+            memcpy (rr[r][0] + t0, &q0, sizeof q0);
+            memcpy (rr[r][1] + t0, &q1, sizeof q1);
+            memcpy (rr[r][2] + t0, &q2, sizeof q2);
+            memcpy (rr[r][3] + t0, &q3, sizeof q3);
+            memcpy (rr[r][4] + t0, &q4, sizeof q4);
+            memcpy (rr[r][5] + t0, &q5, sizeof q5);
         }
     }
 }
 
+/* Store the first n lanes of v at d (all 16 when n >= 16): copies of
+ * constant size, 8, 4, 2 and 1 lanes, which compile to single moves. */
+static inline __attribute__ ((always_inline)) void
+s_put (float *d, s_v16 v, int n)
+{
+    if (n >= 16) {
+        memcpy (d, &v, sizeof v);
+        return;
+    }
+    float l[16];
+    memcpy (l, &v, sizeof l);
+    int o = 0;
+    if (n & 8) {
+        memcpy (d, l, 8 * sizeof *d);
+        o = 8;
+    }
+    if (n & 4) {
+        memcpy (d + o, l + o, 4 * sizeof *d);
+        o += 4;
+    }
+    if (n & 2) {
+        memcpy (d + o, l + o, 2 * sizeof *d);
+        o += 2;
+    }
+    if (n & 1)
+        d[o] = l[o];
+}
+
 /* Column transforms of one point column into the panels of its points
- * (distinct panels: the pointers never overlap). */
+ * (distinct panels: the pointers never overlap), 16 tiles at a time: the
+ * row transforms wrote whole vectors, the panels get `len` tiles. */
 static inline __attribute__ ((always_inline)) void
 s_cols2 (const float *restrict p0, const float *restrict p1,
          const float *restrict p2, const float *restrict p3, float *restrict d0,
          float *restrict d1, float *restrict d2, float *restrict d3, int len)
 {
-    for (int t = 0; t < len; t++) {
-        d0[t] = p0[t] - p2[t];
-        d1[t] = p1[t] + p2[t];
-        d2[t] = p2[t] - p1[t];
-        d3[t] = p1[t] - p3[t];
+    for (int t = 0; t < len; t += 16) {
+        s_v16 a0, a1, a2, a3;
+        memcpy (&a0, p0 + t, sizeof a0);
+        memcpy (&a1, p1 + t, sizeof a1);
+        memcpy (&a2, p2 + t, sizeof a2);
+        memcpy (&a3, p3 + t, sizeof a3);
+        int n = len - t;
+        s_put (d0 + t, a0 - a2, n);
+        s_put (d1 + t, a1 + a2, n);
+        s_put (d2 + t, a2 - a1, n);
+        s_put (d3 + t, a1 - a3, n);
     }
 }
 
@@ -216,13 +282,21 @@ s_cols4 (const float *restrict p0, const float *restrict p1,
          float *restrict d1, float *restrict d2, float *restrict d3,
          float *restrict d4, float *restrict d5, int len)
 {
-    for (int t = 0; t < len; t++) {
-        d0[t] = 4.0f * p0[t] - 5.0f * p2[t] + p4[t];
-        d1[t] = -4.0f * (p1[t] + p2[t]) + p3[t] + p4[t];
-        d2[t] = 4.0f * (p1[t] - p2[t]) - p3[t] + p4[t];
-        d3[t] = 2.0f * (p3[t] - p1[t]) - p2[t] + p4[t];
-        d4[t] = 2.0f * (p1[t] - p3[t]) - p2[t] + p4[t];
-        d5[t] = 4.0f * p1[t] - 5.0f * p3[t] + p5[t];
+    for (int t = 0; t < len; t += 16) {
+        s_v16 a0, a1, a2, a3, a4, a5;
+        memcpy (&a0, p0 + t, sizeof a0);
+        memcpy (&a1, p1 + t, sizeof a1);
+        memcpy (&a2, p2 + t, sizeof a2);
+        memcpy (&a3, p3 + t, sizeof a3);
+        memcpy (&a4, p4 + t, sizeof a4);
+        memcpy (&a5, p5 + t, sizeof a5);
+        int n = len - t;
+        s_put (d0 + t, 4.0f * a0 - 5.0f * a2 + a4, n);
+        s_put (d1 + t, -4.0f * (a1 + a2) + a3 + a4, n);
+        s_put (d2 + t, 4.0f * (a1 - a2) - a3 + a4, n);
+        s_put (d3 + t, 2.0f * (a3 - a1) - a2 + a4, n);
+        s_put (d4 + t, 2.0f * (a1 - a3) - a2 + a4, n);
+        s_put (d5 + t, 4.0f * a1 - 5.0f * a3 + a5, n);
     }
 }
 
@@ -237,8 +311,9 @@ s_input_transform (const kiln_wino_t *wp, const float *x, int64_t c0,
     for (int si = 0; si < nseg; si++) {
         const s_seg_t *sg = &seg[si];
         int len = sg->len, width = tile * len + 2;
-        /* what the row transforms read: F(2x2) reads whole vectors */
-        int need = tile == 2 ? 2 * ((len - 1) / 16 * 16) + 34 : width;
+        /* what the row transforms read: whole vectors of 16 tiles */
+        int need = tile == 2 ? 2 * ((len - 1) / 16 * 16) + 34
+                             : 4 * ((len - 1) / 16 * 16) + 68;
         int64_t iw0 = tile * sg->tx - wp->pl;
         bool inside = iw0 >= 0 && iw0 + width <= w;
         int64_t ih0 = tile * sg->ty - wp->pt;
@@ -375,6 +450,31 @@ s_task (void *arg, int task, int worker)
     for (int64_t kb = 0; kb < wp->nkb; kb++) {
         int64_t c0 = kb * wp->kc, kc = s_min (wp->kc, wp->c - c0);
         s_input_transform (wp, x, c0, kc, seg, nseg, v);
+        if (wp->trans) {
+            /* Each point's product with the tiles as rows: a panel of rp
+             * tiles (packed once, the eighth row zero for 7) times the
+             * 32-column panels of U[ξ]ᵀ, stored back transposed into M. */
+            float *ap = mo + points * wp->mchunk * nb;
+            int64_t rp = wp->rp;
+            for (int64_t xi = 0; xi < points; xi++) {
+                const float *vb = v + xi * wp->kc * nb;
+                const float *u = r->u + xi * wp->u_stride + c0 * KILN_PACK_NR;
+                for (int64_t i = 0; i < cnt; i += rp) {
+                    for (int64_t cc = 0; cc < kc; cc++) {
+                        memcpy (ap + cc * KILN_PACK_MR, vb + cc * nb + i,
+                                (size_t) rp * sizeof *ap);
+                        if (rp < KILN_PACK_MR)
+                            ap[cc * KILN_PACK_MR + rp] = 0.0f;
+                    }
+                    for (int64_t j = m0; j < m1; j += KILN_PACK_NR)
+                        kiln_gemm_ukr_t ((int) rp, kc, ap, u + j * wp->c, KILN_PACK_NR,
+                                         mo + (xi * wp->mchunk + (j - m0)) * nb + i,
+                                         nb, s_min (rp, cnt - i),
+                                         s_min (KILN_PACK_NR, m1 - j), kb > 0);
+                }
+            }
+            continue;
+        }
         for (int64_t xi = 0; xi < points; xi++) {
             const float *u = r->u + xi * wp->u_stride + c0 * KILN_PACK_MR;
             const float *b = v + xi * wp->kc * nb;

@@ -13,7 +13,12 @@
  * 32 tiles.  The input transform writes straight into the micro-kernel's
  * B panels and the output transform applies the epilogue (bias,
  * residual, activation) as it writes Y, so nothing of image size is
- * materialised.  Rounding differs from a direct convolution by a few ulp
+ * materialised.  With Winograd-T weights (kiln_pack.h) each point's
+ * product runs transposed: the tiles of a block are the rows of the
+ * engine's tiles (panels of 8, or of 7 when the tile count is a multiple
+ * of 7: a 28 × 28 output is 49 tiles of 4 × 4), the output channels its
+ * 32 columns, so that small planes neither leave columns empty nor fall
+ * back to 16-wide tiles.  Rounding differs from a direct convolution by a few ulp
  * of the partial sums for t = 2, by some more for t = 4 (its transforms
  * have coefficients up to 8 and down to 1/24); the compiler uses them
  * from -O3 only.
@@ -21,6 +26,7 @@
 #ifndef KILN_WINOGRAD_H
 #define KILN_WINOGRAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,13 +45,15 @@ typedef struct kiln_wino {
     int64_t mchunk;             /* output channels per task, a multiple of 8 */
     int64_t tbs, mcs;           /* tile blocks per image, m chunks */
     int64_t u_stride;           /* floats of packed weights per point */
+    bool trans;                 /* Winograd-T: tiles as rows, rp to a panel */
+    int64_t rp;                 /* rows of a tile panel (trans): 8 or 7 */
 } kiln_wino_t;
 
 /* Plan F(tile x tile, 3x3) for input [n, c, h, w] and output [n, m, oh,
- * ow] with `threads` workers. */
-void kiln_wino_plan (kiln_wino_t *wp, int tile, int64_t n, int64_t c, int64_t h,
-                     int64_t w, int64_t m, int64_t oh, int64_t ow, int64_t pt,
-                     int64_t pl, int threads);
+ * ow] with `threads` workers; `trans` for Winograd-T weights. */
+void kiln_wino_plan (kiln_wino_t *wp, int tile, bool trans, int64_t n, int64_t c,
+                     int64_t h, int64_t w, int64_t m, int64_t oh, int64_t ow,
+                     int64_t pt, int64_t pl, int threads);
 
 /* Workspace bytes per worker. */
 size_t kiln_wino_ws_bytes (const kiln_wino_t *wp);

@@ -625,15 +625,15 @@ START_TEST (test_fused_packed_convolution_matches_o0)
     kiln_graph_destroy (&g);
 
     /* 7×7 outputs: both products run transposed (conv-packed-T weights,
-     * packed = 2), the 3x3 one with the residual and relu fused */
+     * `transposed`), the 3x3 one with the residual and relu fused */
     g = s_conv_block (24, 64, 14, 14, 1, 2, 1);
     p = s_check_against_o0 (g, 2, 1e-5, "conv block with 7x7 outputs");
     ck_assert_int_eq (p->n_ops, 2);
     for (int i = 0; i < p->n_ops; i++) {
         bool trans = false;
         for (int j = 0; j < p->ops[i].n_params; j++)
-            if (strcmp (p->ops[i].params[j].name, "packed") == 0)
-                trans = p->ops[i].params[j].i == 2;
+            if (strcmp (p->ops[i].params[j].name, "transposed") == 0)
+                trans = p->ops[i].params[j].i == 1;
         ck_assert_msg (trans, "op %d is not a transposed product", i);
     }
     kiln_program_destroy (&p);
@@ -643,13 +643,16 @@ END_TEST
 
 START_TEST (test_winograd_convolution_matches_o0)
 {
-    /* c, m, h, w, pad, and the output tile the compiler should pick:
-     * odd sizes (a partial last tile), no padding, enough channels for
-     * two channel blocks of the transform, F(4x4) where the tiles fill
-     * its blocks better and F(2x2) where they do not */
-    int64_t cases[][6] = { { 16, 24, 9, 13, 1, 4 }, { 32, 16, 14, 14, 1, 4 },
-                           { 300, 20, 7, 7, 1, 2 }, { 17, 40, 12, 5, 0, 2 },
-                           { 2000, 16, 28, 30, 1, 4 } };
+    /* c, m, h, w, pad, the output tile the compiler should pick, and
+     * whether the product runs transposed (Winograd-T): odd sizes (a
+     * partial last tile), no padding, enough channels for two or more
+     * channel blocks of the transform, F(4x4) where the tiles fill its
+     * blocks better and F(2x2) where they do not; transposed, tile panels
+     * of 7 (49 tiles) and of 8 (40, the last tiles partial) */
+    int64_t cases[][7] = { { 16, 24, 9, 13, 1, 4, 0 }, { 32, 16, 14, 14, 1, 4, 0 },
+                           { 300, 20, 7, 7, 1, 2, 0 }, { 17, 40, 12, 5, 0, 2, 0 },
+                           { 2000, 16, 28, 30, 1, 4, 0 },
+                           { 600, 64, 28, 28, 1, 4, 1 }, { 128, 64, 20, 31, 1, 4, 1 } };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kiln_graph_t *g = s_conv_block (cases[i][0], cases[i][1], cases[i][2],
                                         cases[i][3], cases[i][4], 1, 1);
@@ -659,6 +662,9 @@ START_TEST (test_winograd_convolution_matches_o0)
         ck_assert_msg (wino->i == cases[i][5], "case %zu: F(%lldx%lld), expected "
                        "F(%lldx%lld)", i, (long long) wino->i, (long long) wino->i,
                        (long long) cases[i][5], (long long) cases[i][5]);
+        const kiln_prog_param_t *tr = s_param (p, KILN_K_CONV2D, "transposed");
+        ck_assert_msg ((tr && tr->i == 1) == (cases[i][6] == 1), "case %zu: %s",
+                       i, tr ? "transposed" : "not transposed");
         kiln_program_destroy (&p);
         kiln_graph_destroy (&g);
     }
@@ -888,7 +894,7 @@ START_TEST (test_malformed_packed_programs_are_refused)
     /* the last two: an unknown weight layout, and the transposed layout
      * declared for weights of the other one (a different size) */
     const char *want[] = { "unknown activation", "residual", "packed W", "winograd",
-                           "packed must be", "packed W" };
+                           "packed must be 0 or 1", "packed W" };
     for (int c = 0; c < 6; c++) {
         kiln_program_t *p = kiln_program_decode (prog, plen, wlen, &err);
         ck_assert_msg (p, "%s", err.msg);
@@ -910,7 +916,8 @@ START_TEST (test_malformed_packed_programs_are_refused)
         } else if (c == 3) {
             ck_assert (kiln_prog_op_set_int (o, "winograd", 1, &err) == 0);
         } else {
-            ck_assert (kiln_prog_op_set_int (o, "packed", c == 4 ? 3 : 2, &err) == 0);
+            ck_assert (kiln_prog_op_set_int (o, c == 4 ? "packed" : "transposed",
+                                             c == 4 ? 3 : 1, &err) == 0);
         }
         uint8_t *bytes;
         size_t len;
