@@ -25,6 +25,7 @@
 #define S_NC 256
 #define S_MC 256
 #define S_A_FLOATS (128 * 1024)     /* an A block of a long k (s_kc) */
+#define S_PART_FLOATS (256 * 1024)  /* partial sums of a transposed C */
 #define S_KC_LONG 512               /* and its k block at most: longer runs
                                        of sums in one accumulator lose
                                        accuracy (resnet50's error against
@@ -894,6 +895,30 @@ s_kc (int64_t m, int64_t k, bool a_packed, bool b_packed, int64_t *nkb)
     return *nkb ? (k + *nkb - 1) / *nkb : 0;
 }
 
+/* Floats of the partial sums of a product written transposed over
+ * several k blocks: its tiles are added up untransposed here, every row
+ * and column of a tile (and MR rows of slack for the micro-kernel's
+ * whole panels), and transposed once, with the last block.  0 when the
+ * product has one k block, or when that would take more than
+ * S_PART_FLOATS (the tiles are then added up in C, a transpose each). */
+static int64_t
+s_part_floats (int64_t m, int64_t n, int64_t k, bool a_packed, bool b_packed)
+{
+    int64_t nkb;
+    s_kc (m, k, a_packed, b_packed, &nkb);
+    if (a_packed || !b_packed || nkb < 2)
+        return 0;
+    int64_t f = (s_min (s_round_up (m, MR), S_MC) + MR) * s_round_up (n, NR);
+    return f <= S_PART_FLOATS ? f : 0;
+}
+
+/* Floats of the A block packed here (panels of 7 rows take the room of 8). */
+static int64_t
+s_ablock_floats (int64_t m, int64_t kc)
+{
+    return kc * ((s_min (s_round_up (m, MR), S_MC) + 6) / 7 * MR);
+}
+
 size_t
 kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
                     bool b_packed)
@@ -902,8 +927,9 @@ kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
     int64_t floats = MR * NR;                           /* an edge tile */
     if (!b_packed)
         floats += kc * s_min (s_round_up (n, NR), S_NC);
-    if (!a_packed)      /* panels of 7 rows take the room of 8 */
-        floats += kc * ((s_min (s_round_up (m, MR), S_MC) + 6) / 7 * MR);
+    if (!a_packed)
+        floats += s_ablock_floats (m, kc);
+    floats += s_part_floats (m, n, k, a_packed, b_packed);
     return (size_t) floats * sizeof (float) + 64;
 }
 
@@ -955,9 +981,22 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
 static inline void
 s_micro (const kiln_gemm_t *g, s_ukr_fn *ukr, int64_t rp, int64_t kc,
          const float *a, const float *b, int64_t i, int64_t j, bool acc,
-         bool last, bool plain, float *tmp)
+         bool last, bool plain, float *tmp, float *part, int64_t ldp)
 {
     int64_t mr = s_min (rp, g->m - i), nr = s_min (NR, g->n - j);
+    if (part && !last) {
+        /* a partial sum of a transposed C: added up as it is */
+        ukr (kc, a, b, NR, part, ldp, acc);
+        return;
+    }
+    if (part) {
+        ukr (kc, a, b, NR, tmp, NR, false);
+        for (int r = 0; r < MR; r++)
+            for (int q = 0; q < NR; q++)
+                tmp[r * NR + q] = tmp[r * NR + q] + part[r * ldp + q];
+        s_finish (g, tmp, i, j, mr, nr, false, true);
+        return;
+    }
     if ((!last || plain) && !g->c_trans && mr == MR && nr == NR) {
         ukr (kc, a, b, NR, g->c + i * g->ldc + j, g->ldc, acc);
         return;
@@ -976,6 +1015,13 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
     float *tmp = ws;                                    /* MR × NR */
     float *bws = tmp + MR * NR;
     float *aws = bws + (g->b.kind == KILN_GSRC_PACKED ? 0 : bl->kc * bl->nc);
+    /* a transposed C over several k blocks: partial sums (tile rows
+     * ldp = nc apart) next to the A block */
+    bool a_packed = g->a.kind == KILN_GSRC_PACKED;
+    float *part = g->c_trans && s_part_floats (g->m, g->n, g->k, a_packed,
+                                               g->b.kind == KILN_GSRC_PACKED)
+                  ? aws + (a_packed ? 0 : s_ablock_floats (g->m, bl->kc)) : NULL;
+    int64_t ldp = bl->nc;
     if (bl->nkb == 0) {
         /* k = 0: the epilogue of zeros */
         memset (tmp, 0, MR * NR * sizeof *tmp);
@@ -1020,17 +1066,20 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             astride = kc * MR;
         }
         if (j_outer) {
+            /* (in order: a 7-row panel's zero eighth row lands in the
+             * partial sums of the next panel before it writes them) */
             for (int64_t j = n0; j < n1; j += NR)
                 for (int64_t i = m0; i < m1; i += rp)
                     s_micro (g, ukr, rp, kc, ap + (i - m0) / rp * astride,
                              bp + (j - n0) / NR * bstride, i, j, acc, last, plain,
-                             tmp);
+                             tmp, part ? part + (i - m0) * ldp + (j - n0) : NULL,
+                             ldp);
         } else {
             for (int64_t i = m0; i < m1; i += rp)
                 for (int64_t j = n0; j < n1; j += NR)
                     s_micro (g, ukr, rp, kc, ap + (i - m0) / rp * astride,
                              bp + (j - n0) / NR * bstride, i, j, acc, last, plain,
-                             tmp);
+                             tmp, NULL, 0);
         }
     }
 }

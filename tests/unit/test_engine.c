@@ -425,6 +425,8 @@ s_check_engine (void)
         s_check_shape (shapes[i][0], shapes[i][1], shapes[i][2]);
         s_check_trans (shapes[i][0], shapes[i][1], shapes[i][2]);
     }
+    /* transposed, panels of 7 rows, three k blocks of partial sums */
+    s_check_trans (49, 40, 1100);
     /* c, h, w, m, kh, kw, stride, dilation, pads t l b r */
     s_check_conv (3, 11, 13, 10, 3, 3, 1, 1, 1, 1, 1, 1);
     s_check_conv (5, 9, 9, 16, 3, 3, 2, 1, 1, 1, 1, 1);
@@ -433,6 +435,7 @@ s_check_engine (void)
     s_check_conv (6, 12, 12, 12, 5, 5, 1, 2, 3, 1, 2, 4);
     s_check_conv (40, 5, 40, 33, 3, 3, 1, 1, 0, 2, 1, 0);
     s_check_conv (20, 14, 14, 40, 3, 3, 2, 1, 1, 1, 1, 1);     /* 7 × 7 out */
+    s_check_conv (64, 14, 14, 40, 3, 3, 2, 1, 1, 1, 1, 1);     /* and 2 k blocks */
 }
 
 /* The ISA test: when the CPU has it, the micro-kernel asked for runs. */
