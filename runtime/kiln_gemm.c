@@ -25,12 +25,12 @@
 #define S_NC 256
 #define S_MC 256
 #define S_A_FLOATS (128 * 1024)     /* an A block of a long k (s_kc) */
-#define S_PART_FLOATS (256 * 1024)  /* partial sums of a transposed C */
 #define S_KC_LONG 512               /* and its k block at most: longer runs
                                        of sums in one accumulator lose
                                        accuracy (resnet50's error against
                                        torch: 4e-7 at 256, 5e-7 at 512,
                                        1.2e-6 unbounded) */
+#define S_PART_FLOATS (256 * 1024)  /* partial sums of a transposed C */
 
 static int64_t
 s_min (int64_t a, int64_t b)
