@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kiln_fs.h"
 #include "broker/kiln_broker.h"
 #include "broker/kiln_store.h"
 #include "common/kiln_log.h"
@@ -36,29 +37,6 @@ static const char *s_usage =
     "  --repair                 with --check-store: remove damaged entries\n"
     "  -v, --verbose            log more (twice: debug)\n"
     "  --protocol-doc           print the protocol tables of docs/protocol.md\n";
-
-/* A whole number in [lo, hi] with an optional K/M/G suffix, or -1. */
-static long long
-s_number (const char *text, long long lo, long long hi)
-{
-    char *end;
-    long long v = strtoll (text, &end, 10);
-    if (end == text)
-        return -1;
-    long long mult = 1;
-    if (*end == 'K' || *end == 'k')
-        mult = 1LL << 10;
-    else if (*end == 'M' || *end == 'm')
-        mult = 1LL << 20;
-    else if (*end == 'G' || *end == 'g')
-        mult = 1LL << 30;
-    if (mult != 1)
-        end++;
-    if (*end || v < 0 || v > hi / mult)
-        return -1;
-    v *= mult;
-    return v >= lo && v <= hi ? v : -1;
-}
 
 int
 main (int argc, char **argv)
@@ -102,32 +80,32 @@ main (int argc, char **argv)
         case OPT_CHECK: check = 1; break;
         case OPT_REPAIR: repair = 1; break;
         case OPT_STORE_MAX:
-            if ((v = s_number (optarg, 1 << 20, 1LL << 50)) < 0)
+            if ((v = kiln_parse_number (optarg, 1 << 20, 1LL << 50)) < 0)
                 goto bad_number;
             cfg.store_max_bytes = (uint64_t) v;
             break;
         case OPT_TIMEOUT:
-            if ((v = s_number (optarg, 1, 7 * 24 * 3600)) < 0)
+            if ((v = kiln_parse_number (optarg, 1, 7 * 24 * 3600)) < 0)
                 goto bad_number;
             cfg.default_timeout_ms = (uint64_t) v * 1000;
             break;
         case OPT_HEARTBEAT:
-            if ((v = s_number (optarg, 10, 60000)) < 0)
+            if ((v = kiln_parse_number (optarg, 10, 60000)) < 0)
                 goto bad_number;
             cfg.heartbeat_ms = (int) v;
             break;
         case OPT_LIVENESS:
-            if ((v = s_number (optarg, 100, 3600000)) < 0)
+            if ((v = kiln_parse_number (optarg, 100, 3600000)) < 0)
                 goto bad_number;
             cfg.liveness_ms = (int) v;
             break;
         case OPT_DEATHS:
-            if ((v = s_number (optarg, 1, 100)) < 0)
+            if ((v = kiln_parse_number (optarg, 1, 100)) < 0)
                 goto bad_number;
             cfg.max_deaths = (int) v;
             break;
         case OPT_WINDOW:
-            if ((v = s_number (optarg, 1, KILN_PROTO_MAX_CREDIT)) < 0)
+            if ((v = kiln_parse_number (optarg, 1, KILN_PROTO_MAX_CREDIT)) < 0)
                 goto bad_number;
             cfg.credit_window = (int) v;
             break;

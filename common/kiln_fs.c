@@ -250,3 +250,25 @@ kiln_exe_dir (char *buf, size_t size, kiln_err_t *err)
         *slash = '\0';
     return 0;
 }
+
+long long
+kiln_parse_number (const char *text, long long lo, long long hi)
+{
+    char *end;
+    long long v = strtoll (text, &end, 10);
+    if (end == text)
+        return -1;
+    long long mult = 1;
+    if (*end == 'K' || *end == 'k')
+        mult = 1LL << 10;
+    else if (*end == 'M' || *end == 'm')
+        mult = 1LL << 20;
+    else if (*end == 'G' || *end == 'g')
+        mult = 1LL << 30;
+    if (mult != 1)
+        end++;
+    if (*end || v < 0 || v > hi / mult)
+        return -1;
+    v *= mult;
+    return v >= lo && v <= hi ? v : -1;
+}

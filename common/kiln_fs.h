@@ -51,4 +51,8 @@ int kiln_config_dir (char *buf, size_t size, kiln_err_t *err);
  * sibling programs such as kiln-cc next to kiln-worker). */
 int kiln_exe_dir (char *buf, size_t size, kiln_err_t *err);
 
+/* Parse a whole number in [lo, hi] with an optional K/M/G suffix (powers
+ * of 1024), as command-line options give sizes; -1 when `text` is not one. */
+long long kiln_parse_number (const char *text, long long lo, long long hi);
+
 #endif
