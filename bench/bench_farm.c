@@ -7,6 +7,9 @@
  *                                           child process receives MIB MiB in
  *                                           1 MiB messages over TCP (the
  *                                           baseline of the upload figure)
+ *   bench_farm sha MIB                      SHA-256 of MIB MiB on one core:
+ *                                           the bound the broker's check of
+ *                                           every uploaded byte sets
  *   bench_farm upload EP MIB BLOBS          a graph with BLOBS weights of MIB
  *                                           MiB in all: kiln_client_upload
  *                                           twice (all bytes, then none)
@@ -273,9 +276,33 @@ s_batch (const char *ep, int n, const char *toolchain)
     return 0;
 }
 
+/* SHA-256 on one core, the check the broker runs over every uploaded
+ * byte: `mib` MiB hashed in 1 MiB updates, as chunks arrive. */
+static int
+s_sha (int mib)
+{
+    size_t size = 64u << 20;
+    uint8_t *buf = malloc (size), out[KILN_DIGEST_LEN];
+    if (!buf)
+        return s_die ("sha: out of memory", NULL);
+    memset (buf, 7, size);
+    kiln_sha256_t *sha = kiln_sha256_new ();
+    int64_t t0 = zclock_usecs ();
+    for (int i = 0; i < mib; i++)
+        kiln_sha256_update (sha, buf + ((size_t) i << 20) % size, 1u << 20);
+    kiln_sha256_final (&sha, out);
+    double seconds = (double) (zclock_usecs () - t0) / 1e6;
+    printf ("{\"bench\":\"sha\",\"mib\":%d,\"seconds\":%.4f,\"mib_per_s\":%.1f}\n", mib,
+            seconds, mib / seconds);
+    free (buf);
+    return 0;
+}
+
 int
 main (int argc, char **argv)
 {
+    if (argc >= 3 && strcmp (argv[1], "sha") == 0)
+        return s_sha (atoi (argv[2]));
     if (argc >= 3 && strcmp (argv[1], "raw") == 0)
         return s_raw (atoi (argv[2]));
     if (argc >= 5 && strcmp (argv[1], "upload") == 0)
@@ -284,7 +311,7 @@ main (int argc, char **argv)
         return s_hits (argv[2], atoi (argv[3]));
     if (argc >= 5 && strcmp (argv[1], "batch") == 0)
         return s_batch (argv[2], atoi (argv[3]), argv[4]);
-    fprintf (stderr, "usage: bench_farm raw MIB | upload EP MIB BLOBS | hits EP N | "
+    fprintf (stderr, "usage: bench_farm raw MIB | sha MIB | upload EP MIB BLOBS | hits EP N | "
                      "batch EP N TOOLCHAIN\n");
     return 2;
 }

@@ -124,7 +124,11 @@ struct s_worker {
 
 typedef struct {
     kiln_blob_writer_t *writer;          /* owned */
+    s_client_t *client;                  /* whose upload */
     int64_t last_chunk;                  /* zclock_mono */
+    uint64_t pushed;                     /* chunks handed to the writer */
+    uint64_t credited;                   /* of those, released and credited again */
+    bool closed;                         /* all bytes in: the writer is finishing */
     char hex[KILN_HEX_LEN];
 } s_upload_t;
 
@@ -264,7 +268,10 @@ s_upload_destroy (s_upload_t **self_p)
 {
     if (!*self_p)
         return;
-    kiln_blob_writer_abort (&(*self_p)->writer);
+    s_upload_t *up = *self_p;
+    /* chunks the writer still held: the client may send as many again */
+    up->client->credit_owed += (uint32_t) (up->pushed - up->credited);
+    kiln_blob_writer_abort (&up->writer);
     free (*self_p);
     *self_p = NULL;
 }
@@ -1607,6 +1614,9 @@ s_post_credit (kiln_broker_t *self, s_client_t *c, const char *stored_hex)
     s_send_now (self, c->rid, &credit, c->tenant);
 }
 
+static void s_upload_failed (kiln_broker_t *self, s_client_t *c, const char *hex,
+                             const kiln_err_t *err);
+
 /* A chunk of a blob upload. */
 static void
 s_on_chunk (kiln_broker_t *self, s_client_t *c, kiln_msg_t *msg)
@@ -1625,7 +1635,7 @@ s_on_chunk (kiln_broker_t *self, s_client_t *c, kiln_msg_t *msg)
         return;
     }
     c->credit_out--;
-    c->credit_owed++;
+    bool held = false;                   /* the writer holds the chunk */
     s_upload_t *up = zhashx_lookup (c->uploads, msg->digest);
     if (up && msg->offset == 0) {
         /* The client starts this blob over (it resent its requests). */
@@ -1646,8 +1656,11 @@ s_on_chunk (kiln_broker_t *self, s_client_t *c, kiln_msg_t *msg)
             goto fail;
         }
         up = calloc (1, sizeof *up);
+        if (up)
+            up->client = c;
         if (!up || !(up->writer = kiln_store_blob_begin (self->store, digest, msg->blob_size,
-                                                          &err))) {
+                                                          (size_t) self->cfg.credit_window,
+                                                          up, &err))) {
             free (up);
             if (!err.code)
                 kiln_error (&err, KILN_ENOMEM, "out of memory");
@@ -1669,40 +1682,94 @@ s_on_chunk (kiln_broker_t *self, s_client_t *c, kiln_msg_t *msg)
     }
     zframe_t *frame = kiln_msg_take_chunk (msg);
     size_t chunk_len = frame ? zframe_size (frame) : 0;
-    if (frame && kiln_blob_writer_take (up->writer, &frame, &err) != 0)
-        goto fail;
-    self->stats.uploaded_bytes += chunk_len;
-    if (kiln_blob_writer_received (up->writer) == kiln_blob_writer_size (up->writer)) {
-        kiln_blob_writer_t *writer = up->writer;
-        up->writer = NULL;
-        zhashx_delete (c->uploads, msg->digest);
-        self->uploads--;
-        if (kiln_store_blob_finish (self->store, &writer, &err) != 0)
-            goto fail_done;
-        self->stats.uploaded_blobs++;
-        kiln_log_info ("client %s: blob %.*s stored (%llu bytes)", c->tenant, S_KEY_SHORT,
-                       msg->digest, (unsigned long long) msg->blob_size);
-        s_post_credit (self, c, msg->digest);
-        return;
+    if (chunk_len > 0) {
+        /* Taken without waiting: the client's credit bounds what the
+         * writer holds, and the credit comes back as it lets go. */
+        if (kiln_blob_writer_take (up->writer, &frame, &err) != 0)
+            goto fail;
+        up->pushed++;
+        held = true;
     }
-    if (c->credit_owed >= (uint32_t) self->cfg.credit_window / 4 || c->credit_out == 0)
+    zframe_destroy (&frame);
+    self->stats.uploaded_bytes += chunk_len;
+    if (!held)
+        c->credit_owed++;
+    if (kiln_blob_writer_received (up->writer) == kiln_blob_writer_size (up->writer)) {
+        /* the writer's threads check and seal it; s_on_upload_news ends it */
+        kiln_blob_writer_close (up->writer);
+        up->closed = true;
+    }
+    if (c->credit_owed > 0
+        && (c->credit_owed >= (uint32_t) self->cfg.credit_window / 4 || c->credit_out == 0))
         s_post_credit (self, c, NULL);
     return;
 fail:
+    if (!held)
+        c->credit_owed++;
     if (zhashx_lookup (c->uploads, msg->digest)) {
         zhashx_delete (c->uploads, msg->digest);
         self->uploads--;
     }
-fail_done:
-    kiln_log_warn ("client %s: %s", c->tenant, err.msg);
+    s_upload_failed (self, c, msg->digest, &err);
+}
+
+/* Tell the client its upload of blob `hex` failed, with its credit back. */
+static void
+s_upload_failed (kiln_broker_t *self, s_client_t *c, const char *hex, const kiln_err_t *err)
+{
+    kiln_log_warn ("client %s: %s", c->tenant, err->msg);
     s_post_credit (self, c, NULL);
     kiln_msg_t *e = kiln_msg_new (KILN_CMD_ERROR);
     if (e) {
-        memcpy (e->digest, msg->digest, KILN_HEX_LEN);
-        if (kiln_msg_set_error (e, err.code, err.msg, NULL) == 0)
+        memcpy (e->digest, hex, KILN_HEX_LEN);
+        if (kiln_msg_set_error (e, err->code, err->msg, NULL) == 0)
             s_post (self, c->rid, &e);
         kiln_msg_destroy (&e);
     }
+}
+
+/* A blob writer let go of chunks, or is through: credit the client again,
+ * and once the blob is checked and on disk, make it visible and say so. */
+static void
+s_on_upload_news (kiln_blob_writer_t *writer, void *tag, void *arg)
+{
+    kiln_broker_t *self = arg;
+    s_upload_t *up = tag;
+    s_client_t *c = up->client;
+    uint64_t released = kiln_blob_writer_released (writer);
+    if (released > up->credited) {
+        c->credit_owed += (uint32_t) (released - up->credited);
+        up->credited = released;
+    }
+    if (up->closed && kiln_blob_writer_done (writer)) {
+        char hex[KILN_HEX_LEN];
+        memcpy (hex, up->hex, KILN_HEX_LEN);
+        uint64_t size = kiln_blob_writer_size (writer);
+        up->writer = NULL;
+        zhashx_delete (c->uploads, hex);     /* frees up */
+        self->uploads--;
+        kiln_err_t err = { 0 };
+        if (kiln_store_blob_finish (self->store, &writer, &err) != 0) {
+            s_upload_failed (self, c, hex, &err);
+            return;
+        }
+        self->stats.uploaded_blobs++;
+        kiln_log_info ("client %s: blob %.*s stored (%llu bytes)", c->tenant, S_KEY_SHORT,
+                       hex, (unsigned long long) size);
+        s_post_credit (self, c, hex);
+        return;
+    }
+    if (c->credit_owed > 0
+        && (c->credit_owed >= (uint32_t) self->cfg.credit_window / 4 || c->credit_out == 0))
+        s_post_credit (self, c, NULL);
+}
+
+static int
+s_on_uploads (zloop_t *loop, zmq_pollitem_t *item, void *arg)
+{
+    kiln_broker_t *self = arg;
+    kiln_store_upload_poll (self->store, s_on_upload_news, self);
+    return 0;
 }
 
 static void
@@ -2084,7 +2151,7 @@ s_on_heartbeat (zloop_t *loop, int timer_id, void *arg)
     zlistx_purge (gone);
     for (s_client_t *c = zhashx_first (self->clients); c; c = zhashx_next (self->clients)) {
         for (s_upload_t *up = zhashx_first (c->uploads); up; up = zhashx_next (c->uploads))
-            if (now - up->last_chunk > S_UPLOAD_IDLE_MS)
+            if (!up->closed && now - up->last_chunk > S_UPLOAD_IDLE_MS)
                 zlistx_add_end (gone, up);
         for (s_upload_t *up = zlistx_first (gone); up; up = zlistx_next (gone)) {
             kiln_log_warn ("client %s: upload of blob %.*s idle; dropped", c->tenant,
@@ -2290,7 +2357,9 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
     }
     zloop_reader_set_tolerant (self->loop, self->router);
     zmq_pollitem_t commit = { NULL, kiln_store_commit_fd (self->store), ZMQ_POLLIN, 0 };
-    if (zloop_poller (self->loop, &commit, s_on_commit, self) != 0) {
+    zmq_pollitem_t uploads = { NULL, kiln_store_upload_fd (self->store), ZMQ_POLLIN, 0 };
+    if (zloop_poller (self->loop, &commit, s_on_commit, self) != 0
+        || zloop_poller (self->loop, &uploads, s_on_uploads, self) != 0) {
         kiln_error (err, KILN_ESYS, "could not set up the event loop");
         goto fail;
     }

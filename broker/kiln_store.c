@@ -76,6 +76,10 @@ struct kiln_store {
     struct s_batch *done, *done_tail;   /* for kiln_store_commit_collect */
     int efd;                         /* eventfd: a batch is durable */
     uint64_t next_ticket, durable;
+    /* Blob writers with news for the caller's loop (kiln_store_upload_poll). */
+    pthread_mutex_t news_mu;
+    struct kiln_blob_writer *news, *news_tail;
+    int upload_efd;                  /* eventfd: there is news */
 };
 
 /* Staged writes handed to the syncer. */
@@ -88,40 +92,53 @@ typedef struct s_batch {
 } s_batch_t;
 
 /* A blob being received.  The broker's loop hands it the chunks (their
- * frames, no copy): it hashes each one, and a thread of the writer's own
- * writes it, so that hashing and writing run side by side instead of one
- * after the other.  At most
- * S_QUEUE chunks wait; a loop that gets ahead waits for the thread, which
- * bounds the memory an upload holds.  The file is written with O_DIRECT
- * where the file system allows it (no copy into the page cache, the
- * slowest step on small VMs), else through the page cache with early
- * writeback. */
-#define S_QUEUE 16
+ * frames, no copy) and goes on at once: two threads of the writer's own
+ * take each chunk, one hashing it and one writing it, side by side.  A
+ * chunk's frame goes once both are done with it; that is when the loop
+ * may grant its credit again, so the memory an upload holds stays within
+ * the credit window (`cap` chunks).  When the last chunk is handed over
+ * the threads finish on their own (digest checked, file truncated and
+ * fsynced) and the loop hears of it through the store's upload eventfd,
+ * so a 1 GiB upload never holds up the broker's loop.  The file is
+ * written with O_DIRECT where the file system allows it (no copy into the
+ * page cache, the slowest step on small VMs), else through the page cache
+ * with early writeback. */
+#define S_DEFAULT_CHUNKS 16          /* chunks in flight when the caller sets none */
 #define S_ALIGN 4096
+#define S_MAX_NEWS_PER_POLL 4096     /* writers handled per kiln_store_upload_poll */
 
 struct kiln_blob_writer {
     kiln_store_t *store;
+    void *tag;                       /* the caller's, given back by upload_poll */
     uint8_t digest[KILN_DIGEST_LEN];
     uint64_t size;                   /* announced */
-    uint64_t received;               /* handed to the writer */
+    uint64_t received;               /* bytes handed over (the caller's) */
     int fd;
     bool direct;                     /* fd has O_DIRECT */
     char tmp[PATH_MAX];
-    /* shared with the thread, under mu */
-    pthread_t thread;
-    bool started;
+    /* shared with the threads, under mu */
+    pthread_t hasher, writer;
+    bool hasher_started, writer_started;
     pthread_mutex_t mu;
-    pthread_cond_t work, room;
-    zframe_t *queue[S_QUEUE];        /* ring of chunks to write */
-    size_t head, len;
-    bool closing;                    /* no more chunks: finish or abort */
-    bool abort;
+    pthread_cond_t work;             /* threads wait for chunks or the end */
+    pthread_cond_t room;             /* the caller waits for room or done */
+    zframe_t **ring;                 /* chunk i at ring[i % cap] */
+    size_t cap;
+    uint64_t pushed, hashed, written;   /* chunks */
+    bool closing;                    /* no more chunks: finish */
+    bool abort;                      /* stop at once */
+    bool hash_done, done;
     int error;                       /* KILN_E*, 0 = none */
     char errmsg[PATH_MAX + 128];
-    kiln_sha256_t *sha;              /* the caller's */
-    /* the thread's own */
+    uint8_t got[KILN_DIGEST_LEN];    /* the digest of what came, once hash_done */
+    /* the hasher's own */
+    kiln_sha256_t *sha;
+    /* the writer thread's own */
     uint8_t *bounce;                 /* S_ALIGN-aligned, for O_DIRECT */
-    uint64_t written, synced;
+    uint64_t bytes_written, synced;
+    /* on the store's news list, under the store's news_mu */
+    bool in_news;
+    struct kiln_blob_writer *news_next;
 };
 
 /* zhashx destructor: frees the entry and clears the table's slot. */
@@ -414,8 +431,10 @@ kiln_store_new (const char *state_dir, uint64_t max_bytes, kiln_err_t *err)
     self->max_bytes = max_bytes ? max_bytes : KILN_STORE_DEFAULT_MAX_BYTES;
     pthread_mutex_init (&self->mu, NULL);
     pthread_cond_init (&self->work, NULL);
+    pthread_mutex_init (&self->news_mu, NULL);
     self->efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (self->efd < 0) {
+    self->upload_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->efd < 0 || self->upload_efd < 0) {
         kiln_error (err, KILN_ESYS, "eventfd: %s", strerror (errno));
         kiln_store_destroy (&self);
         return NULL;
@@ -455,6 +474,9 @@ kiln_store_destroy (kiln_store_t **self_p)
         kiln_store_commit_collect (self, NULL);
         close (self->efd);
     }
+    if (self->upload_efd > 0)
+        close (self->upload_efd);
+    pthread_mutex_destroy (&self->news_mu);
     pthread_mutex_destroy (&self->mu);
     pthread_cond_destroy (&self->work);
     for (size_t i = 0; i < self->n_staged; i++)
@@ -1007,9 +1029,9 @@ kiln_store_blob_remove (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN
         s_unindex (self, e);
 }
 
-/* Write `len` bytes at `offset`; O_DIRECT needs an aligned buffer and
- * length, so the chunk goes through the bounce buffer, padded with zeros
- * (the file is cut to its size at the end). */
+/* Write `len` bytes at the end of what is written; O_DIRECT needs an
+ * aligned buffer and length, so the chunk goes through the bounce buffer,
+ * padded with zeros (the file is cut to its size at the end). */
 static int
 s_writer_put (kiln_blob_writer_t *w, const uint8_t *data, size_t len)
 {
@@ -1023,20 +1045,128 @@ s_writer_put (kiln_blob_writer_t *w, const uint8_t *data, size_t len)
     }
     size_t done = 0;
     while (done < n) {
-        ssize_t k = pwrite (w->fd, src + done, n - done, (off_t) (w->written + done));
+        ssize_t k = pwrite (w->fd, src + done, n - done, (off_t) (w->bytes_written + done));
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
             return -1;
         done += (size_t) k;
     }
-    w->written += len;
-    if (!w->direct && w->written - w->synced >= S_SYNC_EVERY) {
-        sync_file_range (w->fd, (off_t) w->synced, (off_t) (w->written - w->synced),
+    w->bytes_written += len;
+    if (!w->direct && w->bytes_written - w->synced >= S_SYNC_EVERY) {
+        sync_file_range (w->fd, (off_t) w->synced, (off_t) (w->bytes_written - w->synced),
                          SYNC_FILE_RANGE_WRITE);
-        w->synced = w->written;
+        w->synced = w->bytes_written;
     }
     return 0;
+}
+
+/* Tell the store's loop that w has news (chunks released, or done).
+ * Called with w->mu held; the lock order is w->mu, then news_mu. */
+static void
+s_news (kiln_blob_writer_t *w)
+{
+    kiln_store_t *store = w->store;
+    bool wake = false;
+    pthread_mutex_lock (&store->news_mu);
+    if (!w->in_news) {
+        w->in_news = true;
+        w->news_next = NULL;
+        if (store->news_tail)
+            store->news_tail->news_next = w;
+        else
+            store->news = w;
+        store->news_tail = w;
+        wake = true;
+    }
+    pthread_mutex_unlock (&store->news_mu);
+    if (wake) {
+        uint64_t one = 1;
+        ssize_t ignored = write (store->upload_efd, &one, sizeof one);
+        (void) ignored;
+    }
+}
+
+/* One thread is done with chunk `(*mine)`; the frame goes when the other
+ * is done with it too.  Under w->mu. */
+static void
+s_chunk_done (kiln_blob_writer_t *w, uint64_t *mine, uint64_t other)
+{
+    uint64_t i = (*mine)++;
+    if (other > i) {
+        zframe_destroy (&w->ring[i % w->cap]);
+        pthread_cond_signal (&w->room);
+        s_news (w);
+    }
+}
+
+static void
+s_writer_fail (kiln_blob_writer_t *w, int code, const char *fmt, ...)
+{
+    if (w->error)
+        return;                      /* the first failure is the one told */
+    w->error = code;
+    va_list ap;
+    va_start (ap, fmt);
+    vsnprintf (w->errmsg, sizeof w->errmsg, fmt, ap);
+    va_end (ap);
+}
+
+/* The chunk a thread at `pos` takes next, once there is one; NULL after
+ * the last chunk or on abort.  Under w->mu. */
+static zframe_t *
+s_wait_chunk (kiln_blob_writer_t *w, const uint64_t *pos)
+{
+    while (*pos == w->pushed && !w->closing && !w->abort)
+        pthread_cond_wait (&w->work, &w->mu);
+    return w->abort || *pos == w->pushed ? NULL : w->ring[*pos % w->cap];
+}
+
+static void *
+s_hasher_thread (void *arg)
+{
+    kiln_blob_writer_t *w = arg;
+    pthread_mutex_lock (&w->mu);
+    zframe_t *frame;
+    while ((frame = s_wait_chunk (w, &w->hashed))) {
+        pthread_mutex_unlock (&w->mu);
+        kiln_sha256_update (w->sha, zframe_data (frame), zframe_size (frame));
+        pthread_mutex_lock (&w->mu);
+        s_chunk_done (w, &w->hashed, w->written);
+    }
+    if (!w->abort)
+        kiln_sha256_final (&w->sha, w->got);
+    w->hash_done = true;
+    pthread_cond_broadcast (&w->work);      /* the writer thread may wait for it */
+    pthread_mutex_unlock (&w->mu);
+    return NULL;
+}
+
+/* Everything is written and hashed: check the digest, cut the padding of
+ * the last O_DIRECT write and the preallocation, fsync.  Under w->mu. */
+static void
+s_writer_seal (kiln_blob_writer_t *w)
+{
+    char hex[KILN_HEX_LEN];
+    kiln_hex (w->digest, KILN_DIGEST_LEN, hex);
+    if (w->error)
+        return;
+    if (w->received != w->size || w->bytes_written != w->size) {
+        s_writer_fail (w, KILN_EPROTO, "blob %s: %llu of %llu bytes received", hex,
+                       (unsigned long long) w->received, (unsigned long long) w->size);
+        return;
+    }
+    if (memcmp (w->got, w->digest, KILN_DIGEST_LEN) != 0) {
+        char got_hex[KILN_HEX_LEN];
+        kiln_hex (w->got, KILN_DIGEST_LEN, got_hex);
+        s_writer_fail (w, KILN_EVERIFY, "blob %s: the bytes sent hash to %s", hex, got_hex);
+        return;
+    }
+    pthread_mutex_unlock (&w->mu);
+    int rc = ftruncate (w->fd, (off_t) w->size) == 0 && fsync (w->fd) == 0 ? 0 : errno;
+    pthread_mutex_lock (&w->mu);
+    if (rc)
+        s_writer_fail (w, KILN_EIO, "could not write '%s': %s", w->tmp, strerror (rc));
 }
 
 static void *
@@ -1044,57 +1174,32 @@ s_writer_thread (void *arg)
 {
     kiln_blob_writer_t *w = arg;
     pthread_mutex_lock (&w->mu);
-    while (true) {
-        while (w->len == 0 && !w->closing)
-            pthread_cond_wait (&w->work, &w->mu);
-        if (w->len == 0 || w->abort)
-            break;
-        zframe_t *frame = w->queue[w->head];
-        w->head = (w->head + 1) % S_QUEUE;
-        w->len--;
+    zframe_t *frame;
+    while ((frame = s_wait_chunk (w, &w->written))) {
         bool failed = w->error != 0;
         pthread_mutex_unlock (&w->mu);
-        int rc = 0;
-        if (!failed)
-            rc = s_writer_put (w, zframe_data (frame), zframe_size (frame));
+        int rc = failed ? 0 : s_writer_put (w, zframe_data (frame), zframe_size (frame));
         int e = errno;
-        zframe_destroy (&frame);
         pthread_mutex_lock (&w->mu);
-        if (rc != 0 && !w->error) {
-            w->error = KILN_EIO;
-            snprintf (w->errmsg, sizeof w->errmsg, "could not write '%s': %s", w->tmp,
-                      strerror (e));
-        }
-        pthread_cond_signal (&w->room);
+        if (rc != 0)
+            s_writer_fail (w, KILN_EIO, "could not write '%s': %s", w->tmp, strerror (e));
+        s_chunk_done (w, &w->written, w->hashed);
     }
-    /* what is left (abort) is dropped */
-    while (w->len > 0) {
-        zframe_destroy (&w->queue[w->head]);
-        w->head = (w->head + 1) % S_QUEUE;
-        w->len--;
+    while (!w->hash_done && !w->abort)
+        pthread_cond_wait (&w->work, &w->mu);
+    if (!w->abort) {
+        s_writer_seal (w);
+        w->done = true;
+        pthread_cond_broadcast (&w->room);
+        s_news (w);
     }
     pthread_mutex_unlock (&w->mu);
     return NULL;
 }
 
-/* Stop the thread: after the queue is written (finish) or at once (abort). */
-static void
-s_writer_stop (kiln_blob_writer_t *w, bool abort)
-{
-    if (!w->started)
-        return;
-    pthread_mutex_lock (&w->mu);
-    w->closing = true;
-    w->abort = abort;
-    pthread_cond_signal (&w->work);
-    pthread_mutex_unlock (&w->mu);
-    pthread_join (w->thread, NULL);
-    w->started = false;
-}
-
 kiln_blob_writer_t *
 kiln_store_blob_begin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN],
-                       uint64_t size, kiln_err_t *err)
+                       uint64_t size, size_t max_chunks, void *tag, kiln_err_t *err)
 {
     char hex[KILN_HEX_LEN];
     kiln_hex (digest, KILN_DIGEST_LEN, hex);
@@ -1105,16 +1210,21 @@ kiln_store_blob_begin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]
                                           ? self->max_bytes : KILN_MAX_BLOB_BYTES));
         return NULL;
     }
+    size_t cap = max_chunks ? max_chunks : S_DEFAULT_CHUNKS;
     kiln_blob_writer_t *w = calloc (1, sizeof *w);
-    if (!w || !(w->sha = kiln_sha256_new ())
+    if (!w || !(w->sha = kiln_sha256_new ()) || !(w->ring = calloc (cap, sizeof *w->ring))
         || posix_memalign ((void **) &w->bounce, S_ALIGN, KILN_CHUNK_BYTES + S_ALIGN) != 0) {
-        if (w)
+        if (w) {
             kiln_sha256_destroy (&w->sha);
+            free (w->ring);
+        }
         free (w);
         kiln_error (err, KILN_ENOMEM, "out of memory");
         return NULL;
     }
     w->store = self;
+    w->tag = tag;
+    w->cap = cap;
     w->fd = -1;
     memcpy (w->digest, digest, KILN_DIGEST_LEN);
     w->size = size;
@@ -1139,12 +1249,14 @@ kiln_store_blob_begin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]
     int flags = fcntl (w->fd, F_GETFL);
     w->direct = size >= KILN_CHUNK_BYTES && flags >= 0
                 && fcntl (w->fd, F_SETFL, flags | O_DIRECT) == 0;
-    if (pthread_create (&w->thread, NULL, s_writer_thread, w) != 0) {
-        kiln_error (err, KILN_ESYS, "could not start a writer thread");
+    w->hasher_started = pthread_create (&w->hasher, NULL, s_hasher_thread, w) == 0;
+    w->writer_started = w->hasher_started
+                        && pthread_create (&w->writer, NULL, s_writer_thread, w) == 0;
+    if (!w->writer_started) {
+        kiln_error (err, KILN_ESYS, "could not start the threads of an upload");
         kiln_blob_writer_abort (&w);
         return NULL;
     }
-    w->started = true;
     return w;
 }
 
@@ -1163,21 +1275,22 @@ kiln_blob_writer_take (kiln_blob_writer_t *self, zframe_t **frame_p, kiln_err_t 
         zframe_destroy (&frame);
         return 0;
     }
-    /* Hashing here and writing in the thread run side by side. */
-    kiln_sha256_update (self->sha, zframe_data (frame), len);
     pthread_mutex_lock (&self->mu);
-    while (self->len == S_QUEUE && !self->error)
+    while (!self->error && !self->closing
+           && self->pushed - (self->hashed < self->written ? self->hashed : self->written)
+                  >= self->cap)
         pthread_cond_wait (&self->room, &self->mu);
     int rc = 0;
-    if (self->error) {
-        rc = kiln_error (err, self->error, "%s", self->errmsg);
+    if (self->error || self->closing) {
+        rc = self->error ? kiln_error (err, self->error, "%s", self->errmsg)
+                         : kiln_error (err, KILN_EPROTO, "blob upload: a chunk after the end");
         zframe_destroy (&frame);
     }
     else {
-        self->queue[(self->head + self->len) % S_QUEUE] = frame;
-        self->len++;
+        self->ring[self->pushed % self->cap] = frame;
+        self->pushed++;
         self->received += len;
-        pthread_cond_signal (&self->work);
+        pthread_cond_broadcast (&self->work);
     }
     pthread_mutex_unlock (&self->mu);
     return rc;
@@ -1215,13 +1328,77 @@ kiln_blob_writer_size (const kiln_blob_writer_t *self)
     return self->size;
 }
 
+uint64_t
+kiln_blob_writer_released (kiln_blob_writer_t *self)
+{
+    pthread_mutex_lock (&self->mu);
+    uint64_t n = self->hashed < self->written ? self->hashed : self->written;
+    pthread_mutex_unlock (&self->mu);
+    return n;
+}
+
+void
+kiln_blob_writer_close (kiln_blob_writer_t *self)
+{
+    pthread_mutex_lock (&self->mu);
+    self->closing = true;
+    pthread_cond_broadcast (&self->work);
+    pthread_mutex_unlock (&self->mu);
+}
+
+bool
+kiln_blob_writer_done (kiln_blob_writer_t *self)
+{
+    pthread_mutex_lock (&self->mu);
+    bool done = self->done;
+    pthread_mutex_unlock (&self->mu);
+    return done;
+}
+
+/* Stop and join the threads: at once (abort) or once done. */
+static void
+s_writer_join (kiln_blob_writer_t *w, bool abort)
+{
+    pthread_mutex_lock (&w->mu);
+    w->closing = true;
+    if (abort)
+        w->abort = true;
+    pthread_cond_broadcast (&w->work);
+    pthread_mutex_unlock (&w->mu);
+    if (w->hasher_started)
+        pthread_join (w->hasher, NULL);
+    if (w->writer_started)
+        pthread_join (w->writer, NULL);
+    w->hasher_started = w->writer_started = false;
+}
+
 void
 kiln_blob_writer_abort (kiln_blob_writer_t **writer_p)
 {
     kiln_blob_writer_t *w = writer_p ? *writer_p : NULL;
     if (!w)
         return;
-    s_writer_stop (w, true);
+    s_writer_join (w, true);
+    /* chunks not yet released by both threads */
+    uint64_t first = w->hashed < w->written ? w->hashed : w->written;
+    for (uint64_t i = first; i < w->pushed; i++)
+        zframe_destroy (&w->ring[i % w->cap]);
+    kiln_store_t *store = w->store;
+    pthread_mutex_lock (&store->news_mu);
+    if (w->in_news) {
+        kiln_blob_writer_t **p = &store->news;
+        kiln_blob_writer_t *prev = NULL;
+        while (*p && *p != w) {
+            prev = *p;
+            p = &(*p)->news_next;
+        }
+        if (*p) {
+            *p = w->news_next;
+            if (store->news_tail == w)
+                store->news_tail = prev;
+        }
+    }
+    pthread_mutex_unlock (&store->news_mu);
     if (w->fd >= 0)
         close (w->fd);
     if (w->tmp[0])
@@ -1230,6 +1407,7 @@ kiln_blob_writer_abort (kiln_blob_writer_t **writer_p)
     pthread_mutex_destroy (&w->mu);
     pthread_cond_destroy (&w->work);
     pthread_cond_destroy (&w->room);
+    free (w->ring);
     free (w->bounce);
     free (w);
     *writer_p = NULL;
@@ -1242,29 +1420,17 @@ kiln_store_blob_finish (kiln_store_t *self, kiln_blob_writer_t **writer_p, kiln_
     char hex[KILN_HEX_LEN], path[PATH_MAX];
     kiln_hex (w->digest, KILN_DIGEST_LEN, hex);
     int rc = 0;
-    s_writer_stop (w, false);
+    s_writer_join (w, false);       /* at once when kiln_blob_writer_done said so */
     if (w->error) {
         rc = kiln_error (err, w->error, "%s", w->errmsg);
         goto done;
     }
-    if (w->received != w->size || w->written != w->size) {
-        rc = kiln_error (err, KILN_EPROTO, "blob %s: %llu of %llu bytes received", hex,
-                         (unsigned long long) w->received, (unsigned long long) w->size);
+    if (!w->done) {
+        rc = kiln_error (err, KILN_EIO, "blob %s: the upload's threads stopped early", hex);
         goto done;
     }
-    uint8_t got[KILN_DIGEST_LEN];
-    kiln_sha256_final (&w->sha, got);
-    if (memcmp (got, w->digest, KILN_DIGEST_LEN) != 0) {
-        char got_hex[KILN_HEX_LEN];
-        kiln_hex (got, KILN_DIGEST_LEN, got_hex);
-        rc = kiln_error (err, KILN_EVERIFY, "blob %s: the bytes sent hash to %s", hex, got_hex);
-        goto done;
-    }
-    /* the padding of the last O_DIRECT write, and the preallocation, go */
-    if (ftruncate (w->fd, (off_t) w->size) != 0 || fsync (w->fd) != 0) {
-        rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", w->tmp, strerror (errno));
-        goto done;
-    }
+    /* Naming it, indexing it and evicting for it stay on the caller's
+     * thread: the index is the caller's alone. */
     if (s_path (self, S_BLOB, hex, true, path, sizeof path, err) != 0) {
         rc = -err->code;
         goto done;
@@ -1283,6 +1449,37 @@ kiln_store_blob_finish (kiln_store_t *self, kiln_blob_writer_t **writer_p, kiln_
 done:
     kiln_blob_writer_abort (writer_p);
     return rc;
+}
+
+int
+kiln_store_upload_fd (const kiln_store_t *self)
+{
+    return self->upload_efd;
+}
+
+void
+kiln_store_upload_poll (kiln_store_t *self, kiln_store_upload_fn *fn, void *arg)
+{
+    uint64_t count;
+    ssize_t ignored = read (self->upload_efd, &count, sizeof count);
+    (void) ignored;
+    for (int i = 0; i < S_MAX_NEWS_PER_POLL; i++) {
+        pthread_mutex_lock (&self->news_mu);
+        kiln_blob_writer_t *w = self->news;
+        if (w) {
+            self->news = w->news_next;
+            if (!self->news)
+                self->news_tail = NULL;
+            w->in_news = false;
+        }
+        pthread_mutex_unlock (&self->news_mu);
+        if (!w)
+            return;
+        fn (w, w->tag, arg);         /* may finish or abort w */
+    }
+    /* more news than one call handles: come back through the loop */
+    uint64_t one = 1;
+    ignored = write (self->upload_efd, &one, sizeof one);
 }
 
 void

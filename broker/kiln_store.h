@@ -144,26 +144,43 @@ void kiln_store_blob_unpin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST
 void kiln_store_blob_remove (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]);
 
 /* Start receiving a blob of `size` bytes: a preallocated file in
- * STATE/tmp.  Refused (KILN_ELIMIT) when the blob alone is bigger than
- * the cap.  Caller owns the writer: finish or abort it. */
+ * STATE/tmp, and two threads of its own that hash and write what it is
+ * handed.  At most `max_chunks` chunks are held at once (0: a default);
+ * `tag` is given back by kiln_store_upload_poll.  Refused (KILN_ELIMIT)
+ * when the blob alone is bigger than the cap.  Caller owns the writer:
+ * finish or abort it. */
 kiln_blob_writer_t *kiln_store_blob_begin (kiln_store_t *self,
                                            const uint8_t digest[KILN_DIGEST_LEN],
-                                           uint64_t size, kiln_err_t *err);
+                                           uint64_t size, size_t max_chunks, void *tag,
+                                           kiln_err_t *err);
 /* Append the next chunk: its frame is taken (*frame_p becomes NULL, also
- * on failure) and written by the writer's thread.  Waits when the writer
- * is more than a few chunks behind.  A write error shows here or at
+ * on failure) and hashed and written by the writer's threads.  Waits only
+ * when `max_chunks` chunks are held.  A write error shows here or at
  * finish. */
 int kiln_blob_writer_take (kiln_blob_writer_t *self, zframe_t **frame_p, kiln_err_t *err);
 /* Append the next `len` bytes (copied). */
 int kiln_blob_writer_write (kiln_blob_writer_t *self, const void *data, size_t len,
                             kiln_err_t *err);
-/* Bytes written so far, and the blob's size. */
+/* Bytes handed over so far, and the blob's size. */
 uint64_t kiln_blob_writer_received (const kiln_blob_writer_t *self);
 uint64_t kiln_blob_writer_size (const kiln_blob_writer_t *self);
-/* All bytes written: check the digest, make the blob durable and visible.
- * Consumes *writer_p (also on failure, KILN_EVERIFY for a wrong digest). */
+/* Chunks hashed, written and released so far. */
+uint64_t kiln_blob_writer_released (kiln_blob_writer_t *self);
+/* No more chunks: the threads check the digest and make the file durable
+ * on their own; kiln_blob_writer_done turns true when they are through. */
+void kiln_blob_writer_close (kiln_blob_writer_t *self);
+bool kiln_blob_writer_done (kiln_blob_writer_t *self);
+/* All bytes handed over: wait for the threads (at once after
+ * kiln_blob_writer_done), then make the blob visible.  Consumes *writer_p
+ * (also on failure, KILN_EVERIFY for a wrong digest). */
 int kiln_store_blob_finish (kiln_store_t *self, kiln_blob_writer_t **writer_p,
                             kiln_err_t *err);
+/* Readable when some writer has news (chunks released, or done): then
+ * call kiln_store_upload_poll, which calls `fn` once for each such writer
+ * with its tag, on the caller's thread; `fn` may finish or abort it. */
+int kiln_store_upload_fd (const kiln_store_t *self);
+typedef void (kiln_store_upload_fn) (kiln_blob_writer_t *writer, void *tag, void *arg);
+void kiln_store_upload_poll (kiln_store_t *self, kiln_store_upload_fn *fn, void *arg);
 /* Drop an unfinished upload and its file; *writer_p becomes NULL. */
 void kiln_blob_writer_abort (kiln_blob_writer_t **writer_p);
 

@@ -1,5 +1,6 @@
 /* kiln-broker --listen ENDPOINT --state DIR --key FARMKEY.pem [options] */
 #include <getopt.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +145,12 @@ bad_number:
                  : "--listen, --state and --key are required", s_usage);
         return 2;
     }
+    /* Upload chunks arrive as 1 MiB messages.  Above glibc's mmap
+     * threshold each would be a fresh mapping, zeroed page by page by the
+     * kernel and unmapped again; kept on the heap, the same few buffers
+     * serve the whole upload. */
+    mallopt (M_MMAP_THRESHOLD, 8 << 20);
+    mallopt (M_TRIM_THRESHOLD, 64 << 20);
     kiln_broker_t *broker = kiln_broker_new (&cfg, &err);
     if (!broker) {
         kiln_log_err ("%s", err.msg);

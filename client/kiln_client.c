@@ -11,8 +11,8 @@
  *   broker lost, or it holds fewer requests than we think: SENT,
  *   UPLOADING, ACCEPTED ──▶ NEW (sent again, same id)
  *
- * Blobs the broker lacks are uploaded one at a time in the order asked
- * for, each chunk costing one unit of the credit the broker grants; a
+ * Blobs the broker lacks are uploaded in the order asked for, two at a
+ * time, each chunk costing one unit of the credit the broker grants; a
  * blob several requests need is uploaded once.  Chunks point into the
  * caller's weight buffers (no copy); before a call returns it makes sure
  * ZeroMQ holds none of them any more.
@@ -38,6 +38,7 @@
 #define S_MAX_POLL_MS      100        /* longest single wait, so signals are seen */
 #define S_MAX_RESENDS      50         /* sends of one request after a lost broker */
 #define S_MAX_BATCH        (1u << 20) /* jobs in one call */
+#define S_UPLOADS_AT_ONCE  2          /* blobs whose chunks take turns */
 #define S_DRAIN_MS         5000       /* wait for ZeroMQ to let go of our buffers */
 
 typedef enum { R_NEW, R_SENT, R_UPLOADING, R_ACCEPTED, R_DONE } s_state_t;
@@ -579,42 +580,59 @@ s_send_compile (s_engine_t *e, s_req_t *r, kiln_err_t *err)
     return 0;
 }
 
-/* Send what the credit allows of the uploads, first come first. */
+/* Send one chunk of `up`. */
+static int
+s_send_chunk (s_engine_t *e, s_upload_t *up, kiln_err_t *err)
+{
+    kiln_client_t *self = e->self;
+    uint64_t n = up->size - up->sent < KILN_CHUNK_BYTES ? up->size - up->sent
+                                                         : KILN_CHUNK_BYTES;
+    kiln_msg_t *chunk = kiln_msg_new (KILN_CMD_CHUNK);
+    if (!chunk)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    memcpy (chunk->digest, up->hex, KILN_HEX_LEN);
+    chunk->blob_size = up->size;
+    chunk->offset = up->sent;
+    if (n > 0) {
+        atomic_fetch_add (&self->in_zmq, 1);
+        if (kiln_msg_put_chunk_ref (chunk, up->data + up->sent, (size_t) n, s_zc_free, self,
+                                    err) != 0) {
+            atomic_fetch_sub (&self->in_zmq, 1);
+            kiln_msg_destroy (&chunk);
+            return -err->code;
+        }
+    }
+    if (kiln_msg_send (&chunk, self->dealer, NULL, err) != 0)
+        return kiln_error_prefix (err, "uploading blob %.12s", up->hex);
+    self->credit--;
+    self->stats.uploaded_bytes += n;
+    up->sent += n;
+    up->started = true;
+    return 0;
+}
+
+/* Send what the credit allows of the uploads, first come first, the
+ * first S_UPLOADS_AT_ONCE unsent ones taking turns chunk by chunk: the
+ * broker checks each blob's SHA-256 on a thread of its own, so two blobs
+ * in flight keep two of its cores hashing. */
 static int
 s_pump_uploads (s_engine_t *e, kiln_err_t *err)
 {
     kiln_client_t *self = e->self;
-    s_upload_t *up = zlistx_first (e->upload_order);
-    while (up && self->credit > 0) {
-        if (up->started && up->sent >= up->size) {
-            up = zlistx_next (e->upload_order);
-            continue;
+    while (self->credit > 0) {
+        s_upload_t *turn[S_UPLOADS_AT_ONCE];
+        int n = 0;
+        for (s_upload_t *up = zlistx_first (e->upload_order); up && n < S_UPLOADS_AT_ONCE;
+             up = zlistx_next (e->upload_order))
+            if (!up->started || up->sent < up->size)
+                turn[n++] = up;
+        if (n == 0)
+            break;
+        for (int i = 0; i < n && self->credit > 0; i++) {
+            int rc = s_send_chunk (e, turn[i], err);
+            if (rc)
+                return rc;
         }
-        uint64_t n = up->size - up->sent < KILN_CHUNK_BYTES ? up->size - up->sent
-                                                             : KILN_CHUNK_BYTES;
-        kiln_msg_t *chunk = kiln_msg_new (KILN_CMD_CHUNK);
-        if (!chunk)
-            return kiln_error (err, KILN_ENOMEM, "out of memory");
-        memcpy (chunk->digest, up->hex, KILN_HEX_LEN);
-        chunk->blob_size = up->size;
-        chunk->offset = up->sent;
-        if (n > 0) {
-            atomic_fetch_add (&self->in_zmq, 1);
-            if (kiln_msg_put_chunk_ref (chunk, up->data + up->sent, (size_t) n, s_zc_free, self,
-                                        err) != 0) {
-                atomic_fetch_sub (&self->in_zmq, 1);
-                kiln_msg_destroy (&chunk);
-                return -err->code;
-            }
-        }
-        if (kiln_msg_send (&chunk, self->dealer, NULL, err) != 0)
-            return kiln_error_prefix (err, "uploading blob %.12s", up->hex);
-        self->credit--;
-        self->stats.uploaded_bytes += n;
-        up->sent += n;
-        up->started = true;
-        if (up->sent >= up->size)
-            up = zlistx_next (e->upload_order);
     }
     return 0;
 }

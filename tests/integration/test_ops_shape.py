@@ -117,6 +117,17 @@ def _case_transpose_default():
             {"x": X234}, {"y": X234.transpose()}, None, 14)
 
 
+X_HEADS = np.random.default_rng(3).standard_normal((20, 3, 12)).astype(np.float32)
+
+
+def _case_transpose_blocked():
+    # An attention head split's [tokens, heads, d] -> [heads, d, tokens]:
+    # the axis read contiguously is not the last, so the copy runs as
+    # blocked 8 x 8 transposes (with partial blocks: 12 and 20).
+    return ([helper.make_node("Transpose", ["x"], ["y"], perm=[1, 2, 0])],
+            {"x": X_HEADS}, {"y": X_HEADS.transpose(1, 2, 0)}, None, 14)
+
+
 def _case_squeeze_unsqueeze_attr():
     x = _rand(1, 3, 1, 4)
     return ([helper.make_node("Squeeze", ["x"], ["s"], axes=[0, -2]),
@@ -537,6 +548,7 @@ def _case_fold_size_where_expand():
 CASES = {
     "transpose": _case_transpose,
     "transpose_default": _case_transpose_default,
+    "transpose_blocked": _case_transpose_blocked,
     "squeeze_unsqueeze_attr": _case_squeeze_unsqueeze_attr,
     "squeeze_unsqueeze_input": _case_squeeze_unsqueeze_input,
     "flatten": _case_flatten,

@@ -575,6 +575,45 @@ START_TEST (test_vectorised_softmax_and_layer_norm_rows_match_double)
 }
 END_TEST
 
+/* The softmax row (on AVX-512 its own code, a shorter exponential)
+ * against double: whole vectors and a tail, wide ranges that send
+ * exponentials into the subnormals and to 0, -inf; a NaN spoils its row. */
+START_TEST (test_softmax_rows_match_double_into_the_subnormals)
+{
+    static const int ns[] = { 16, 48, 128, 40 };
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        int n = ns[t], rows = 7;
+        float *x = s_rand (rows * n), *y = malloc ((size_t) (rows * n) * sizeof *y);
+        for (int i = 0; i < rows * n; i++)
+            x[i] *= (float) (i / n + 1) * 25.0f;       /* row r: ±12.5·(r+1) */
+        x[2 * n + 5] = NAN;
+        x[3 * n + 1] = -INFINITY;
+        for (int r = 0; r < rows; r++)
+            kiln_vsoftmax_row (x + r * n, y + r * n, n, false);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + r * n, *yr = y + r * n;
+            if (r == 2) {
+                for (int i = 0; i < n; i++)
+                    ck_assert (isnan (yr[i]));
+                continue;
+            }
+            double mx = -INFINITY, s = 0;
+            for (int i = 0; i < n; i++)
+                mx = fmax (mx, xr[i]);
+            for (int i = 0; i < n; i++)
+                s += exp ((double) xr[i] - mx);
+            for (int i = 0; i < n; i++) {
+                double want = exp ((double) xr[i] - mx) / s;
+                ck_assert_msg (fabs (yr[i] - want) <= 1e-6 * (fabs (want) + 1e-30),
+                               "softmax n=%d row %d [%d] = %.9g, expected %.9g", n,
+                               r, i, (double) yr[i], want);
+            }
+        }
+        free (x); free (y);
+    }
+}
+END_TEST
+
 /* --- the compiler's optimisations against -O0 ---------------------------- */
 
 /* Conv (3x3, pads `p`) of `c` -> `m` channels on h x w, + bias, + a
@@ -950,6 +989,7 @@ s_suite (void)
     tcase_add_test (tc, test_gemm_engine_native_kernel_matches_double);
     tcase_add_test (tc, test_vectorised_transcendentals_are_within_a_few_ulp);
     tcase_add_test (tc, test_vectorised_softmax_and_layer_norm_rows_match_double);
+    tcase_add_test (tc, test_softmax_rows_match_double_into_the_subnormals);
     tcase_add_test (tc, test_fused_packed_convolution_matches_o0);
     tcase_add_test (tc, test_winograd_convolution_matches_o0);
     tcase_add_test (tc, test_depthwise_convolution_matches_o0);

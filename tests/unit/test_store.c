@@ -4,6 +4,7 @@
  * recently used unpinned entries, and the integrity check finds damage. */
 #include <check.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,18 +157,18 @@ START_TEST (test_uploaded_blobs_are_checked_against_their_digest)
     memcpy (wrong, digest, sizeof wrong);
     wrong[0] ^= 1;
     /* wrong digest: refused, nothing stored */
-    kiln_blob_writer_t *w = kiln_store_blob_begin (st, wrong, size, &err);
+    kiln_blob_writer_t *w = kiln_store_blob_begin (st, wrong, size, 0, NULL, &err);
     ck_assert_ptr_nonnull (w);
     ck_assert_int_eq (kiln_blob_writer_write (w, data, size, &err), 0);
     ck_assert_int_eq (kiln_store_blob_finish (st, &w, &err), -KILN_EVERIFY);
     ck_assert_ptr_null (w);
     ck_assert (!kiln_store_has_blob (st, wrong));
     /* more bytes than announced: refused */
-    w = kiln_store_blob_begin (st, digest, 10, &err);
+    w = kiln_store_blob_begin (st, digest, 10, 0, NULL, &err);
     ck_assert_int_eq (kiln_blob_writer_write (w, data, 11, &err), -KILN_EPROTO);
     kiln_blob_writer_abort (&w);
     /* the right bytes in pieces */
-    w = kiln_store_blob_begin (st, digest, size, &err);
+    w = kiln_store_blob_begin (st, digest, size, 0, NULL, &err);
     for (size_t off = 0; off < size; off += 1 << 20) {
         size_t n = size - off < (1u << 20) ? size - off : (1u << 20);
         ck_assert_int_eq (kiln_blob_writer_write (w, data + off, n, &err), 0);
@@ -185,8 +186,90 @@ START_TEST (test_uploaded_blobs_are_checked_against_their_digest)
     /* a blob bigger than the cap is refused up front */
     kiln_store_destroy (&st);
     st = kiln_store_new (s_dir, 1 << 20, &err);
-    ck_assert_ptr_null (kiln_store_blob_begin (st, wrong, 2 << 20, &err));
+    ck_assert_ptr_null (kiln_store_blob_begin (st, wrong, 2 << 20, 0, NULL, &err));
     ck_assert_int_eq (err.code, KILN_ELIMIT);
+    free (data);
+    kiln_store_destroy (&st);
+}
+END_TEST
+
+/* What the loop's callback saw. */
+typedef struct {
+    kiln_store_t *st;
+    kiln_blob_writer_t **writers;    /* by tag index */
+    int finished[2], rc[2];
+    uint64_t released[2];
+} s_news_t;
+
+static void
+s_on_news (kiln_blob_writer_t *w, void *tag, void *arg)
+{
+    s_news_t *n = arg;
+    int i = (int) (intptr_t) tag;
+    ck_assert_ptr_eq (n->writers[i], w);
+    n->released[i] = kiln_blob_writer_released (w);
+    if (kiln_blob_writer_done (w)) {
+        kiln_err_t err = { 0 };
+        n->rc[i] = kiln_store_blob_finish (n->st, &n->writers[i], &err);
+        n->finished[i]++;
+    }
+}
+
+/* The broker's way: chunks handed over without waiting, news through the
+ * upload eventfd, two uploads side by side, one of them wrong. */
+START_TEST (test_uploads_finish_on_their_own_threads_and_report_through_the_fd)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 0, &err);
+    size_t size = 5 * (1u << 20) + 123;
+    uint8_t *data = malloc (size);
+    for (size_t i = 0; i < size; i++)
+        data[i] = (uint8_t) (i * 131 + 3);
+    uint8_t digest[KILN_DIGEST_LEN], wrong[KILN_DIGEST_LEN];
+    kiln_sha256 (data, size, digest);
+    memcpy (wrong, digest, sizeof wrong);
+    wrong[31] ^= 0x80;
+    kiln_blob_writer_t *writers[2];
+    s_news_t n = { .st = st, .writers = writers };
+    writers[0] = kiln_store_blob_begin (st, digest, size, 8, (void *) (intptr_t) 0, &err);
+    writers[1] = kiln_store_blob_begin (st, wrong, size, 8, (void *) (intptr_t) 1, &err);
+    ck_assert_ptr_nonnull (writers[0]);
+    ck_assert_ptr_nonnull (writers[1]);
+    for (size_t off = 0; off < size; off += 1u << 20) {
+        size_t len = size - off < (1u << 20) ? size - off : (1u << 20);
+        for (int i = 0; i < 2; i++) {
+            zframe_t *f = zframe_new (data + off, len);
+            ck_assert_int_eq (kiln_blob_writer_take (writers[i], &f, &err), 0);
+            ck_assert_ptr_null (f);
+        }
+    }
+    kiln_blob_writer_close (writers[0]);
+    kiln_blob_writer_close (writers[1]);
+    /* a chunk after the end is refused */
+    zframe_t *late = zframe_new (data, 1);
+    ck_assert_int_eq (kiln_blob_writer_take (writers[0], &late, &err), -KILN_EPROTO);
+    struct pollfd pfd = { .fd = kiln_store_upload_fd (st), .events = POLLIN };
+    for (int round = 0; round < 500 && (!n.finished[0] || !n.finished[1]); round++)
+        if (poll (&pfd, 1, 20) > 0)
+            kiln_store_upload_poll (st, s_on_news, &n);
+    ck_assert_int_eq (n.finished[0], 1);
+    ck_assert_int_eq (n.finished[1], 1);
+    ck_assert_uint_eq (n.released[0], 6);
+    ck_assert_int_eq (n.rc[0], 0);
+    ck_assert_int_eq (n.rc[1], -KILN_EVERIFY);
+    ck_assert (kiln_store_has_blob (st, digest));
+    ck_assert (!kiln_store_has_blob (st, wrong));
+    /* aborted with chunks still held: nothing stored, no news left */
+    kiln_blob_writer_t *w = kiln_store_blob_begin (st, wrong, size, 8, NULL, &err);
+    for (int i = 0; i < 3; i++) {
+        zframe_t *f = zframe_new (data, 1u << 20);
+        ck_assert_int_eq (kiln_blob_writer_take (w, &f, &err), 0);
+    }
+    kiln_blob_writer_abort (&w);
+    ck_assert_ptr_null (w);
+    n.finished[0] = n.finished[1] = 0;
+    kiln_store_upload_poll (st, s_on_news, &n);
+    ck_assert_int_eq (n.finished[0] + n.finished[1], 0);
     free (data);
     kiln_store_destroy (&st);
 }
@@ -293,6 +376,7 @@ main (void)
     tcase_add_test (tc, test_staged_entries_appear_at_commit_and_hits_are_checked);
     tcase_add_test (tc, test_failures_are_remembered_with_their_log_and_forgotten);
     tcase_add_test (tc, test_uploaded_blobs_are_checked_against_their_digest);
+    tcase_add_test (tc, test_uploads_finish_on_their_own_threads_and_report_through_the_fd);
     tcase_add_test (tc, test_the_cap_evicts_least_recently_used_unpinned_entries);
     tcase_add_test (tc, test_the_integrity_check_finds_and_repairs_damage);
     suite_add_tcase (s, tc);
