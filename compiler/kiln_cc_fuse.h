@@ -14,7 +14,14 @@
  *   -O2  also, after a Conv, Gemm or MatMul, in this order: a constant
  *        bias of n (MatMul), a residual Add of a tensor of the same shape
  *        computed before the product, and a Relu, Clip (constant bounds)
- *        or LeakyRelu.
+ *        or LeakyRelu.  Before a MatMul, the chain of views (Transpose,
+ *        Slice, reshapes) and Mul / Div by a constant scalar that made an
+ *        operand, when the operand is then a strided view of the chain's
+ *        input with a contiguous last axis: the product reads it through
+ *        strides and scales by alpha; after one with nothing else fused,
+ *        a Transpose keeping the last axis last: the product writes
+ *        through strides.  A Transpose whose input is such a view of
+ *        another tensor copies from that tensor.
  *
  * A node is taken over only when the tensor between the two is read by
  * that node alone and is not a graph output, so no intermediate anyone

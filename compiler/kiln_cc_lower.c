@@ -732,6 +732,20 @@ s_pack_weight_b (kiln_cc_ctx_t *cx, const float *b, int64_t k, int64_t n,
     return t;
 }
 
+/* Strides `os` of a MatMul operand or result of shape `sh` (from the
+ * fusion pass) as the matmul op takes them: its batch dimensions padded
+ * to `brank` (0 for the padding and for axes of size 1), then rows and
+ * columns. */
+static void
+s_mm_strides (const kiln_shape_t *sh, const int64_t *os, int brank, int64_t *st)
+{
+    int lead = brank - (sh->rank - 2);
+    for (int i = 0; i < brank + 2; i++) {
+        int d = i - lead;       /* the operand's axis */
+        st[i] = d < 0 || (sh->dims[d] == 1 && i < brank) ? 0 : os[d];
+    }
+}
+
 /* numpy matmul: a 1-D operand is a row (A) or a column (B) vector whose
  * unit dimension is dropped from the result; leading dimensions broadcast. */
 static int
@@ -786,11 +800,15 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     /* A constant B that is one matrix is packed for the engine from -O2. */
     const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
     const float *bdata = kiln_cc_const_f32 (cx, b);
-    bool pack = cx->opts.optlevel >= 2 && bdata && s_numel (sb) == kk * n;
+    bool pack = cx->opts.optlevel >= 2 && bdata && s_numel (sb) == kk * n
+                && f->src[1] < 0;
     int ins[4], n_in = 2;
-    if ((ins[0] = s_operand (cx, a, err)) < 0)
+    if ((ins[0] = s_operand (cx, f->src[0] >= 0 ? f->src[0] : a, err)) < 0)
         return ins[0];
-    if (pack) {
+    if (f->src[1] >= 0) {
+        if ((ins[1] = s_operand (cx, f->src[1], err)) < 0)
+            return ins[1];
+    } else if (pack) {
         if ((ins[1] = s_pack_weight_b (cx, bdata, kk, n, n, 1, err)) < 0)
             return ins[1];
     } else if ((ins[1] = s_operand (cx, b, err)) < 0) {
@@ -818,6 +836,25 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         || (rc = s_set_ints (cx, op, "batch", batch.dims, batch.rank, err))
         || (rc = s_set_ints (cx, op, "batch_a", pa, batch.rank, err))
         || (rc = s_set_ints (cx, op, "batch_b", pb, batch.rank, err)))
+        return rc;
+    int64_t st[KILN_MAX_RANK + 2];
+    for (int w = 0; w < 2; w++) {
+        if (f->src[w] < 0)
+            continue;
+        s_mm_strides (w ? sb : sa, f->src_st[w], batch.rank, st);
+        if ((rc = s_set_ints (cx, op, w ? "b_strides" : "a_strides", st,
+                              batch.rank + 2, err))
+            || (rc = s_set_int (cx, op, w ? "b_offset" : "a_offset", f->src_off[w],
+                                err)))
+            return rc;
+    }
+    if (f->y_strided) {
+        s_mm_strides (&out, f->y_st, batch.rank, st);
+        if ((rc = s_set_ints (cx, op, "y_strides", st, batch.rank + 2, err)))
+            return rc;
+    }
+    if (f->alpha != 1.0
+        && (rc = kiln_prog_op_set_float (&cx->prog->ops[op], "alpha", f->alpha, err)))
         return rc;
     return 0;
 }

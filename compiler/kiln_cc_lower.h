@@ -55,6 +55,16 @@ typedef struct kiln_cc_fusion {
     double act_a, act_b;    /* clip's bounds, leaky_relu's slope */
     int out;                /* graph tensor the fused op writes, or -1 when
                              * nothing is fused (the node's own output) */
+    /* MatMul: the views (Transpose, Slice, Reshape) and the Mul / Div by
+     * a constant scalar that made an operand, read through strides and
+     * applied as alpha; a Transpose of the result, written through
+     * strides. */
+    double alpha;           /* Y = alpha·A·B (1: no scale taken) */
+    int src[2];             /* tensor read for A / B instead of the input, or -1 */
+    int64_t src_off[2];     /* its first element */
+    int64_t src_st[2][KILN_MAX_RANK]; /* per axis of the operand, in src */
+    bool y_strided;         /* Y written into `out` at y_st */
+    int64_t y_st[KILN_MAX_RANK];      /* per axis of the MatMul's output */
     /* A ReduceMean that starts the decomposed LayerNormalization torch
      * exports before opset 17: the whole pattern is one layer_norm. */
     int ln_scale, ln_bias;  /* its constant scale and bias, or -1 */

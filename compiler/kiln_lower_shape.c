@@ -145,10 +145,17 @@ kiln_lower_shape_strided (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     int r = 0, rc = 0;
     kiln_shape_t y;
     s_strides (xs, xst);
+    const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
     if (s_op_is (node, "Transpose")) {
         int64_t perm[KILN_MAX_RANK];
         if ((rc = kiln_transpose_perm (cx->g, node, xs->rank, perm, err)))
             return s_prefixed (cx, rc, err);
+        /* The fusion pass may have found X to be a strided view of
+         * another tensor (kiln_cc_fuse.h): read that one. */
+        if (f->src[0] >= 0) {
+            memcpy (xst, f->src_st[0], (size_t) xs->rank * sizeof *xst);
+            offset = f->src_off[0];
+        }
         y.rank = r = xs->rank;
         for (int i = 0; i < r; i++) {
             y.dims[i] = dims[i] = xs->dims[perm[i]];
@@ -217,7 +224,7 @@ kiln_lower_shape_strided (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
         return kiln_cc_fail (cx, KILN_ECOMPILE, err, "no strided lowering for this op");
     /* A nest that reads every element of X once, in order (a transpose
      * that only moves unit axes, a full slice), is a view from -O1 on. */
-    if (cx->opts.optlevel >= 1 && offset == 0) {
+    if (cx->opts.optlevel >= 1 && offset == 0 && f->src[0] < 0) {
         int64_t want = 1, total = 1;
         bool in_order = true;
         for (int i = r - 1; i >= 0; i--) {
@@ -231,7 +238,7 @@ kiln_lower_shape_strided (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
         if (in_order && want == total && node->n_outputs == 1)
             return kiln_cc_lower_view (cx, node, k, err);
     }
-    int px = kiln_cc_operand (cx, x, err);
+    int px = kiln_cc_operand (cx, f->src[0] >= 0 ? f->src[0] : x, err);
     if (px < 0)
         return px;
     int py = s_result (cx, node, 0, &y, err);

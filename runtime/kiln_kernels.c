@@ -364,6 +364,84 @@ s_get_packed (kiln_prog_op_t *op, const char *name, bool *out, kiln_err_t *err)
     return 0;
 }
 
+/* A matmul operand's or result's optional strides `name` (`a_strides`,
+ * `b_strides`, `y_strides`: r + 2 ints, one per batch dimension then the
+ * row and column strides, in elements) into st[], and the operand's
+ * first element `off_name` (`a_offset`, `b_offset`; optional, 0) into
+ * *off: the operand is then a strided view of its tensor (the compiler
+ * folded the slices and transposes that made it into the product), the
+ * result one of the tensor it writes, and every element they reach
+ * must lie inside it.  Without strides the operand is dense: `dims`
+ * (its batch dims, then rows and columns) in order. */
+static int
+s_get_operand_strides (const kiln_program_t *p, kiln_prog_op_t *op,
+                       const char *name, const char *off_name, int t, int r,
+                       const int64_t *dims, int64_t *st, int64_t *off,
+                       bool *strided, kiln_err_t *err)
+{
+    int rc;
+    *off = 0;
+    *strided = kiln_prog_op_has (op, name);
+    if (off_name && kiln_prog_op_has (op, off_name)) {
+        if (!*strided)
+            return kiln_error (err, KILN_EFORMAT, "%s without %s", off_name, name);
+        if ((rc = kiln_prog_op_int (op, off_name, off, err)))
+            return rc;
+        if (*off < 0 || *off >= s_numel (s_t (p, t)))
+            return kiln_error (err, KILN_EFORMAT, "%s %lld is outside the tensor",
+                               off_name, (long long) *off);
+    }
+    if (!*strided) {
+        int64_t c = 1;
+        for (int i = r + 1; i >= 0; i--) {
+            st[i] = dims[i] == 1 && i < r ? 0 : c;
+            c *= dims[i];
+        }
+        return 0;
+    }
+    if ((rc = kiln_prog_op_ints (op, name, r + 2, st, err)))
+        return rc;
+    int64_t last = *off;
+    for (int i = 0; i < r + 2; i++) {
+        if (st[i] < 0 || st[i] > KILN_MAX_TENSOR_ELEMS)
+            return kiln_error (err, KILN_EFORMAT, "%s: stride %d is %lld", name, i,
+                               (long long) st[i]);
+        if (dims[i] == 0)
+            return 0;
+        if (i < r && dims[i] == 1)
+            st[i] = 0;
+        int64_t reach;
+        if (__builtin_mul_overflow (dims[i] - 1, st[i], &reach)
+            || __builtin_add_overflow (last, reach, &last))
+            return kiln_error (err, KILN_EFORMAT, "%s: offsets overflow", name);
+    }
+    if (last >= s_numel (s_t (p, t)))
+        return kiln_error (err, KILN_EFORMAT, "%s reach element %lld of a tensor "
+                           "of %lld", name, (long long) last,
+                           (long long) s_numel (s_t (p, t)));
+    return 0;
+}
+
+/* OpenBLAS takes a row-major operand of rows × cols with strides (rs, cs)
+ * when one of them is 1 and the other a legal leading dimension. */
+static bool
+s_blas_operand (int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                CBLAS_TRANSPOSE *trans, int *ld)
+{
+    int64_t l;
+    if (cs == 1 && rs >= (cols > 1 ? cols : 1)) {
+        *trans = CblasNoTrans;
+        l = rs;
+    } else if (rs == 1 && cs >= (rows > 1 ? rows : 1)) {
+        *trans = CblasTrans;
+        l = cs;
+    } else {
+        return false;
+    }
+    *ld = (int) l;
+    return s_blas_ok (l);
+}
+
 static int
 s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                   kiln_err_t *err)
@@ -397,20 +475,64 @@ s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (!s_prod (batch, r, &nbatch) || !s_prod (ba, r, &na)
         || !s_prod (bb, r, &nb))
         return kiln_error (err, KILN_EFORMAT, "bad batch shape");
-    if (!s_mul3 (na, m, k, &want)
-        || (rc = s_need_numel (p, plan->in[0], want, "A", err)))
-        return rc ? rc : kiln_error (err, KILN_EFORMAT, "A is too large");
+    int64_t da[KILN_MAX_RANK + 2], db[KILN_MAX_RANK + 2];
+    int64_t sta[KILN_MAX_RANK + 2], stb[KILN_MAX_RANK + 2];
+    bool a_strided, b_strided = false;
+    memcpy (da, ba, (size_t) r * sizeof *da);
+    memcpy (db, bb, (size_t) r * sizeof *db);
+    da[r] = m;
+    da[r + 1] = k;
+    db[r] = k;
+    db[r + 1] = n;
+    if (!s_mul3 (na, m, k, &want))
+        return kiln_error (err, KILN_EFORMAT, "A is too large");
+    if ((rc = s_get_operand_strides (p, op, "a_strides", "a_offset", plan->in[0], r,
+                                     da, sta, &plan->u.mm.aoff, &a_strided, err))
+        || (!a_strided && (rc = s_need_numel (p, plan->in[0], want, "A", err))))
+        return rc;
     if (plan->u.mm.packed_b) {
         if (nb != 1 || !kiln_pack_b_elems (k, n, &want))
             return kiln_error (err, KILN_EFORMAT, "a packed B must be one matrix");
         if ((rc = s_need_numel (p, plan->in[1], want, "packed B", err)))
             return rc;
-    } else if (!s_mul3 (nb, k, n, &want)
-               || (rc = s_need_numel (p, plan->in[1], want, "B", err)))
-        return rc ? rc : kiln_error (err, KILN_EFORMAT, "B is too large");
+        if (kiln_prog_op_has (op, "b_strides") || kiln_prog_op_has (op, "b_offset"))
+            return kiln_error (err, KILN_EFORMAT, "a packed B has no strides");
+        plan->u.mm.boff = 0;
+    } else {
+        if (!s_mul3 (nb, k, n, &want))
+            return kiln_error (err, KILN_EFORMAT, "B is too large");
+        if ((rc = s_get_operand_strides (p, op, "b_strides", "b_offset", plan->in[1],
+                                         r, db, stb, &plan->u.mm.boff, &b_strided,
+                                         err))
+            || (!b_strided && (rc = s_need_numel (p, plan->in[1], want, "B", err))))
+            return rc;
+    }
+    double alpha = 1.0;
+    if (kiln_prog_op_has (op, "alpha")
+        && (rc = kiln_prog_op_float (op, "alpha", &alpha, err)))
+        return rc;
+    if (!isfinite (alpha))
+        return kiln_error (err, KILN_EFORMAT, "alpha is not finite");
+    plan->u.mm.alpha = (float) alpha;
     if (!s_mul3 (nbatch, m, n, &want)
         || (rc = s_need_numel (p, plan->out, want, "the output", err)))
         return rc ? rc : kiln_error (err, KILN_EFORMAT, "output is too large");
+    int64_t dy[KILN_MAX_RANK + 2], sty[KILN_MAX_RANK + 2], yoff;
+    bool y_strided;
+    memcpy (dy, batch, (size_t) r * sizeof *dy);
+    dy[r] = m;
+    dy[r + 1] = n;
+    if ((rc = s_get_operand_strides (p, op, "y_strides", NULL, plan->out, r, dy, sty,
+                                     &yoff, &y_strided, err)))
+        return rc;
+    if (y_strided && sty[r + 1] != 1 && n > 1)
+        return kiln_error (err, KILN_EFORMAT, "y_strides: the columns must be "
+                           "contiguous");
+    if (y_strided && (kiln_prog_op_has (op, "residual") || !s_blas_ok (sty[r])
+                      || sty[r] < n))
+        return kiln_error (err, KILN_EFORMAT, "y_strides: rows %lld apart for %lld "
+                           "columns, or with a residual", (long long) sty[r],
+                           (long long) n);
     /* A, B, then the bias of n (broadcast over rows), then the residual. */
     int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
     if (extra < 0 || extra > 1)
@@ -425,22 +547,31 @@ s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.mm.k = (int) k;
     plan->u.mm.rank = r;
     plan->u.mm.nbatch = nbatch;
-    int64_t ca = m * k, cb = k * n;
     for (int i = r - 1; i >= 0; i--) {
         plan->u.mm.batch[i] = batch[i];
-        plan->u.mm.sa[i] = ba[i] == 1 ? 0 : ca;
-        plan->u.mm.sb[i] = bb[i] == 1 ? 0 : cb;
-        ca *= ba[i];
-        cb *= bb[i];
+        plan->u.mm.sa[i] = ba[i] == 1 ? 0 : sta[i];
+        plan->u.mm.sb[i] = bb[i] == 1 || plan->u.mm.packed_b ? 0 : stb[i];
+        plan->u.mm.sy[i] = sty[i];
     }
-    /* B shared by every batch and A not broadcast: the batch is just more
-     * rows of one product. */
+    plan->u.mm.yrs = y_strided ? sty[r] : n;
+    plan->u.mm.ars = sta[r];
+    plan->u.mm.acs = sta[r + 1];
+    plan->u.mm.brs = plan->u.mm.packed_b ? n : stb[r];
+    plan->u.mm.bcs = plan->u.mm.packed_b ? 1 : stb[r + 1];
+    /* B shared by every batch and A dense, not broadcast: the batch is
+     * just more rows of one product. */
     int64_t rows;
-    plan->u.mm.flat = nb == 1 && na == nbatch
+    plan->u.mm.flat = nb == 1 && na == nbatch && !a_strided && !y_strided
                       && !__builtin_mul_overflow (nbatch, m, &rows)
                       && s_blas_ok (rows);
+    CBLAS_TRANSPOSE tr;
+    int ld;
     plan->u.mm.engine = plan->u.mm.packed_b || plan->u.mm.bias >= 0
-                        || s_has_epilogue (plan);
+                        || s_has_epilogue (plan)
+                        || (a_strided && !s_blas_operand (m, k, plan->u.mm.ars,
+                                                          plan->u.mm.acs, &tr, &ld))
+                        || (b_strided && !s_blas_operand (k, n, plan->u.mm.brs,
+                                                          plan->u.mm.bcs, &tr, &ld));
     if (plan->u.mm.engine) {
         int64_t rows_a = plan->u.mm.flat ? nbatch * m : m;
         plan->ws_bytes = kiln_gemm_ws_bytes (rows_a, n, k, false,
@@ -463,7 +594,7 @@ s_mm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
     const kiln_kplan_t *plan = ctx->plan;
     void *const *data = ctx->data;
     int64_t m = plan->u.mm.m, n = plan->u.mm.n, k = plan->u.mm.k;
-    int64_t oa = 0, ob = 0, rows = m;
+    int64_t oa = plan->u.mm.aoff, ob = plan->u.mm.boff, oy = 0, rows = m;
     if (plan->u.mm.flat) {
         rows = plan->u.mm.nbatch * m;
     } else {
@@ -473,23 +604,25 @@ s_mm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
             rest /= plan->u.mm.batch[i];
             oa += ii * plan->u.mm.sa[i];
             ob += ii * plan->u.mm.sb[i];
+            oy += ii * plan->u.mm.sy[i];
         }
     }
-    float *y = (float *) data[plan->out] + idx * m * n;
+    float *y = (float *) data[plan->out] + oy;
     memset (g, 0, sizeof *g);
     g->m = rows;
     g->n = n;
     g->k = k;
     g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, (const float *) data[plan->in[0]] + oa,
-                           k, 1, NULL };
+                           plan->u.mm.ars, plan->u.mm.acs, NULL };
     if (plan->u.mm.packed_b)
         g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED, data[plan->in[1]], 0, 0, NULL };
     else
         g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED,
-                               (const float *) data[plan->in[1]] + ob, n, 1, NULL };
+                               (const float *) data[plan->in[1]] + ob,
+                               plan->u.mm.brs, plan->u.mm.bcs, NULL };
     g->c = y;
-    g->ldc = n;
-    g->alpha = 1.0f;
+    g->ldc = plan->u.mm.yrs;
+    g->alpha = plan->u.mm.alpha;
     if (plan->u.mm.bias >= 0)
         g->add[g->n_add++] = (kiln_gadd_t) { data[plan->in[plan->u.mm.bias]],
                                              0, 1, 1.0f };
@@ -516,27 +649,38 @@ s_run_MATMUL (const kiln_kplan_t *plan, void *const *data)
         return;
     }
     if (k == 0) {
+        /* a strided Y is a permutation of the whole output */
         memset (y, 0, (size_t) (plan->u.mm.nbatch * m * n) * sizeof *y);
         return;
     }
+    a += plan->u.mm.aoff;
+    b += plan->u.mm.boff;
+    /* Dense operands (k, m, n >= 1 here) and the strided ones the plan
+     * left to OpenBLAS all pass. */
+    CBLAS_TRANSPOSE ta = CblasNoTrans, tb = CblasNoTrans;
+    int lda = k, ldb = n;
+    s_blas_operand (m, k, plan->u.mm.ars, plan->u.mm.acs, &ta, &lda);
+    s_blas_operand (k, n, plan->u.mm.brs, plan->u.mm.bcs, &tb, &ldb);
     if (plan->u.mm.flat) {
-        cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans,
-                     (int) (plan->u.mm.nbatch * m), n, k, 1.0f, a, k, b, n,
-                     0.0f, y, n);
+        cblas_sgemm (CblasRowMajor, CblasNoTrans, tb,
+                     (int) (plan->u.mm.nbatch * m), n, k, plan->u.mm.alpha, a, k,
+                     b, ldb, 0.0f, y, n);
         return;
     }
-    int64_t idx[KILN_MAX_RANK] = { 0 }, oa = 0, ob = 0;
+    int64_t idx[KILN_MAX_RANK] = { 0 }, oa = 0, ob = 0, oy = 0;
     for (int64_t bi = 0; bi < plan->u.mm.nbatch; bi++) {
-        cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f,
-                     a + oa, k, b + ob, n, 0.0f, y + bi * m * n, n);
+        cblas_sgemm (CblasRowMajor, ta, tb, m, n, k, plan->u.mm.alpha,
+                     a + oa, lda, b + ob, ldb, 0.0f, y + oy, (int) plan->u.mm.yrs);
         for (int i = r - 1; i >= 0; i--) {
             idx[i]++;
             oa += plan->u.mm.sa[i];
             ob += plan->u.mm.sb[i];
+            oy += plan->u.mm.sy[i];
             if (idx[i] < plan->u.mm.batch[i])
                 break;
             oa -= plan->u.mm.sa[i] * plan->u.mm.batch[i];
             ob -= plan->u.mm.sb[i] * plan->u.mm.batch[i];
+            oy -= plan->u.mm.sy[i] * plan->u.mm.batch[i];
             idx[i] = 0;
         }
     }

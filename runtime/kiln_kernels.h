@@ -65,6 +65,12 @@ typedef struct kiln_kplan {
             int64_t batch[KILN_MAX_RANK];
             int64_t sa[KILN_MAX_RANK];   /* batch strides in elements */
             int64_t sb[KILN_MAX_RANK];
+            int64_t sy[KILN_MAX_RANK];   /* Y's batch strides */
+            int64_t aoff, boff;     /* A's and B's first element in their tensors */
+            int64_t ars, acs;       /* A's element (i, kk) at a[i·ars + kk·acs] */
+            int64_t brs, bcs;       /* B's element (kk, j) at b[kk·brs + j·bcs] */
+            int64_t yrs;            /* Y's element (i, j) at y[i·yrs + j] */
+            float alpha;            /* Y = alpha·A·B (+ bias, residual) */
             int64_t nbatch;
             bool flat;              /* B shared: one sgemm over all rows */
             bool engine;            /* kiln_gemm (packed B or an epilogue) */

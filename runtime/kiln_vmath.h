@@ -38,13 +38,19 @@ void kiln_vsigmoid (const float *x, float *y, int64_t n);
 void kiln_verf (const float *x, float *y, int64_t n);
 
 /* Softmax (or log-softmax) of the n contiguous floats at x into y: the
- * exponentials of x - max, summed in double in a fixed order; x and y
- * do not overlap. */
+ * exponentials of x - max, summed in a fixed order (sixteen lanes, then a
+ * tree, then the tail), in float for the softmax (as ONNX Runtime does:
+ * within (n / 16 + 4 + n % 16) * 2^-24 relative, on top of the
+ * exponential's few ulp) and in double for the log form.  On AVX-512
+ * (unless KILN_RT_ISA asks for less) the softmax's exponentials are fused
+ * multiply-adds, within an ulp of the portable loop's.  x and y do not
+ * overlap. */
 void kiln_vsoftmax_row (const float *x, float *y, int64_t n, bool log_form);
 
 /* Layer normalisation of the n contiguous floats at x into y (x and y
  * the same or apart): mean and variance in double (sums in a fixed
- * order), then y = (x - mean) / sqrt(var + eps) * scale + bias in float,
+ * order: 16 lanes in the portable loop, 32 on AVX-512 with a contiguous
+ * scale and bias), then y = (x - mean) / sqrt(var + eps) * scale + bias in float,
  * scale[i * sc_st], bias[i * b_st] (bias may be NULL).  *mean and *inv
  * get the mean and 1 / sqrt(var + eps). */
 void kiln_vlayer_norm_row (const float *x, float *y, int64_t n, const float *sc,

@@ -346,9 +346,15 @@ kiln_blobcache_finish (kiln_blobcache_t *self, kiln_blobcache_writer_t **w_p, ki
                          hex);
         goto done;
     }
-    /* A worker's cache is a cache: it need not survive a power cut (a
-     * damaged blob fails its job's compile, which the broker retries
-     * elsewhere), so there is no fsync here. */
+    /* On disk before it has its name: after a power cut a file named by
+     * its digest must hold those bytes, since a blob found in the cache is
+     * not hashed again and a damaged one would be compiled into an
+     * artifact, not refused.  Writeback started as the chunks came, so
+     * this mostly waits for the tail. */
+    if (fsync (w->fd) != 0) {
+        rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", w->tmp, strerror (errno));
+        goto done;
+    }
     if ((rc = s_path (self, hex, true, path, sizeof path, err)) != 0)
         goto done;
     if (rename (w->tmp, path) != 0) {

@@ -8,6 +8,7 @@ mappings, DepthToSpace's channel orders, ConvTranspose's pads) are
 written out in numpy so that a wrong kernel cannot agree with itself.
 """
 
+import math
 import os
 import subprocess
 
@@ -815,3 +816,85 @@ def test_transformer_encoder_layer_matches_torch(tmp_path, env):
     got = np.load(tmp_path / "out" / "y.npy")
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# --- products reading their operands through strides ---------------------------
+
+def _attention_case(n_):
+    """Torch's attention at opset 14, by hand: slices of one QKV tensor,
+    head splits, K transposed, Q divided by sqrt(d), the heads merged.
+    With a batch (n_) of 1 every slice and split is a strided view of
+    QKV; with 2 the split merges the batch with the heads and is not."""
+    t_, e_, h_ = 6, 8, 2
+    d_ = e_ // h_
+    qkv = _rand(t_, n_, 3 * e_)
+    nodes = [helper.make_node("Slice", ["qkv", "s0", "s1", "ax"], ["q0"]),
+             helper.make_node("Slice", ["qkv", "s1", "s2", "ax"], ["k0"]),
+             helper.make_node("Slice", ["qkv", "s2", "s3", "ax"], ["v0"]),
+             helper.make_node("Reshape", ["q0", "heads"], ["q1"]),
+             helper.make_node("Reshape", ["k0", "heads"], ["k1"]),
+             helper.make_node("Reshape", ["v0", "heads"], ["v1"]),
+             helper.make_node("Transpose", ["q1"], ["q2"], perm=[1, 0, 2]),
+             helper.make_node("Transpose", ["v1"], ["v2"], perm=[1, 0, 2]),
+             helper.make_node("Div", ["q2", "scale"], ["q3"]),
+             helper.make_node("Transpose", ["k1"], ["kt"], perm=[1, 2, 0]),
+             helper.make_node("MatMul", ["q3", "kt"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("Mul", ["half", "v2"], ["v3"]),
+             helper.make_node("MatMul", ["p", "v3"], ["o"]),
+             helper.make_node("Transpose", ["o"], ["o1"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["o1", "merged"], ["y"])]
+    inits = {"s0": _i64([0]), "s1": _i64([e_]), "s2": _i64([2 * e_]),
+             "s3": _i64([3 * e_]), "ax": _i64([2]), "heads": _i64([t_, n_ * h_, d_]),
+             "merged": _i64([t_, n_, e_]),
+             "scale": np.array(math.sqrt(d_), np.float32),
+             "half": np.array(0.5, np.float32)}
+    x = qkv.astype(np.float64)
+    q = x[:, :, :e_].reshape(t_, n_ * h_, d_).transpose(1, 0, 2) / math.sqrt(d_)
+    k = x[:, :, e_:2 * e_].reshape(t_, n_ * h_, d_).transpose(1, 2, 0)
+    v = x[:, :, 2 * e_:].reshape(t_, n_ * h_, d_).transpose(1, 0, 2) * 0.5
+    s = q @ k
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    y = (p @ v).transpose(1, 0, 2).reshape(t_, n_, e_)
+    return nodes, {"qkv": qkv}, inits, {"y": y.astype(np.float32)}
+
+
+def _broadcast_case():
+    """A transposed A broadcast against B's batch, a strided slice (step 2)
+    as B, a scale on each side, the result transposed; and an operand
+    whose transpose moves its last axis (read after a copy)."""
+    m, k, n = 5, 7, 3
+    xa = _rand(m, 2, k)                 # A = xa transposed to [2, m, k]
+    xb = _rand(6, 1, k, n)              # B = xb[::2], [3, 1, k, n]
+    xc = _rand(k, m)                    # C = xc transposed to [m, k]
+    xd = _rand(k, n)
+    nodes = [helper.make_node("Transpose", ["xa"], ["a"], perm=[1, 0, 2]),
+             helper.make_node("Mul", ["a", "two"], ["a2"]),
+             helper.make_node("Slice", ["xb", "b0", "b1", "bax", "bstep"], ["b"]),
+             helper.make_node("Div", ["b", "two"], ["b2"]),
+             helper.make_node("MatMul", ["a2", "b2"], ["ab"]),
+             helper.make_node("Transpose", ["ab"], ["y"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["xc"], ["c"], perm=[1, 0]),
+             helper.make_node("MatMul", ["c", "xd"], ["z"])]
+    inits = {"two": np.array(2.0, np.float32), "b0": _i64([0]), "b1": _i64([6]),
+             "bax": _i64([0]), "bstep": _i64([2])}
+    a = xa.astype(np.float64).transpose(1, 0, 2)
+    b = xb.astype(np.float64)[::2]
+    y = ((a * 2) @ (b / 2)).transpose(0, 2, 1, 3)
+    z = xc.astype(np.float64).T @ xd
+    return (nodes, {"xa": xa, "xb": xb, "xc": xc, "xd": xd}, inits,
+            {"y": y.astype(np.float32), "z": z.astype(np.float32)})
+
+
+@pytest.mark.parametrize("case", [lambda: _attention_case(1), lambda: _attention_case(2),
+                                  _broadcast_case],
+                         ids=["attention_batch_1", "attention_batch_2", "broadcast"])
+@pytest.mark.parametrize("optlevel", [0, 2, 3])
+def test_matmul_reads_sliced_transposed_scaled_operands_like_numpy(tmp_path, env, case,
+                                                                   optlevel):
+    """From -O2 the slices, transposes and scalar factors around a MatMul
+    are read and written through strides: the results stay numpy's."""
+    nodes, feeds, inits, expected = case()
+    _check(nodes, feeds, expected, tmp_path, env, inits, opset=14, tol=1e-5,
+           optlevel=optlevel)

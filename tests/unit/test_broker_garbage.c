@@ -25,6 +25,7 @@
 #include "common/kiln_proto.h"
 #include "compiler/kiln_compiler.h"
 #include "graph/kiln_graph.h"
+#include "tests/unit/testlib.h"
 
 #define REPLY_TIMEOUT_MS 5000
 
@@ -526,9 +527,5 @@ main (void)
     tcase_add_test (tc, test_broker_recomputes_digests_instead_of_trusting_the_client);
     tcase_add_test (tc, test_broker_refuses_to_listen_beyond_loopback);
     suite_add_tcase (s, tc);
-    SRunner *sr = srunner_create (s);
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed ? 1 : 0;
+    return testlib_run (s);
 }

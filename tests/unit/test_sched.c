@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "broker/kiln_sched.h"
+#include "tests/unit/testlib.h"
 
 typedef struct {
     const char *tenant;
@@ -182,9 +183,5 @@ main (void)
     tcase_add_test (tc, test_removed_and_reprioritized_jobs);
     tcase_add_test (tc, test_a_job_deep_in_a_queue_is_found_within_the_scan_depth_only);
     suite_add_tcase (s, tc);
-    SRunner *sr = srunner_create (s);
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed ? 1 : 0;
+    return testlib_run (s);
 }

@@ -15,6 +15,7 @@
 #include "broker/kiln_store.h"
 #include "common/kiln_fs.h"
 #include "common/kiln_hash.h"
+#include "tests/unit/testlib.h"
 
 static char *s_dir;
 static kiln_key_t *s_key;
@@ -380,9 +381,5 @@ main (void)
     tcase_add_test (tc, test_the_cap_evicts_least_recently_used_unpinned_entries);
     tcase_add_test (tc, test_the_integrity_check_finds_and_repairs_damage);
     suite_add_tcase (s, tc);
-    SRunner *sr = srunner_create (s);
-    srunner_run_all (sr, CK_NORMAL);
-    int failed = srunner_ntests_failed (sr);
-    srunner_free (sr);
-    return failed ? 1 : 0;
+    return testlib_run (s);
 }
