@@ -1614,6 +1614,16 @@ s_post_credit (kiln_broker_t *self, s_client_t *c, const char *stored_hex)
     s_send_now (self, c->rid, &credit, c->tenant);
 }
 
+/* Return credit in batches of a quarter window, or at once when the
+ * client has none left to send with. */
+static void
+s_post_credit_due (kiln_broker_t *self, s_client_t *c)
+{
+    if (c->credit_owed > 0
+        && (c->credit_owed >= (uint32_t) self->cfg.credit_window / 4 || c->credit_out == 0))
+        s_post_credit (self, c, NULL);
+}
+
 static void s_upload_failed (kiln_broker_t *self, s_client_t *c, const char *hex,
                              const kiln_err_t *err);
 
@@ -1699,9 +1709,7 @@ s_on_chunk (kiln_broker_t *self, s_client_t *c, kiln_msg_t *msg)
         kiln_blob_writer_close (up->writer);
         up->closed = true;
     }
-    if (c->credit_owed > 0
-        && (c->credit_owed >= (uint32_t) self->cfg.credit_window / 4 || c->credit_out == 0))
-        s_post_credit (self, c, NULL);
+    s_post_credit_due (self, c);
     return;
 fail:
     if (!held)
@@ -1759,9 +1767,7 @@ s_on_upload_news (kiln_blob_writer_t *writer, void *tag, void *arg)
         s_post_credit (self, c, hex);
         return;
     }
-    if (c->credit_owed > 0
-        && (c->credit_owed >= (uint32_t) self->cfg.credit_window / 4 || c->credit_out == 0))
-        s_post_credit (self, c, NULL);
+    s_post_credit_due (self, c);
 }
 
 static int

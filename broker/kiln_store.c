@@ -1598,11 +1598,13 @@ s_check_fanout (s_check_t *c, const char *kind_dir, int (*fn) (s_check_t *, cons
     closedir (d);
 }
 
+/* Call fn on every entry of the flat directory STATE/kind_dir. */
 static void
-s_check_actions (s_check_t *c)
+s_check_flat (s_check_t *c, const char *kind_dir, void (*fn) (s_check_t *, const char *,
+                                                              const char *))
 {
     char dir[PATH_MAX];
-    snprintf (dir, sizeof dir, "%s/ac", c->root);
+    snprintf (dir, sizeof dir, "%s/%s", c->root, kind_dir);
     DIR *d = opendir (dir);
     if (!d)
         return;
@@ -1613,73 +1615,65 @@ s_check_actions (s_check_t *c)
         char path[PATH_MAX];
         if (snprintf (path, sizeof path, "%s/%s", dir, de->d_name) >= (int) sizeof path)
             continue;
-        c->rep->actions++;
-        uint8_t *text = NULL;
-        size_t len = 0;
-        kiln_err_t err = { 0 };
-        if (!kiln_is_digest_hex (de->d_name)
-            || kiln_read_file (path, KILN_HEX_LEN + 8, &text, &len, &err) != 0
-            || len != KILN_HEX_LEN || text[KILN_HEX_LEN - 1] != '\n') {
-            c->rep->bad++;
-            s_report (c, path, "damaged action record");
-            free (text);
-            continue;
-        }
-        text[KILN_HEX_LEN - 1] = '\0';
-        char cas[PATH_MAX];
-        if (!kiln_is_digest_hex ((char *) text)
-            || snprintf (cas, sizeof cas, "%s/cas/sha256/%.2s/%s", c->root, text,
-                         (char *) text) >= (int) sizeof cas) {
-            c->rep->bad++;
-            s_report (c, path, "damaged action record");
-            free (text);
-            continue;
-        }
-        kiln_artifact_t *art = kiln_artifact_read (cas, &err);
-        if (!art && err.code == KILN_ENOTFOUND) {
-            c->rep->dangling++;
-            if (c->repair && unlink (path) == 0)
-                c->rep->removed++;
-        }
-        else if (art && strcmp (kiln_artifact_manifest (art)->action_key, de->d_name) != 0) {
-            c->rep->bad++;
-            s_report (c, path, "names artifact %.12s, built for action %.12s", text,
-                      kiln_artifact_manifest (art)->action_key);
-        }
-        /* a damaged artifact is reported by the artifact pass */
-        kiln_artifact_destroy (&art);
-        free (text);
+        fn (c, path, de->d_name);
     }
     closedir (d);
 }
 
+/* STATE/ac/<action key>: names an artifact built for that action. */
 static void
-s_check_failures (s_check_t *c)
+s_check_action (s_check_t *c, const char *path, const char *name)
 {
-    char dir[PATH_MAX];
-    snprintf (dir, sizeof dir, "%s/fail", c->root);
-    DIR *d = opendir (dir);
-    if (!d)
-        return;
-    struct dirent *de;
-    while ((de = readdir (d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        char path[PATH_MAX];
-        if (snprintf (path, sizeof path, "%s/%s", dir, de->d_name) >= (int) sizeof path)
-            continue;
-        c->rep->failures++;
-        json_error_t jerr;
-        json_t *obj = kiln_is_digest_hex (de->d_name) ? json_load_file (path, 0, &jerr) : NULL;
-        json_int_t code = 0;
-        const char *m = NULL;
-        if (!obj || json_unpack (obj, "{s:I, s:s}", "code", &code, "message", &m) != 0) {
-            c->rep->bad++;
-            s_report (c, path, "damaged failure record");
-        }
-        json_decref (obj);
+    c->rep->actions++;
+    uint8_t *text = NULL;
+    size_t len = 0;
+    kiln_err_t err = { 0 };
+    char cas[PATH_MAX];
+    bool ok = kiln_is_digest_hex (name)
+              && kiln_read_file (path, KILN_HEX_LEN + 8, &text, &len, &err) == 0
+              && len == KILN_HEX_LEN && text[KILN_HEX_LEN - 1] == '\n';
+    if (ok) {
+        text[KILN_HEX_LEN - 1] = '\0';
+        ok = kiln_is_digest_hex ((char *) text)
+             && snprintf (cas, sizeof cas, "%s/cas/sha256/%.2s/%s", c->root, text,
+                          (char *) text) < (int) sizeof cas;
     }
-    closedir (d);
+    if (!ok) {
+        c->rep->bad++;
+        s_report (c, path, "damaged action record");
+        free (text);
+        return;
+    }
+    kiln_artifact_t *art = kiln_artifact_read (cas, &err);
+    if (!art && err.code == KILN_ENOTFOUND) {
+        c->rep->dangling++;
+        if (c->repair && unlink (path) == 0)
+            c->rep->removed++;
+    }
+    else if (art && strcmp (kiln_artifact_manifest (art)->action_key, name) != 0) {
+        c->rep->bad++;
+        s_report (c, path, "names artifact %.12s, built for action %.12s", text,
+                  kiln_artifact_manifest (art)->action_key);
+    }
+    /* a damaged artifact is reported by the artifact pass */
+    kiln_artifact_destroy (&art);
+    free (text);
+}
+
+/* STATE/fail/<action key>: a JSON record with the code and message. */
+static void
+s_check_failure (s_check_t *c, const char *path, const char *name)
+{
+    c->rep->failures++;
+    json_error_t jerr;
+    json_t *obj = kiln_is_digest_hex (name) ? json_load_file (path, 0, &jerr) : NULL;
+    json_int_t code = 0;
+    const char *m = NULL;
+    if (!obj || json_unpack (obj, "{s:I, s:s}", "code", &code, "message", &m) != 0) {
+        c->rep->bad++;
+        s_report (c, path, "damaged failure record");
+    }
+    json_decref (obj);
 }
 
 int
@@ -1696,8 +1690,8 @@ kiln_store_check (const char *state_dir, bool repair, FILE *out,
     s_check_t c = { state_dir, keyring, repair, out, report };
     s_check_fanout (&c, "blobs/sha256", s_check_blob);
     s_check_fanout (&c, "cas/sha256", s_check_artifact);
-    s_check_actions (&c);
-    s_check_failures (&c);
+    s_check_flat (&c, "ac", s_check_action);
+    s_check_flat (&c, "fail", s_check_failure);
     if (report->bad)
         return kiln_error (err, KILN_EVERIFY, "%llu damaged entr%s in '%s'",
                            (unsigned long long) report->bad, report->bad == 1 ? "y" : "ies",

@@ -86,28 +86,19 @@ s_copy_strided (uint8_t *dst, const uint8_t *src, int64_t n, int64_t st, size_t 
         memcpy (dst, src, (size_t) n * es);
         return;
     }
+#define S_GATHER(T)                                                 \
+    do {                                                            \
+        const T *s = (const T *) (const void *) src;                \
+        T *d = (T *) (void *) dst;                                  \
+        for (int64_t i = 0; i < n; i++)                             \
+            d[i] = s[i * st];                                       \
+        return;                                                     \
+    } while (0)
     switch (es) {
-    case 4: {
-        const uint32_t *s = (const uint32_t *) (const void *) src;
-        uint32_t *d = (uint32_t *) (void *) dst;
-        for (int64_t i = 0; i < n; i++)
-            d[i] = s[i * st];
-        return;
-    }
-    case 8: {
-        const uint64_t *s = (const uint64_t *) (const void *) src;
-        uint64_t *d = (uint64_t *) (void *) dst;
-        for (int64_t i = 0; i < n; i++)
-            d[i] = s[i * st];
-        return;
-    }
-    case 2: {
-        const uint16_t *s = (const uint16_t *) (const void *) src;
-        uint16_t *d = (uint16_t *) (void *) dst;
-        for (int64_t i = 0; i < n; i++)
-            d[i] = s[i * st];
-        return;
-    }
+    case 4: S_GATHER (uint32_t);
+    case 8: S_GATHER (uint64_t);
+    case 2: S_GATHER (uint16_t);
+#undef S_GATHER
     default:
         for (int64_t i = 0; i < n; i++)
             dst[i] = src[i * st];
