@@ -752,15 +752,13 @@ s_epi_avx512 (const kiln_gemm_t *g, __m512 v, __mmask16 mask, int64_t i,
     }
     __m512 zero = _mm512_setzero_ps ();
     switch (g->act) {
-    case KILN_ACT_RELU:
-        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, zero, _CMP_LT_OQ), zero);
+    case KILN_ACT_RELU:         /* max (0, v): see s_ukr_avx512_xb */
+        v = _mm512_max_ps (zero, v);
         break;
-    case KILN_ACT_CLIP: {
-        __m512 lo = _mm512_set1_ps (g->act_a), hi = _mm512_set1_ps (g->act_b);
-        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, lo, _CMP_LT_OQ), lo);
-        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, hi, _CMP_GT_OQ), hi);
+    case KILN_ACT_CLIP:
+        v = _mm512_min_ps (_mm512_set1_ps (g->act_b),
+                           _mm512_max_ps (_mm512_set1_ps (g->act_a), v));
         break;
-    }
     case KILN_ACT_LEAKY:
         v = _mm512_mask_mul_ps (v, _mm512_cmp_ps_mask (v, zero, _CMP_LT_OQ), v,
                                 _mm512_set1_ps (g->act_a));
@@ -823,81 +821,53 @@ s_finish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
 }
 
 /* What the epilogue of one tile needs, set up once per tile for
- * s_ukr_avx512_x: an addend that is the same for every row of the tile
- * (a bias per column: rs 0) as its two vectors, scaled; alpha and the
- * activation's constants.  Applied row by row through s_epi_avx512,
- * which finds all of that again for each of the tile's 16 vectors, a
- * transformer FFN product's bias and relu cost 4 % of the product
- * (128 × 2048 × 256: 109.8 against 114.2 GFLOP/s without); this way,
- * 2 % (111.8). */
+ * s_ukr_avx512_xb, which applies it stage by stage to the tile's 16
+ * vectors: an addend that is the same for every row of the tile (a bias
+ * per column: rs 0) as its two vectors, scaled; any other as the
+ * address of the tile's (0, 0) element and its row step; alpha and the
+ * activation's constants.  Applied vector by vector, with the tests on
+ * `g` (whose fields the compiler reloads after every store to C) for
+ * each, a transformer FFN product's bias cost 2 % of the product
+ * (128 × 256 × 2048: 1.200 ms against 1.176 without a bias); this way,
+ * 1 % (1.189). */
 typedef struct {
     __m512 same[2][2];
-    bool is_same[2];
+    const float *p[2];          /* other addends: (i0, j0), rows rs apart */
+    int64_t rs[2];
+    float scale[2];
+    int kind[2];                /* 0 same, 1 a vector per row, 2 one value */
+    int n_add;
+    bool has_alpha;
+    kiln_act_t act;
     __m512 alpha, lo, hi;
 } s_epi_tile_t;
 
 __attribute__ ((target ("avx512f"))) static inline __attribute__ ((always_inline)) void
-s_epi_tile_init (const kiln_gemm_t *g, int64_t j, s_epi_tile_t *e)
+s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, s_epi_tile_t *e)
 {
-    for (int a = 0; a < 2; a++) {
+    e->n_add = g->n_add;
+    for (int a = 0; a < g->n_add && a < 2; a++) {
         const kiln_gadd_t *ad = &g->add[a];
-        e->is_same[a] = a < g->n_add && ad->rs == 0 && ad->cs == 1;
-        if (!e->is_same[a])
-            continue;
-        for (int h = 0; h < 2; h++) {
-            __m512 x = _mm512_loadu_ps (ad->p + j + 16 * h);
-            if (ad->scale != 1.0f)
-                x = _mm512_mul_ps (_mm512_set1_ps (ad->scale), x);
-            e->same[a][h] = x;
+        e->scale[a] = ad->scale;
+        e->p[a] = ad->p + i * ad->rs + j * ad->cs;
+        e->rs[a] = ad->rs;
+        if (ad->rs == 0 && ad->cs == 1) {
+            e->kind[a] = 0;
+            for (int h = 0; h < 2; h++) {
+                __m512 x = _mm512_loadu_ps (ad->p + j + 16 * h);
+                if (ad->scale != 1.0f)
+                    x = _mm512_mul_ps (_mm512_set1_ps (ad->scale), x);
+                e->same[a][h] = x;
+            }
+        } else {
+            e->kind[a] = ad->cs == 0 ? 2 : 1;
         }
     }
+    e->has_alpha = g->alpha != 1.0f;
+    e->act = g->act;
     e->alpha = _mm512_set1_ps (g->alpha);
     e->lo = _mm512_set1_ps (g->act_a);
     e->hi = _mm512_set1_ps (g->act_b);
-}
-
-/* s_epi_avx512 on the 16 elements (i, j .. j + 15), h the half of the
- * tile they are (j0 + 16·h): the same operations in the same order
- * (addends along the rows are vectors or one value: s_finish_fast). */
-__attribute__ ((target ("avx512f"))) static inline __attribute__ ((always_inline)) __m512
-s_epi_tile_v (const kiln_gemm_t *g, const s_epi_tile_t *e, __m512 v, int64_t i,
-              int64_t j, int h)
-{
-    if (g->alpha != 1.0f)
-        v = _mm512_mul_ps (v, e->alpha);
-    for (int a = 0; a < g->n_add; a++) {
-        if (a < 2 && e->is_same[a]) {
-            v = _mm512_add_ps (v, e->same[a][h]);
-            continue;
-        }
-        const kiln_gadd_t *ad = &g->add[a];
-        const float *src = ad->p + i * ad->rs + j * ad->cs;
-        __m512 x;
-        if (ad->cs == 0) {
-            x = _mm512_set1_ps (ad->scale * src[0]);
-        } else {
-            x = _mm512_loadu_ps (src);
-            if (ad->scale != 1.0f)
-                x = _mm512_mul_ps (_mm512_set1_ps (ad->scale), x);
-        }
-        v = _mm512_add_ps (v, x);
-    }
-    __m512 zero = _mm512_setzero_ps ();
-    switch (g->act) {
-    case KILN_ACT_RELU:
-        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, zero, _CMP_LT_OQ), zero);
-        break;
-    case KILN_ACT_CLIP:
-        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, e->lo, _CMP_LT_OQ), e->lo);
-        v = _mm512_mask_mov_ps (v, _mm512_cmp_ps_mask (v, e->hi, _CMP_GT_OQ), e->hi);
-        break;
-    case KILN_ACT_LEAKY:
-        v = _mm512_mask_mul_ps (v, _mm512_cmp_ps_mask (v, zero, _CMP_LT_OQ), v, e->lo);
-        break;
-    default:
-        break;
-    }
-    return v;
 }
 
 /* The 8 × 32 AVX-512 kernel of s_ukr_avx512 with two things more, for
@@ -909,16 +879,18 @@ s_epi_tile_v (const kiln_gemm_t *g, const s_epi_tile_t *e, __m512 v, int64_t i,
  *    products (8 × 8 transposes of every A block, 2 % of the model's
  *    time): each row's cache line serves 16 steps of k.
  *  - the epilogue (`epi`, not NULL: tile (i, j) of that product, the
- *    last k block) applied in registers before the single store, by
- *    s_epi_tile_v with the operations of s_finish_avx512 in the same
- *    order, instead of storing the tile to a buffer and loading it back
- *    for s_finish (3 % of the transformer's time).
+ *    last k block) applied in registers before the single store, with
+ *    the operations of s_finish_avx512 in the same order, instead of
+ *    storing the tile to a buffer and loading it back for s_finish (3 %
+ *    of the transformer's time).
  * The sums over k run in the order of s_ukr_avx512: results are the
- * same bits. */
-__attribute__ ((target ("avx512f"))) static void
-s_ukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
-                const float *b, int64_t ldb, float *c, int64_t ldc,
-                bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
+ * same bits.  With `pf`, a line from pf on is fetched into the cache at
+ * each step of k (s_ukr_avx512_xp, for s_tile). */
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
+                 const float *b, int64_t ldb, float *c, int64_t ldc,
+                 bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
+                 const char *pf)
 {
     __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
     __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
@@ -942,30 +914,104 @@ s_ukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
         __m512 b0 = _mm512_loadu_ps (b), b1 = _mm512_loadu_ps (b + 16);
         S_ROW (0, 0); S_ROW (1, o1); S_ROW (2, o2); S_ROW (3, o3);
         S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6); S_ROW (7, o7);
+        if (pf) {
+            __builtin_prefetch (pf, 0, 3);
+            pf += 64;
+        }
         a += acs;
         b += ldb;
     }
 #undef S_ROW
-    s_epi_tile_t et;
-    if (epi)
-        s_epi_tile_init (epi, j, &et);
-#define S_STORE(r)                                                              \
+    /* Then, stage by stage over the tile's 16 vectors (each decision
+     * once per tile): the partial sum already in C, alpha, the addends
+     * in order, the activation; the same operations in the same order
+     * for each element as s_finish_avx512. */
+#define S_ALL(OP)                                                               \
     do {                                                                        \
-        float *cr = c + (r) * ldc;                                              \
-        if (accumulate) {                                                       \
-            c##r##0 = _mm512_add_ps (c##r##0, _mm512_loadu_ps (cr));            \
-            c##r##1 = _mm512_add_ps (c##r##1, _mm512_loadu_ps (cr + 16));       \
-        }                                                                       \
-        if (epi) {                                                              \
-            c##r##0 = s_epi_tile_v (epi, &et, c##r##0, i + (r), j, 0);          \
-            c##r##1 = s_epi_tile_v (epi, &et, c##r##1, i + (r), j + 16, 1);     \
-        }                                                                       \
-        _mm512_storeu_ps (cr, c##r##0);                                         \
-        _mm512_storeu_ps (cr + 16, c##r##1);                                    \
+        OP (0, 0); OP (0, 1); OP (1, 0); OP (1, 1); OP (2, 0); OP (2, 1);       \
+        OP (3, 0); OP (3, 1); OP (4, 0); OP (4, 1); OP (5, 0); OP (5, 1);       \
+        OP (6, 0); OP (6, 1); OP (7, 0); OP (7, 1);                             \
     } while (0)
-    S_STORE (0); S_STORE (1); S_STORE (2); S_STORE (3);
-    S_STORE (4); S_STORE (5); S_STORE (6); S_STORE (7);
-#undef S_STORE
+#define S_ACC(r, h) c##r##h = _mm512_add_ps (c##r##h, _mm512_loadu_ps (c + (r) * ldc + 16 * (h)))
+    if (accumulate)
+        S_ALL (S_ACC);
+#undef S_ACC
+    if (epi) {
+        s_epi_tile_t et;
+        s_epi_tile_init (epi, i, j, &et);
+        __m512 zero = _mm512_setzero_ps ();
+#define S_MUL(r, h) c##r##h = _mm512_mul_ps (c##r##h, et.alpha)
+        if (et.has_alpha)
+            S_ALL (S_MUL);
+#undef S_MUL
+        for (int q = 0; q < et.n_add && q < 2; q++) {
+            const float *src = et.p[q];
+            int64_t rs = et.rs[q];
+            __m512 sc = _mm512_set1_ps (et.scale[q]);
+#define S_SAME(r, h) c##r##h = _mm512_add_ps (c##r##h, et.same[q][h])
+#define S_VEC(r, h) c##r##h = _mm512_add_ps (c##r##h, _mm512_loadu_ps (src + (r) * rs + 16 * (h)))
+#define S_VECS(r, h) \
+    c##r##h = _mm512_add_ps (c##r##h, _mm512_mul_ps (sc, _mm512_loadu_ps (src + (r) * rs + 16 * (h))))
+#define S_ONE(r, h) c##r##h = _mm512_add_ps (c##r##h, _mm512_set1_ps (et.scale[q] * src[(r) * rs]))
+            if (et.kind[q] == 0)
+                S_ALL (S_SAME);
+            else if (et.kind[q] == 2)
+                S_ALL (S_ONE);
+            else if (et.scale[q] == 1.0f)
+                S_ALL (S_VEC);
+            else
+                S_ALL (S_VECS);
+#undef S_SAME
+#undef S_VEC
+#undef S_VECS
+#undef S_ONE
+        }
+        /* max (0, v) is (0 > v ? 0 : v): v < 0 ? 0 : v, NaN and -0 kept,
+         * in one instruction where compare and blend take two */
+#define S_RELU(r, h) c##r##h = _mm512_max_ps (zero, c##r##h)
+#define S_CLIP(r, h) c##r##h = _mm512_min_ps (et.hi, _mm512_max_ps (et.lo, c##r##h))
+#define S_LEAKY(r, h) \
+    c##r##h = _mm512_mask_mul_ps (c##r##h, _mm512_cmp_ps_mask (c##r##h, zero, _CMP_LT_OQ), c##r##h, et.lo)
+        switch (et.act) {
+        case KILN_ACT_RELU:
+            S_ALL (S_RELU);
+            break;
+        case KILN_ACT_CLIP:
+            S_ALL (S_CLIP);
+            break;
+        case KILN_ACT_LEAKY:
+            S_ALL (S_LEAKY);
+            break;
+        default:
+            break;
+        }
+#undef S_RELU
+#undef S_CLIP
+#undef S_LEAKY
+    }
+#define S_ST(r, h) _mm512_storeu_ps (c + (r) * ldc + 16 * (h), c##r##h)
+    S_ALL (S_ST);
+#undef S_ST
+#undef S_ALL
+}
+
+__attribute__ ((target ("avx512f"))) static void
+s_ukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
+                const float *b, int64_t ldb, float *c, int64_t ldc,
+                bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
+{
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL);
+}
+
+/* The same, fetching a line from `pf` on into the cache at each step of
+ * k: the next weight panel, while the last row panels of this one run. */
+__attribute__ ((target ("avx512f"))) static void
+s_ukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
+                 const float *b, int64_t ldb, float *c, int64_t ldc,
+                 bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
+                 const char *pf)
+{
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, pf);
 }
 
 #endif
@@ -1131,14 +1177,18 @@ static inline void
 s_micro (const kiln_gemm_t *g, s_ukr_fn *ukr, int64_t rp, int64_t kc,
          const float *a, const float *b, int64_t i, int64_t j, bool acc,
          bool last, bool plain, float *tmp, float *part, int64_t ldp,
-         bool x, bool xepi, int64_t ars, int64_t acs)
+         bool x, bool xepi, int64_t ars, int64_t acs, const char *pf)
 {
     int64_t mr = s_min (rp, g->m - i), nr = s_min (NR, g->n - j);
 #if defined(__x86_64__)
     if (x) {
         if (mr == MR && nr == NR && (!last || plain || xepi)) {
-            s_ukr_avx512_x (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j, g->ldc,
-                            acc, last && !plain ? g : NULL, i, j);
+            if (pf)
+                s_ukr_avx512_xp (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j,
+                                 g->ldc, acc, last && !plain ? g : NULL, i, j, pf);
+            else
+                s_ukr_avx512_x (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j,
+                                g->ldc, acc, last && !plain ? g : NULL, i, j);
             return;
         }
         s_ukr_avx512_x (kc, a, ars, acs, b, NR, tmp, NR, false, NULL, 0, 0);
@@ -1252,20 +1302,39 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
         if (j_outer) {
             /* (in order: a 7-row panel's zero eighth row lands in the
              * partial sums of the next panel before it writes them) */
-            for (int64_t j = n0; j < n1; j += NR)
+            /* A weight streamed from memory would stall the first row
+             * panel of each column panel: the last two row panels fetch
+             * the next column panel (or the first of the next k block),
+             * a line per step of k (a panel has two: NR floats a step),
+             * so that it is in cache when its turn comes (the model's
+             * transformer: 12.98 against 13.13 ms, side by side). */
+            int64_t pf_from = m1 - 2 * rp;
+            bool pf_on = x && g->b.kind == KILN_GSRC_PACKED && pf_from >= m0 + rp;
+            for (int64_t j = n0; j < n1; j += NR) {
+                const char *next = NULL;
+                if (!pf_on)
+                    ;
+                else if (j + NR < n1)
+                    next = (const char *) (bp + (j + NR - n0) / NR * bstride);
+                else if (!last)
+                    next = (const char *) (g->b.p + (n0 / NR) * g->k * NR
+                                           + (k0 + kc) * NR);
                 for (int64_t i = m0; i < m1; i += rp) {
                     S_A_OF (i);
+                    const char *pf = next && i >= pf_from
+                                     ? next + (i - pf_from) / rp * kc * 64 : NULL;
                     s_micro (g, ukr, rp, kc, ai, bp + (j - n0) / NR * bstride, i, j,
                              acc, last, plain, tmp,
                              part ? part + (i - m0) * ldp + (j - n0) : NULL, ldp, x,
-                             xepi, ars, acs);
+                             xepi, ars, acs, pf);
                 }
+            }
         } else {
             for (int64_t i = m0; i < m1; i += rp) {
                 S_A_OF (i);
                 for (int64_t j = n0; j < n1; j += NR)
                     s_micro (g, ukr, rp, kc, ai, bp + (j - n0) / NR * bstride, i, j,
-                             acc, last, plain, tmp, NULL, 0, x, xepi, ars, acs);
+                             acc, last, plain, tmp, NULL, 0, x, xepi, ars, acs, NULL);
             }
         }
 #undef S_A_OF
