@@ -820,6 +820,13 @@ s_finish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
     }
 }
 
+/* C = A·B as it is: no scale, addend or activation. */
+static inline bool
+s_no_epilogue (const kiln_gemm_t *g)
+{
+    return g->alpha == 1.0f && g->n_add == 0 && g->act == KILN_ACT_NONE;
+}
+
 /* What the epilogue of one tile needs, set up once per tile for
  * s_ukr_avx512_xb, which applies it stage by stage to the tile's 16
  * vectors: an addend that is the same for every row of the tile (a bias
@@ -890,7 +897,8 @@ __attribute__ ((target ("avx512f"), always_inline)) static inline void
 s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t ldb, float *c, int64_t ldc,
                  bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
-                 const char *pf)
+                 const char *pf, const float *acc_src, int64_t acc_ld,
+                 float *t2, int t2_sign, bool t2_first)
 {
     __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
     __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
@@ -932,7 +940,32 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
         OP (3, 0); OP (3, 1); OP (4, 0); OP (4, 1); OP (5, 0); OP (5, 1);       \
         OP (6, 0); OP (6, 1); OP (7, 0); OP (7, 1);                             \
     } while (0)
-#define S_ACC(r, h) c##r##h = _mm512_add_ps (c##r##h, _mm512_loadu_ps (c + (r) * ldc + 16 * (h)))
+    /* a second destination, an MR × NR tile (row stride NR) that the
+     * product is stored to, added to or subtracted from (s_strassen) */
+#define S_T2(r, h) _mm512_store_ps (t2 + (r) * NR + 16 * (h), c##r##h)
+#define S_T2A(r, h)                                                             \
+    _mm512_store_ps (t2 + (r) * NR + 16 * (h),                                  \
+                     _mm512_add_ps (_mm512_load_ps (t2 + (r) * NR + 16 * (h)), c##r##h))
+#define S_T2S(r, h)                                                             \
+    _mm512_store_ps (t2 + (r) * NR + 16 * (h),                                  \
+                     _mm512_sub_ps (_mm512_load_ps (t2 + (r) * NR + 16 * (h)), c##r##h))
+    if (t2 && t2_first)
+        S_ALL (S_T2);
+    else if (t2 && t2_sign > 0)
+        S_ALL (S_T2A);
+    else if (t2)
+        S_ALL (S_T2S);
+#undef S_T2
+#undef S_T2A
+#undef S_T2S
+    /* the partial sum: in C itself, or elsewhere (acc_src, rows acc_ld
+     * apart) */
+    if (!acc_src) {
+        acc_src = c;
+        acc_ld = ldc;
+    }
+#define S_ACC(r, h) \
+    c##r##h = _mm512_add_ps (c##r##h, _mm512_loadu_ps (acc_src + (r) * acc_ld + 16 * (h)))
     if (accumulate)
         S_ALL (S_ACC);
 #undef S_ACC
@@ -1000,7 +1033,8 @@ s_ukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
                 const float *b, int64_t ldb, float *c, int64_t ldc,
                 bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
 {
-    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL);
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL,
+                     NULL, 0, NULL, 0, false);
 }
 
 /* The same, fetching a line from `pf` on into the cache at each step of
@@ -1011,7 +1045,27 @@ s_ukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
                  const char *pf)
 {
-    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, pf);
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, pf,
+                     NULL, 0, NULL, 0, false);
+}
+
+/* One of s_strassen's seven products for an MR × NR tile (k steps kc,
+ * A's rows ars apart, B's steps NR apart): stored to, or added to or
+ * subtracted from, the tile t2 (when not NULL); and stored to the tile
+ * t (row stride NR), or added to the partial sum `acc` (a tile) and
+ * finished into C at (i, j) with g's epilogue when `fin`. */
+__attribute__ ((target ("avx512f"))) static void
+s_ukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
+                const char *pf, float *t, const float *acc, const kiln_gemm_t *g,
+                bool fin, int64_t i, int64_t j, float *t2, int t2_sign, bool t2_first)
+{
+    if (fin)
+        s_ukr_avx512_xb (kc, a, ars, 1, b, NR, g->c + i * g->ldc + j, g->ldc, true,
+                         s_no_epilogue (g) ? NULL : g, i, j, pf, acc, NR,
+                         t2, t2_sign, t2_first);
+    else
+        s_ukr_avx512_xb (kc, a, ars, 1, b, NR, t, NR, acc != NULL, NULL, 0, 0, pf,
+                         acc, NR, t2, t2_sign, t2_first);
 }
 
 #endif
@@ -1111,6 +1165,34 @@ s_ablock_floats (int64_t m, int64_t kc)
     return kc * ((s_min (s_round_up (m, MR), S_MC) + 6) / 7 * MR);
 }
 
+static int64_t
+s_max64 (int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Strassen's one level (s_strassen_run) for a product of this shape:
+ * halves of whole tiles; k long enough to pay for the sums, and A's
+ * five sums (5/4 of A) within 320 KiB, in L2; columns enough to share
+ * them.  (Over the transformer's FFN 2, k 2048 and n 256, it gained 2 %
+ * alone and lost in the model: its A's sums are 1.25 MiB.) */
+static bool
+s_strassen_shape (int64_t m, int64_t n, int64_t k)
+{
+    return m % (2 * MR) == 0 && n % (2 * NR) == 0 && k % 32 == 0
+           && m >= 4 * MR && n >= 16 * NR && k >= 256 && k <= 512
+           && m * k <= 128 * 512;
+}
+
+/* Floats of a worker's workspace: A's five sums (worker 0's, read by
+ * all), B's five sums for one pair of column panels, four tiles and the
+ * product's. */
+static int64_t
+s_strassen_floats (int64_t m, int64_t k)
+{
+    return 5 * (m / 2) * (k / 2) + 5 * (k / 2) * NR + 5 * MR * NR + 16;
+}
+
 size_t
 kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
                     bool b_packed)
@@ -1122,6 +1204,8 @@ kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
     if (!a_packed)
         floats += s_ablock_floats (m, kc);
     floats += s_part_floats (m, n, k, a_packed, b_packed);
+    if (!a_packed && b_packed && s_strassen_shape (m, n, k))
+        floats = s_max64 (floats, s_strassen_floats (m, k));
     return (size_t) floats * sizeof (float) + 64;
 }
 
@@ -1363,6 +1447,161 @@ s_task (void *arg, int task, int worker)
             s_min (g.n, n0 + r->bl.nc), r->ws + (size_t) worker * r->ws_stride);
 }
 
+/* --- Strassen -------------------------------------------------------
+ *
+ * One level of Strassen's algorithm for the products that spend most of
+ * a transformer's time (a weight B pre-packed, A's rows read where they
+ * lie, k 256-512, n >= 512: its FFN 1 and QKV projections): with the
+ * halves A11 A12 / A21 A22 (rows, k) and B11 B12 / B21 B22 (k, columns),
+ *   M1 = (A11 + A22)(B11 + B22)   M5 = (A11 + A12) B22
+ *   M2 = (A21 + A22) B11          M6 = (A21 - A11)(B11 + B12)
+ *   M3 = A11 (B12 - B22)          M7 = (A12 - A22)(B21 + B22)
+ *   M4 = A22 (B21 - B11)
+ *   C11 = M1 + M4 - M5 + M7       C12 = M3 + M5
+ *   C21 = M2 + M4                 C22 = M1 - M2 + M3 + M6
+ * seven half-size products where the direct product has eight: 1/8 of
+ * the multiplications saved, against the sums of the halves.  Here:
+ *  - A's five sums are formed once per product (5/4 of A, in L2);
+ *  - B's five sums for a pair of column panels (q, q + n/2) by the task
+ *    of that pair, from the packed weight as it lies: nothing more is
+ *    stored in the artifact (seven packed operands, formed by the
+ *    compiler, were 7/4 of the weight's bytes to stream each run, and
+ *    lost in the model: docs/engine.md);
+ *  - each M is a tile product (s_ukr_avx512_s) whose result goes to one
+ *    or two of the four tiles of C being summed (in L1), the last into C
+ *    itself with the epilogue, in the order written above.
+ * The transformer's FFN 1 (128 × 256 × 2048, bias and relu): 1.187 ms
+ * direct, 1.138 ms this way; the model 13.03 -> 12.85 ms.  The sums of
+ * halves round differently: the largest error against double over that
+ * product is 8.8e-7 of the output's magnitude, against 6.3e-7 direct.
+ * Which products run this way depends on their shape and the ISA only,
+ * never on the thread count, and each element's sums are the same
+ * whichever worker runs its pair of panels: results are the same bits
+ * for any KILN_RT_THREADS. */
+
+#if defined(__x86_64__)
+typedef struct {
+    const kiln_gemm_t *g;
+    float *ws;
+    size_t ws_stride;
+} s_str_t;
+
+/* dst = x + sign · y, n floats (a multiple of 16) */
+__attribute__ ((target ("avx512f"))) static void
+s_vsum (float *dst, const float *x, const float *y, int sign, int64_t n)
+{
+    for (int64_t q = 0; q < n; q += 16) {
+        __m512 a = _mm512_loadu_ps (x + q), b = _mm512_loadu_ps (y + q);
+        _mm512_storeu_ps (dst + q, sign < 0 ? _mm512_sub_ps (a, b) : _mm512_add_ps (a, b));
+    }
+}
+
+/* Pair of column panels `task`: B's sums, then each group of MR rows
+ * of the upper and lower halves. */
+static void
+s_strassen_task (void *arg, int task, int worker)
+{
+    const s_str_t *st = arg;
+    const kiln_gemm_t *g = st->g;
+    int64_t h = g->k / 2, mh = g->m / 2, np = g->n / NR / 2;
+    const float *as = st->ws;                   /* worker 0's: A's sums */
+    float *w = st->ws + (size_t) worker * st->ws_stride + 5 * mh * h;
+    float *tb = w, *tl = w + 5 * h * NR;
+    tl = (float *) (((uintptr_t) tl + 63) & ~(uintptr_t) 63);
+    float *t11 = tl, *t12 = tl + MR * NR, *t21 = tl + 2 * MR * NR;
+    float *t22 = tl + 3 * MR * NR;
+    int64_t q = task;
+    const float *b11 = g->b.p + q * g->k * NR, *b21 = b11 + h * NR;
+    const float *b12 = g->b.p + (q + np) * g->k * NR, *b22 = b12 + h * NR;
+    float *T1 = tb, *T3 = tb + h * NR, *T4 = tb + 2 * h * NR;
+    float *T6 = tb + 3 * h * NR, *T7 = tb + 4 * h * NR;
+    s_vsum (T1, b11, b22, 1, h * NR);
+    s_vsum (T3, b12, b22, -1, h * NR);
+    s_vsum (T4, b21, b11, -1, h * NR);
+    s_vsum (T6, b11, b12, 1, h * NR);
+    s_vsum (T7, b21, b22, 1, h * NR);
+    const float *S1 = as, *S2 = as + mh * h, *S5 = as + 2 * mh * h;
+    const float *S6 = as + 3 * mh * h, *S7 = as + 4 * mh * h;
+    int64_t ars = g->a.rs;
+    /* the next pair's two panels (2·k·NR floats, 2·h lines each half)
+     * fetched by the products of the last two row groups, h lines each */
+    int64_t groups = mh / MR, pf_first = (groups - 2) * 7;
+    const char *nx0 = q + 1 < np ? (const char *) (b11 + g->k * NR) : NULL;
+    const char *nx1 = q + 1 < np ? (const char *) (b12 + g->k * NR) : NULL;
+    int64_t call = 0;
+#define S_PF()                                                                  \
+    (nx0 && call >= pf_first && call < pf_first + 8                             \
+         ? (call - pf_first < 4 ? nx0 + (call - pf_first) * h * 64              \
+                                : nx1 + (call - pf_first - 4) * h * 64)         \
+         : NULL)
+    for (int64_t i = 0; i < mh; i += MR) {
+        const float *a11 = g->a.p + i * ars, *a22 = g->a.p + (mh + i) * ars + h;
+        int64_t jl = q * NR, jr = (q + np) * NR;
+        /* C11 = M1 + M4 - M5 + M7, C12 = M3 + M5, C21 = M2 + M4,
+         * C22 = M1 - M2 + M3 + M6, in that order */
+        s_ukr_avx512_s (h, S1 + i * h, h, T1, S_PF (), t11, NULL, g, false, 0, 0,
+                        t22, 1, true);
+        call++;
+        s_ukr_avx512_s (h, S2 + i * h, h, b11, S_PF (), t21, NULL, g, false, 0, 0,
+                        t22, -1, false);
+        call++;
+        s_ukr_avx512_s (h, a11, ars, T3, S_PF (), t12, NULL, g, false, 0, 0,
+                        t22, 1, false);
+        call++;
+        s_ukr_avx512_s (h, a22, ars, T4, S_PF (), NULL, t21, g, true, mh + i, jl,
+                        t11, 1, false);
+        call++;
+        s_ukr_avx512_s (h, S5 + i * h, h, b22, S_PF (), NULL, t12, g, true, i, jr,
+                        t11, -1, false);
+        call++;
+        s_ukr_avx512_s (h, S6 + i * h, h, T6, S_PF (), NULL, t22, g, true, mh + i, jr,
+                        NULL, 0, false);
+        call++;
+        s_ukr_avx512_s (h, S7 + i * h, h, T7, S_PF (), NULL, t11, g, true, i, jl,
+                        NULL, 0, false);
+        call++;
+    }
+#undef S_PF
+}
+
+/* A's sums into worker 0's workspace (read by every task), then the
+ * pairs of column panels on the pool. */
+static void
+s_strassen_run (const kiln_gemm_t *g, float *ws, size_t ws_stride)
+{
+    int64_t h = g->k / 2, mh = g->m / 2;
+    const float *a = g->a.p;
+    int64_t ars = g->a.rs;
+    float *S1 = ws, *S2 = ws + mh * h, *S5 = ws + 2 * mh * h;
+    float *S6 = ws + 3 * mh * h, *S7 = ws + 4 * mh * h;
+    for (int64_t i = 0; i < mh; i++) {
+        const float *a11 = a + i * ars, *a12 = a11 + h;
+        const float *a21 = a + (mh + i) * ars, *a22 = a21 + h;
+        s_vsum (S1 + i * h, a11, a22, 1, h);
+        s_vsum (S2 + i * h, a21, a22, 1, h);
+        s_vsum (S5 + i * h, a11, a12, 1, h);
+        s_vsum (S6 + i * h, a21, a11, -1, h);
+        s_vsum (S7 + i * h, a12, a22, -1, h);
+    }
+    s_str_t st = { g, ws, ws_stride };
+    kiln_exec_parallel (s_strassen_task, &st, (int) (g->n / NR / 2));
+}
+#endif
+
+bool
+kiln_gemm_strassen (const kiln_gemm_t *g)
+{
+#if defined(__x86_64__)
+    pthread_once (&s_isa_once, s_isa_init);
+    return s_fin_avx512 && !g->c_trans && g->b.kind == KILN_GSRC_PACKED
+           && g->a.kind == KILN_GSRC_STRIDED && g->a.cs == 1
+           && s_strassen_shape (g->m, g->n, g->k) && s_finish_fast (g);
+#else
+    (void) g;
+    return false;
+#endif
+}
+
 void
 kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count)
 {
@@ -1379,6 +1618,12 @@ kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count)
     float *ws = kiln_exec_ws (&bytes);
     r.ws = (float *) (((uintptr_t) ws + 63) & ~(uintptr_t) 63);
     r.ws_stride = bytes / sizeof (float);
+#if defined(__x86_64__)
+    if (count == 1 && kiln_gemm_strassen (&g)) {
+        s_strassen_run (&g, r.ws, r.ws_stride);
+        return;
+    }
+#endif
     int64_t total = count * r.bl.tm * r.bl.tn;
     for (int64_t first = 0; first < total; first += 1 << 30) {
         r.first = first;

@@ -89,6 +89,11 @@ size_t kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
  * with the calling kernel's workspace (kiln_exec_ws). */
 void kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count);
 
+/* Whether kiln_gemm_run computes this product (alone: count 1) by one
+ * level of Strassen's algorithm (kiln_gemm.c): a function of its shape,
+ * operand kinds and the CPU, never of the thread count. */
+bool kiln_gemm_strassen (const kiln_gemm_t *g);
+
 /* Apply an activation to n floats in place (also for other kernels). */
 void kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b);
 

@@ -205,6 +205,33 @@ s_act_ref (double v, kiln_act_t act, double a, double b)
     }
 }
 
+/* C of the product g (C transposed or not) against double: A's rows
+ * lda apart, B row-major. */
+static void
+s_expect_product (const kiln_gemm_t *g, const float *a, int64_t lda,
+                  const float *b, const char *what, int form)
+{
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++) {
+            double sum = 0, mag = 0;
+            for (int64_t q = 0; q < g->k; q++) {
+                sum += (double) a[i * lda + q] * b[q * g->n + j];
+                mag += fabs ((double) a[i * lda + q] * b[q * g->n + j]);
+            }
+            sum *= g->alpha;
+            for (int ad = 0; ad < g->n_add; ad++)
+                sum += g->add[ad].scale
+                       * g->add[ad].p[i * g->add[ad].rs + j * g->add[ad].cs];
+            sum = s_act_ref (sum, g->act, g->act_a, g->act_b);
+            double got = g->c_trans ? g->c[j * g->ldc + i] : g->c[i * g->ldc + j];
+            ck_assert_msg (fabs (got - sum) <= 1e-5 * (mag + 4.0),
+                           "%s: %s %lldx%lldx%lld form %d: C[%lld, %lld] = %.8g, "
+                           "expected %.8g", kiln_gemm_isa (), what, (long long) g->m,
+                           (long long) g->n, (long long) g->k, form, (long long) i,
+                           (long long) j, got, sum);
+        }
+}
+
 /* Every operand form and epilogue for one shape, against double. */
 static void
 s_check_shape (int64_t m, int64_t n, int64_t k)
@@ -255,25 +282,7 @@ s_check_shape (int64_t m, int64_t n, int64_t k)
         for (int64_t i = 0; i < m * n; i++)
             c[i] = NAN;                 /* every element must be written */
         s_gemm (&g);
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) {
-                double s = 0, mag = 0;
-                for (int64_t q = 0; q < k; q++) {
-                    s += (double) a[i * k + q] * b[q * n + j];
-                    mag += fabs ((double) a[i * k + q] * b[q * n + j]);
-                }
-                s *= g.alpha;
-                for (int ad = 0; ad < g.n_add; ad++)
-                    s += g.add[ad].scale
-                         * g.add[ad].p[i * g.add[ad].rs + j * g.add[ad].cs];
-                s = s_act_ref (s, g.act, g.act_a, g.act_b);
-                double got = c[i * n + j];
-                ck_assert_msg (fabs (got - s) <= 1e-5 * (mag + 4.0),
-                               "%s: %lldx%lldx%lld form %d: C[%lld, %lld] = %.8g, "
-                               "expected %.8g", kiln_gemm_isa (), (long long) m,
-                               (long long) n, (long long) k, form, (long long) i,
-                               (long long) j, got, s);
-            }
+        s_expect_product (&g, a, k, b, "product", form);
     }
     free (a); free (b); free (ap); free (bp); free (at); free (bt);
     free (bias_m); free (bias_n); free (res); free (c);
@@ -315,25 +324,7 @@ s_check_trans (int64_t m, int64_t n, int64_t k)
         for (int64_t i = 0; i < m * n; i++)
             c[i] = NAN;
         s_gemm (&g);
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) {
-                double sum = 0, mag = 0;
-                for (int64_t q = 0; q < k; q++) {
-                    sum += (double) a[i * k + q] * b[q * n + j];
-                    mag += fabs ((double) a[i * k + q] * b[q * n + j]);
-                }
-                sum *= g.alpha;
-                for (int ad = 0; ad < g.n_add; ad++)
-                    sum += g.add[ad].scale
-                           * g.add[ad].p[i * g.add[ad].rs + j * g.add[ad].cs];
-                sum = s_act_ref (sum, g.act, g.act_a, g.act_b);
-                double got = c[j * m + i];
-                ck_assert_msg (fabs (got - sum) <= 1e-5 * (mag + 4.0),
-                               "%s: %lldx%lldx%lld transposed, form %d: C[%lld, "
-                               "%lld] = %.8g, expected %.8g", kiln_gemm_isa (),
-                               (long long) m, (long long) n, (long long) k, form,
-                               (long long) i, (long long) j, got, sum);
-            }
+        s_expect_product (&g, a, k, b, "transposed", form);
     }
     free (a); free (b); free (at); free (bp); free (bias_n); free (res); free (c);
 }
@@ -464,6 +455,75 @@ END_TEST
 START_TEST (test_gemm_engine_native_kernel_matches_double)
 {
     s_check_isa ("avx512");
+}
+END_TEST
+
+/* Strassen's one level (kiln_gemm.c) on the shapes it takes, over two
+ * workers (A's sums formed by the caller, read by both), every kind of
+ * epilogue it finishes with, A's rows further apart than k: against
+ * double, as s_check. */
+START_TEST (test_strassen_products_match_double)
+{
+    setenv ("KILN_RT_THREADS", "2", 1);
+    static const int64_t shapes[][3] = { { 64, 512, 256 }, { 128, 1024, 512 },
+                                         { 96, 768, 384 } };
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2], lda = k + 24;
+        float *a = s_rand (m * lda), *b = s_rand (k * n);
+        float *bias_m = s_rand (m), *bias_n = s_rand (n), *res = s_rand (m * n);
+        int64_t be;
+        ck_assert (kiln_pack_b_elems (k, n, &be));
+        float *bp = calloc ((size_t) be + 1, sizeof *bp);
+        kiln_pack_b (b, k, n, n, 1, bp);
+        float *c = malloc ((size_t) (m * n) * sizeof *c);
+        for (int form = 0; form < 4; form++) {
+            kiln_gemm_t g = { .m = m, .n = n, .k = k, .c = c, .ldc = n, .alpha = 1.0f };
+            g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, a, lda, 1, NULL };
+            g.b = (kiln_gsrc_t) { KILN_GSRC_PACKED, bp, 0, 0, NULL };
+            if (form == 0) {            /* an FFN's first product */
+                g.add[g.n_add++] = (kiln_gadd_t) { bias_n, 0, 1, 1.0f };
+                g.act = KILN_ACT_RELU;
+            } else if (form == 1) {     /* a value per row, a residual, clip */
+                g.add[g.n_add++] = (kiln_gadd_t) { bias_m, 1, 0, 1.0f };
+                g.add[g.n_add++] = (kiln_gadd_t) { res, n, 1, 1.0f };
+                g.act = KILN_ACT_CLIP;
+                g.act_a = -0.5f;
+                g.act_b = 0.75f;
+            } else if (form == 2) {     /* alpha, a scaled bias, leaky relu */
+                g.alpha = 0.5f;
+                g.add[g.n_add++] = (kiln_gadd_t) { bias_n, 0, 1, 2.0f };
+                g.act = KILN_ACT_LEAKY;
+                g.act_a = 0.1f;
+            }                           /* 3: the product alone */
+            if (strcmp (kiln_gemm_isa (), "avx512") == 0)
+                ck_assert_msg (kiln_gemm_strassen (&g), "%lldx%lldx%lld form %d does "
+                               "not run by Strassen", (long long) m, (long long) n,
+                               (long long) k, form);
+            for (int64_t i = 0; i < m * n; i++)
+                c[i] = NAN;
+            s_gemm (&g);
+            s_expect_product (&g, a, lda, b, "Strassen", form);
+        }
+        free (a); free (b); free (bias_m); free (bias_n); free (res); free (bp); free (c);
+    }
+    /* and not on shapes it does not take: halves of partial tiles, a
+     * short k, few columns, an A packed, C transposed */
+    kiln_gemm_t g = { .m = 60, .n = 512, .k = 256, .alpha = 1.0f };
+    g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, NULL, 256, 1, NULL };
+    g.b = (kiln_gsrc_t) { KILN_GSRC_PACKED, NULL, 0, 0, NULL };
+    ck_assert (!kiln_gemm_strassen (&g));
+    g.m = 64;
+    g.k = 128;
+    ck_assert (!kiln_gemm_strassen (&g));
+    g.k = 256;
+    g.n = 256;
+    ck_assert (!kiln_gemm_strassen (&g));
+    g.n = 512;
+    g.c_trans = true;
+    ck_assert (!kiln_gemm_strassen (&g));
+    g.c_trans = false;
+    g.a.kind = KILN_GSRC_PACKED;
+    ck_assert (!kiln_gemm_strassen (&g));
 }
 END_TEST
 
@@ -1106,6 +1166,7 @@ s_suite (void)
     tcase_add_test (tc, test_gemm_engine_generic_kernel_matches_double);
     tcase_add_test (tc, test_gemm_engine_avx2_kernel_matches_double);
     tcase_add_test (tc, test_gemm_engine_native_kernel_matches_double);
+    tcase_add_test (tc, test_strassen_products_match_double);
     tcase_add_test (tc, test_vectorised_transcendentals_are_within_a_few_ulp);
     tcase_add_test (tc, test_vectorised_softmax_and_layer_norm_rows_match_double);
     tcase_add_test (tc, test_softmax_rows_match_double_into_the_subnormals);
