@@ -49,11 +49,7 @@ s_resnetish (unsigned salt)
     int w2 = s_weight (g, "w2", SH (8, 8, 3, 3), salt + 1);
     int wl = s_weight (g, "wl", SH (4, 8), salt + 2);
     int t[8];
-    for (int i = 0; i < 8; i++) {
-        char name[8];
-        snprintf (name, sizeof name, "t%d", i);
-        t[i] = testlib_tensor (g, name);
-    }
+    testlib_tensors (g, t, 8);
     int y = testlib_tensor (g, "y");
     int64_t pads[4] = { 1, 1, 1, 1 };
     int n = testlib_node (g, "Conv", "c1", (int[]) { x, w1 }, 2, t[0]);

@@ -888,11 +888,7 @@ START_TEST (test_decomposed_layer_norm_and_linear_fuse)
     int wm = s_weight (g, "wm", SH (40, 40));
     int bm = s_weight (g, "bm", SH (40));
     int t[12];
-    for (int i = 0; i < 12; i++) {
-        char name[8];
-        snprintf (name, sizeof name, "t%d", i);
-        t[i] = s_tensor (g, name);
-    }
+    testlib_tensors (g, t, 12);
     int n = s_node (g, "ReduceMean", "m1", &x, 1, t[0]);
     s_ints (g, n, "axes", 1, -1);
     s_node (g, "Sub", "sub", (int[]) { x, t[0] }, 2, t[1]);
@@ -932,11 +928,7 @@ s_attention_graph (void)
     int x = s_input (g, "x", SH (6, 2, 4));
     int two = s_const (g, "two", SH (1), 0, 2);
     int t[7];
-    for (int i = 0; i < 7; i++) {
-        char name[8];
-        snprintf (name, sizeof name, "t%d", i);
-        t[i] = s_tensor (g, name);
-    }
+    testlib_tensors (g, t, 7);
     int n = s_node (g, "Transpose", "q", &x, 1, t[0]);
     s_ints (g, n, "perm", 3, 1, 0, 2);
     s_node (g, "Div", "scale", (int[]) { t[0], two }, 2, t[1]);

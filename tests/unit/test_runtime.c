@@ -613,11 +613,7 @@ s_small_cnn (int *w1, int *b1, int *w2, int *b2, int *wl, int *bl)
     *wl = testlib_weight (g, "wl", SH (10, 16));
     *bl = testlib_weight (g, "bl", SH (10));
     int t[8];
-    for (int i = 0; i < 8; i++) {
-        char name[16];
-        snprintf (name, sizeof name, "t%d", i);
-        t[i] = testlib_tensor (g, name);
-    }
+    testlib_tensors (g, t, 8);
     int logits = testlib_tensor (g, "logits");
     int n;
     n = testlib_node (g, "Conv", "conv1", (int[]) { x, *w1, *b1 }, 3, t[0]);

@@ -146,6 +146,16 @@ testlib_tensor (kiln_graph_t *g, const char *name)
     return t;
 }
 
+void
+testlib_tensors (kiln_graph_t *g, int *t, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char name[16];
+        snprintf (name, sizeof name, "t%d", i);
+        t[i] = testlib_tensor (g, name);
+    }
+}
+
 int
 testlib_node (kiln_graph_t *g, const char *op, const char *name, const int *ins,
               int n_in, int out)

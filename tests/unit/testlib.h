@@ -79,6 +79,9 @@ int testlib_weight (kiln_graph_t *g, const char *name, kiln_shape_t shape);
 /* A tensor whose type and shape the graph infers. */
 int testlib_tensor (kiln_graph_t *g, const char *name);
 
+/* n such tensors, named t0 .. t<n-1>, into t[]. */
+void testlib_tensors (kiln_graph_t *g, int *t, int n);
+
 /* A node with `n_in` inputs and the one output `out`; returns the node. */
 int testlib_node (kiln_graph_t *g, const char *op, const char *name,
                   const int *ins, int n_in, int out);
