@@ -1154,12 +1154,12 @@ s_strassen_shape (int64_t m, int64_t n, int64_t k)
 }
 
 /* Floats of a worker's workspace: A's five sums (worker 0's, read by
- * all), B's five sums for one pair of column panels, four tiles and the
- * product's. */
+ * all), B's five sums for one pair of column panels, the four tiles
+ * being summed and 64 bytes to align them. */
 static int64_t
 s_strassen_floats (int64_t m, int64_t k)
 {
-    return 5 * (m / 2) * (k / 2) + 5 * (k / 2) * NR + 5 * MR * NR + 16;
+    return 5 * (m / 2) * (k / 2) + 5 * (k / 2) * NR + 4 * MR * NR + 16;
 }
 
 size_t
@@ -1365,11 +1365,9 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             bool pf_on = x && g->b.kind == KILN_GSRC_PACKED && pf_from >= m0 + rp;
             for (int64_t j = n0; j < n1; j += NR) {
                 const char *next = NULL;
-                if (!pf_on)
-                    ;
-                else if (j + NR < n1)
+                if (pf_on && j + NR < n1)
                     next = (const char *) (bp + (j + NR - n0) / NR * bstride);
-                else if (!last)
+                else if (pf_on && !last)
                     next = (const char *) (g->b.p + (n0 / NR) * g->k * NR
                                            + (k0 + kc) * NR);
                 for (int64_t i = m0; i < m1; i += rp) {
