@@ -24,7 +24,7 @@ DEB_PACKAGES := build-essential pkg-config \
 	libzmq3-dev libczmq-dev libmsgpack-dev libarchive-dev libssl-dev \
 	libjansson-dev check libprotobuf-c-dev protobuf-c-compiler \
 	libopenblas-dev libonnx-dev openssl tar procps \
-	python3-torch python3-torchvision python3-onnx python3-numpy python3-pytest
+	python3-torch libtorch-dev python3-torchvision python3-onnx python3-numpy python3-pytest
 
 PKGS := libczmq libzmq msgpack libarchive openssl jansson libprotobuf-c openblas
 
@@ -87,7 +87,10 @@ SO_RT     := $(LIB)/libkilnrt.so
 SO_CLIENT := $(LIB)/libkilnclient.so
 
 PROGRAMS := $(BIN)/kiln $(BIN)/kiln-broker $(BIN)/kiln-worker $(BIN)/kiln-cc \
-	$(BIN)/kiln-run
+	$(BIN)/kiln-run $(BIN)/kiln-torch-run
+
+# The TorchScript extension (python/kiln/csrc): torch.classes.kiln.Model.
+SO_TORCH := $(LIB)/libkiln_torch.so
 
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
@@ -95,7 +98,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 .PHONY: all deps test unit-test integration-test demo clean install memcheck \
 	python-test conformance bench-runtime
 
-all: $(PROGRAMS) $(SO_RT) $(SO_CLIENT)
+all: $(PROGRAMS) $(SO_RT) $(SO_CLIENT) $(SO_TORCH)
 
 # --- deps -----------------------------------------------------------
 deps:
@@ -193,6 +196,34 @@ $(BIN)/kiln-run: $(BUILD)/obj/runtime/main_run.o $(SO_RT)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< -L$(LIB) -lkilnrt -Wl,-rpath,'$$ORIGIN/../lib' $(RT_LIBS)
 
+# --- the TorchScript extension --------------------------------------
+# C++17 against Debian's libtorch (libtorch-dev), built with the C++11
+# ABI as python3-torch is.  The library finds libkilnrt beside it; the
+# program finds both in ../lib.  Loading libkiln_torch is what registers
+# torch.classes.kiln.Model, so the program links it --no-as-needed: it
+# must be loaded before torch::jit::load, whatever the program calls.
+TORCH_INC      := -isystem /usr/include/torch/csrc/api/include
+TORCH_LIBS     := -ltorch -ltorch_cpu -lc10
+TORCH_CXXFLAGS  = -std=c++17 -g $(OPT) -fPIC -Wall -Wextra -Werror \
+	-Wno-unused-parameter -pthread -D_GLIBCXX_USE_CXX11_ABI=1 -I. $(TORCH_INC)
+ifneq ($(SANITIZE),)
+TORCH_CXXFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+endif
+
+$(BUILD)/obj/python/kiln/csrc/%.o: python/kiln/csrc/%.cpp | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(TORCH_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(SO_TORCH): $(BUILD)/obj/python/kiln/csrc/kiln_torch.o $(SO_RT)
+	@mkdir -p $(dir $@)
+	$(CXX) -shared $(LDFLAGS) -Wl,-soname,libkiln_torch.so -o $@ $< \
+	  -L$(LIB) -lkilnrt -Wl,-rpath,'$$ORIGIN' $(TORCH_LIBS)
+
+$(BIN)/kiln-torch-run: $(BUILD)/obj/python/kiln/csrc/kiln_torch_run.o $(SO_TORCH)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) -o $@ $< -L$(LIB) -Wl,--no-as-needed -lkiln_torch \
+	  -Wl,--as-needed -lkilnrt -Wl,-rpath,'$$ORIGIN/../lib' $(TORCH_LIBS)
+
 # --- tests ----------------------------------------------------------
 ALL_A := $(A_CLIENT) $(A_BROKER) $(A_WORKER) $(A_COMPILER) $(A_GRAPH) $(A_RUNTIME) $(A_ARTIFACT) $(A_COMMON)
 
@@ -268,7 +299,7 @@ PYTHON_DIR ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib
 	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(SO_RT) $(SO_CLIENT) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 $(SO_RT) $(SO_CLIENT) $(SO_TORCH) $(DESTDIR)$(PREFIX)/lib/
 	install -d $(DESTDIR)$(PYTHON_DIR)/kiln
 	install -m 0644 python/kiln/*.py $(DESTDIR)$(PYTHON_DIR)/kiln/
 	printf 'LIBDIR = "%s"\nBINDIR = "%s"\n' "$(PREFIX)/lib" "$(PREFIX)/bin" \

@@ -62,6 +62,8 @@ typedef struct kiln_manifest {
     int runtime_abi;                     /* KILN_RUNTIME_ABI_VERSION */
     kiln_io_t *inputs;   int n_inputs;   /* owned */
     kiln_io_t *outputs;  int n_outputs;  /* owned */
+    char *io_structure;                  /* how inputs/outputs nest (the graph's
+                                            JSON text), owned; NULL when absent */
 } kiln_manifest_t;
 
 typedef struct kiln_artifact kiln_artifact_t;
@@ -74,10 +76,16 @@ kiln_artifact_t *kiln_artifact_new (void);
 void kiln_artifact_destroy (kiln_artifact_t **self_p);
 
 /* The manifest, to fill in before writing.  Owned by the artifact.
- * Use kiln_manifest_set_io to set inputs/outputs. */
+ * Use kiln_manifest_set_io to set inputs/outputs, and
+ * kiln_manifest_set_io_structure to set io_structure. */
 kiln_manifest_t *kiln_artifact_manifest (kiln_artifact_t *self);
 int kiln_manifest_set_io (kiln_manifest_t *m, bool outputs,
                           const kiln_io_t *ios, int n, kiln_err_t *err);
+/* Set io_structure to a copy of `text`; NULL or "" removes it.  Fails
+ * (leaving the old value) when the text is longer than
+ * KILN_MAX_IO_STRUCTURE_BYTES. */
+int kiln_manifest_set_io_structure (kiln_manifest_t *m, const char *text,
+                                    kiln_err_t *err);
 
 /* Add a payload member; copies `data`.  Names are [A-Za-z0-9._-]{1,64}
  * and not one of the reserved names above. */
@@ -164,9 +172,9 @@ int kiln_key_write_public (const kiln_key_t *self, const char *path,
  * `dst` with kiln_manifest_release. */
 int kiln_manifest_copy (kiln_manifest_t *dst, const kiln_manifest_t *src,
                         kiln_err_t *err);
-/* Free the inputs and outputs a manifest owns and zero it.  For copies
- * made with kiln_manifest_copy; an artifact's own manifest is released by
- * kiln_artifact_destroy. */
+/* Free the inputs, outputs and io_structure a manifest owns and zero it.
+ * For copies made with kiln_manifest_copy; an artifact's own manifest is
+ * released by kiln_artifact_destroy. */
 void kiln_manifest_release (kiln_manifest_t *m);
 
 /* read_mem + verify, for archives that arrive over the wire.  Caller

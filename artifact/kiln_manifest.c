@@ -57,6 +57,7 @@ kiln_manifest_release (kiln_manifest_t *m)
         return;
     free (m->inputs);
     free (m->outputs);
+    free (m->io_structure);
     memset (m, 0, sizeof *m);
 }
 
@@ -80,10 +81,15 @@ kiln_manifest_copy (kiln_manifest_t *dst, const kiln_manifest_t *src,
     kiln_manifest_t copy = *src;
     copy.inputs = NULL;
     copy.outputs = NULL;
+    copy.io_structure = NULL;
     if (s_dup_ios (&copy.inputs, src->inputs, src->n_inputs, err)
         || s_dup_ios (&copy.outputs, src->outputs, src->n_outputs, err)) {
         kiln_manifest_release (&copy);
         return -KILN_ENOMEM;
+    }
+    if (src->io_structure && !(copy.io_structure = strdup (src->io_structure))) {
+        kiln_manifest_release (&copy);
+        return kiln_error (err, KILN_ENOMEM, "out of memory copying io_structure");
     }
     *dst = copy;
     return 0;
@@ -172,6 +178,12 @@ kiln_manifest_check (const kiln_manifest_t *m, kiln_err_t *err)
     if ((rc = s_check_ios ("input", m->inputs, m->n_inputs, err))
         || (rc = s_check_ios ("output", m->outputs, m->n_outputs, err)))
         return rc;
+    //  Absent is NULL, never "": the encoder leaves the field out only
+    //  when it is NULL, and the decoder must give back what was encoded.
+    if (m->io_structure
+        && (rc = s_check_str ("io_structure", m->io_structure,
+                              KILN_MAX_IO_STRUCTURE_BYTES + 1, true, err)))
+        return rc;
     return 0;
 }
 
@@ -191,6 +203,24 @@ kiln_manifest_set_io (kiln_manifest_t *m, bool outputs, const kiln_io_t *ios,
     free (*slot);
     *slot = copy;
     *count = n;
+    return 0;
+}
+
+int
+kiln_manifest_set_io_structure (kiln_manifest_t *m, const char *text,
+                                kiln_err_t *err)
+{
+    char *copy = NULL;
+    if (text && *text) {
+        int rc = s_check_str ("io_structure", text, KILN_MAX_IO_STRUCTURE_BYTES + 1,
+                              true, err);
+        if (rc)
+            return rc;
+        if (!(copy = strdup (text)))
+            return kiln_error (err, KILN_ENOMEM, "out of memory copying io_structure");
+    }
+    free (m->io_structure);
+    m->io_structure = copy;
     return 0;
 }
 
@@ -299,6 +329,10 @@ kiln_manifest_encode (const kiln_manifest_t *m, const kiln_member_t *members,
     s_set (&b, root, "runtime_abi", json_integer (m->runtime_abi));
     s_set (&b, root, "inputs", s_encode_ios (&b, "input", m->inputs, m->n_inputs));
     s_set (&b, root, "outputs", s_encode_ios (&b, "output", m->outputs, m->n_outputs));
+    //  Only when present, so that a manifest without it is the same bytes
+    //  as before the field existed.
+    if (m->io_structure)
+        s_set_str (&b, root, "io_structure", "io_structure", m->io_structure);
     json_t *list = json_array ();
     for (int i = 0; i < n_members; i++) {
         json_t *mem = json_object ();
@@ -529,13 +563,36 @@ s_decode_members (const json_t *root, kiln_member_t *members, int *n_members,
     return 0;
 }
 
+/* The optional io_structure: a non-empty string of at most
+ * KILN_MAX_IO_STRUCTURE_BYTES (jansson has already refused invalid UTF-8
+ * and, without JSON_ALLOW_NUL, a \u0000 escape). */
+static int
+s_decode_io_structure (const json_t *root, kiln_manifest_t *m, kiln_err_t *err)
+{
+    if (!json_object_get (root, "io_structure"))
+        return 0;
+    const json_t *v = s_field (root, NULL, "io_structure", JSON_STRING, "a string", err);
+    if (!v)
+        return -KILN_EFORMAT;
+    size_t n = json_string_length (v);
+    if (n > KILN_MAX_IO_STRUCTURE_BYTES)
+        return kiln_error (err, KILN_ELIMIT,
+                           "manifest.json: field 'io_structure' is longer than %u bytes",
+                           KILN_MAX_IO_STRUCTURE_BYTES);
+    if (n == 0)
+        return kiln_error (err, KILN_EFORMAT, "manifest.json: field 'io_structure' is empty");
+    if (!(m->io_structure = strdup (json_string_value (v))))
+        return kiln_error (err, KILN_ENOMEM, "out of memory reading manifest io_structure");
+    return 0;
+}
+
 static int
 s_decode (const json_t *root, kiln_manifest_t *m, kiln_member_t *members,
           int *n_members, kiln_err_t *err)
 {
     static const char *const keys[] = {
         "format", "format_version", "graph_digest", "action_key", "compiler",
-        "target", "runtime_abi", "inputs", "outputs", "members", NULL
+        "target", "runtime_abi", "inputs", "outputs", "members", "io_structure", NULL
     };
     static const char *const compiler_keys[] = { "id", "version", "args", NULL };
     if (!json_is_object (root))
@@ -590,6 +647,7 @@ s_decode (const json_t *root, kiln_manifest_t *m, kiln_member_t *members,
 
     if ((rc = s_decode_ios (root, "inputs", "input", &m->inputs, &m->n_inputs, err))
         || (rc = s_decode_ios (root, "outputs", "output", &m->outputs, &m->n_outputs, err))
+        || (rc = s_decode_io_structure (root, m, err))
         || (rc = s_decode_members (root, members, n_members, err)))
         return rc;
     if ((rc = kiln_manifest_check (m, err)))

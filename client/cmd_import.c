@@ -8,7 +8,8 @@
 static const char *s_usage =
     "usage: kiln import MODEL.onnx -o MODEL.kgraph [--quiet]\n"
     "  Import an ONNX model, check it and write a kiln graph.\n"
-    "  Prints the graph digest.\n";
+    "  Weights saved as ONNX external data are read from files in the\n"
+    "  model's directory, and nowhere else.  Prints the graph digest.\n";
 
 int
 cmd_import (int argc, char **argv)

@@ -10,7 +10,7 @@
 static const char *s_usage =
     "usage: kiln inspect ARTIFACT.kar | MODEL.kgraph | MODEL.onnx\n"
     "  An artifact: print its manifest.json (not verified; see kiln verify).\n"
-    "  A model: print its digest, inputs, outputs and op counts.\n";
+    "  A model: print its digest, inputs, outputs, I/O structure and op counts.\n";
 
 static int
 s_inspect_artifact (const char *path)
@@ -62,6 +62,8 @@ s_inspect_model (const char *path)
     printf ("outputs:\n");
     for (int i = 0; i < g->n_outputs; i++)
         s_print_tensor (g, g->outputs[i]);
+    if (g->io_structure)
+        printf ("io structure: %s\n", g->io_structure);
     printf ("ops:\n");
     /* Count ops in order of first appearance: small graphs, quadratic is fine. */
     for (int i = 0; i < g->n_nodes; i++) {

@@ -23,11 +23,18 @@
 kiln_graph_t *
 kiln_capi_import_onnx (const uint8_t *data, size_t len, kiln_err_t *err)
 {
+    return kiln_capi_import_onnx_dir (data, len, NULL, err);
+}
+
+kiln_graph_t *
+kiln_capi_import_onnx_dir (const uint8_t *data, size_t len, const char *base_dir,
+                           kiln_err_t *err)
+{
     if (!data && len > 0) {
         kiln_error (err, KILN_EINVAL, "no ONNX bytes");
         return NULL;
     }
-    return kiln_onnx_import_mem (data, len, err);
+    return kiln_onnx_import_mem_dir (data, len, base_dir, err);
 }
 
 void

@@ -21,10 +21,18 @@
 #include "common/kiln_error.h"
 #include "graph/kiln_graph.h"
 
-/* Import `len` bytes of ONNX (kiln_onnx_import_mem).  Caller owns the
- * graph and frees it with kiln_capi_graph_free. */
+/* Import `len` bytes of ONNX (kiln_onnx_import_mem).  A model with
+ * external data is refused: it needs kiln_capi_import_onnx_dir.  Caller
+ * owns the graph and frees it with kiln_capi_graph_free. */
 kiln_graph_t *kiln_capi_import_onnx (const uint8_t *data, size_t len,
                                      kiln_err_t *err);
+
+/* Import `len` bytes of ONNX whose external data files are in `base_dir`
+ * (kiln_onnx_import_mem_dir: confined to that directory; NULL or "" is
+ * kiln_capi_import_onnx).  Caller owns the graph and frees it with
+ * kiln_capi_graph_free. */
+kiln_graph_t *kiln_capi_import_onnx_dir (const uint8_t *data, size_t len,
+                                         const char *base_dir, kiln_err_t *err);
 void kiln_capi_graph_free (kiln_graph_t *g);
 
 /* Write the graph as a .kgraph file (structure and weights). */

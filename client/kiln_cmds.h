@@ -18,6 +18,7 @@ int cmd_inspect (int argc, char **argv);
 int cmd_status (int argc, char **argv);
 int cmd_batch (int argc, char **argv);
 int cmd_cert (int argc, char **argv);
+int cmd_release (int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" to stderr; returns 1. */
 int kiln_cmd_fail (const char *cmd, const kiln_err_t *err);

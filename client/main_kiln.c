@@ -26,6 +26,7 @@ static const struct {
     { "batch",   cmd_batch,   "compile many models on the farm at once" },
     { "status",  cmd_status,  "show the farm: workers, queues, cache, jobs" },
     { "cert",    cmd_cert,    "write a CurveZMQ certificate for a farm client, worker or broker" },
+    { "release", cmd_release, "sign a release record (model, artifact, seq, expiry) or verify one" },
 };
 
 static void

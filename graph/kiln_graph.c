@@ -248,6 +248,7 @@ kiln_graph_destroy (kiln_graph_t **self_p)
     free (g->weights);
     free (g->inputs);
     free (g->outputs);
+    free (g->io_structure);
     free (g);
     *self_p = NULL;
 }
@@ -569,6 +570,67 @@ kiln_graph_add_output (kiln_graph_t *g, int t, kiln_err_t *err)
     return s_add_io (g, &g->outputs, &g->n_outputs, t, "output", err);
 }
 
+/* True when s[0..n) is well-formed UTF-8: no overlong forms, no UTF-16
+ * surrogates, nothing above U+10FFFF -- what jansson accepts, so that the
+ * text can go into manifest.json as it is. */
+static bool
+s_utf8_valid (const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *) s, *end = p + n;
+    while (p < end) {
+        unsigned c = *p++;
+        int more;
+        unsigned min;
+        if (c < 0x80)
+            continue;
+        else if (c >= 0xc2 && c <= 0xdf) { more = 1; min = 0x80; c &= 0x1f; }
+        else if (c >= 0xe0 && c <= 0xef) { more = 2; min = 0x800; c &= 0x0f; }
+        else if (c >= 0xf0 && c <= 0xf4) { more = 3; min = 0x10000; c &= 0x07; }
+        else
+            return false;
+        if (end - p < more)
+            return false;
+        for (int k = 0; k < more; k++) {
+            if ((p[k] & 0xc0) != 0x80)
+                return false;
+            c = (c << 6) | (p[k] & 0x3f);
+        }
+        p += more;
+        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return false;
+    }
+    return true;
+}
+
+/* Fail unless `text` may be a graph's I/O structure (see the header). */
+static int
+s_check_io_structure (const char *text, kiln_err_t *err)
+{
+    size_t n = strnlen (text, KILN_MAX_IO_STRUCTURE_BYTES + 1);
+    if (n > KILN_MAX_IO_STRUCTURE_BYTES)
+        return kiln_error (err, KILN_ELIMIT, "I/O structure is longer than %u bytes",
+                           KILN_MAX_IO_STRUCTURE_BYTES);
+    if (!s_utf8_valid (text, n))
+        return kiln_error (err, KILN_EFORMAT, "I/O structure is not valid UTF-8");
+    return 0;
+}
+
+int
+kiln_graph_set_io_structure (kiln_graph_t *g, const char *text, kiln_err_t *err)
+{
+    char *copy = NULL;
+    if (text && *text) {
+        int rc = s_check_io_structure (text, err);
+        if (rc)
+            return rc;
+        if (!(copy = strdup (text)))
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+    }
+    free (g->io_structure);
+    g->io_structure = copy;
+    return 0;
+}
+
 int
 kiln_graph_find_tensor (const kiln_graph_t *g, const char *name)
 {
@@ -721,6 +783,8 @@ s_check_encodable (const kiln_graph_t *g, kiln_err_t *err)
             if (!s_attr_kind_name (g->nodes[n].attrs[i].kind))
                 return kiln_error (err, KILN_EINVAL, "node #%d: attribute %d has unknown kind %d",
                                    n, i, (int) g->nodes[n].attrs[i].kind);
+    if (g->io_structure && (rc = s_check_io_structure (g->io_structure, err)))
+        return rc;
     return 0;
 }
 
@@ -735,7 +799,10 @@ kiln_graph_encode (const kiln_graph_t *g, uint8_t **out, size_t *len,
     msgpack_packer pk;
     msgpack_packer_init (&pk, &buf, s_buf_write);
 
-    msgpack_pack_map (&pk, 8);
+    /* io_structure is written only when there is one, so that a graph
+     * without it encodes as it did before the field existed. */
+    bool has_io_structure = g->io_structure && *g->io_structure;
+    msgpack_pack_map (&pk, has_io_structure ? 9 : 8);
     kiln_mpk_pack_kv_str (&pk, "format", S_FORMAT);
     kiln_mpk_pack_kv_i64 (&pk, "version", KILN_GRAPH_FORMAT_VERSION);
     kiln_mpk_pack_kv_i64 (&pk, "opset", g->opset);
@@ -788,6 +855,8 @@ kiln_graph_encode (const kiln_graph_t *g, uint8_t **out, size_t *len,
     s_pack_int_list (&pk, g->inputs, g->n_inputs);
     kiln_mpk_pack_cstr (&pk, "outputs");
     s_pack_int_list (&pk, g->outputs, g->n_outputs);
+    if (has_io_structure)
+        kiln_mpk_pack_kv_str (&pk, "io_structure", g->io_structure);
     return s_buf_finish (&buf, "graph structure", out, len, err);
 }
 
@@ -1114,6 +1183,14 @@ s_decode_root (kiln_graph_t *g, const msgpack_object *root, kiln_err_t *err)
             rc = kiln_graph_add_output (g, ins[i], err);
     }
     free (ins);
+    if (rc == 0 && kiln_mpk_get (root, "io_structure")) {
+        char *text = NULL;
+        rc = kiln_mpk_get_strdup (root, "io_structure", KILN_MAX_IO_STRUCTURE_BYTES,
+                                  &text, err);
+        if (rc == 0 && (rc = kiln_graph_set_io_structure (g, text, err)))
+            kiln_error_prefix (err, "field 'io_structure'");
+        free (text);
+    }
     return rc;
 }
 
@@ -1779,9 +1856,13 @@ kiln_graph_canonical (const kiln_graph_t *g, uint8_t **out, size_t *len,
         S_VISIT (g->outputs[i]);
 #undef S_VISIT
 
+    /* The I/O structure is part of the interface, but only a graph that
+     * has one gets the eighth element: every digest taken before the
+     * field existed stays what it was. */
+    bool has_io_structure = g->io_structure && *g->io_structure;
     msgpack_packer pk;
     msgpack_packer_init (&pk, &buf, s_buf_write);
-    msgpack_pack_array (&pk, 7);
+    msgpack_pack_array (&pk, has_io_structure ? 8 : 7);
     kiln_mpk_pack_cstr (&pk, S_CANON_FORMAT);
     msgpack_pack_int (&pk, KILN_GRAPH_FORMAT_VERSION);
     msgpack_pack_int (&pk, g->opset);
@@ -1848,6 +1929,8 @@ kiln_graph_canonical (const kiln_graph_t *g, uint8_t **out, size_t *len,
         msgpack_pack_int (&pk, cid[g->outputs[i]]);
         kiln_mpk_pack_cstr (&pk, g->tensors[g->outputs[i]].name);
     }
+    if (has_io_structure)
+        kiln_mpk_pack_cstr (&pk, g->io_structure);
     rc = s_buf_finish (&buf, "canonical graph", out, len, err);
 err:
     free (buf.data);

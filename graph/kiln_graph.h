@@ -16,14 +16,25 @@
  *   - a tensor is produced by at most one node, and a graph input or a
  *     weight-backed tensor by none;
  *   - tensors[i].weight is -1 or a valid index into weights[];
- *   - nodes are in topological order once kiln_graph_validate succeeds.
+ *   - nodes are in topological order once kiln_graph_validate succeeds;
+ *   - io_structure is NULL or a non-empty, NUL-free UTF-8 text of at most
+ *     KILN_MAX_IO_STRUCTURE_BYTES bytes (set it with
+ *     kiln_graph_set_io_structure, which checks).
+ *
+ * io_structure is how the model's inputs and outputs nest (tuples, lists,
+ * dicts of tensors), as JSON text written by kiln.trace and carried from
+ * the ONNX file's metadata to the artifact's manifest, so that a loader
+ * can hand outputs back in the shape the model returned them.  kiln does
+ * not parse it.
  *
  * The graph digest is the SHA-256 of the canonical encoding: nodes in
  * their (topological) order, tensors renumbered by first use, node and
  * internal tensor names dropped, attributes sorted by name, weights by
  * digest.  Graph input and output names are kept: they are the model's
- * interface.  So the same model exported twice, or with internal names
- * changed, has the same digest, and changing one weight byte changes it.
+ * interface, and so is the I/O structure when the graph has one (a graph
+ * without it has the digest it had before the field existed).  So the
+ * same model exported twice, or with internal names changed, has the
+ * same digest, and changing one weight byte changes it.
  */
 #ifndef KILN_GRAPH_H
 #define KILN_GRAPH_H
@@ -88,6 +99,7 @@ typedef struct kiln_graph {
     int *inputs;             int n_inputs;   /* graph inputs: tensor indices */
     int *outputs;            int n_outputs;  /* graph outputs: tensor indices */
     int opset;               /* ONNX default-domain opset the graph came from */
+    char *io_structure;      /* how inputs/outputs nest (JSON text), owned; NULL when absent */
 } kiln_graph_t;
 
 /* --- building ------------------------------------------------------ */
@@ -124,6 +136,11 @@ int kiln_node_set_ints (kiln_graph_t *g, int n, const char *name,
                         const int64_t *v, size_t count, kiln_err_t *err);
 int kiln_node_set_floats (kiln_graph_t *g, int n, const char *name,
                           const double *v, size_t count, kiln_err_t *err);
+/* Set the graph's I/O structure to a copy of `text`; NULL or "" clears
+ * it.  Fails (leaving the old value) when the text is longer than
+ * KILN_MAX_IO_STRUCTURE_BYTES or not valid UTF-8. */
+int kiln_graph_set_io_structure (kiln_graph_t *g, const char *text,
+                                 kiln_err_t *err);
 /* Append graph input / output tensor `t`. */
 int kiln_graph_add_input (kiln_graph_t *g, int t, kiln_err_t *err);
 int kiln_graph_add_output (kiln_graph_t *g, int t, kiln_err_t *err);

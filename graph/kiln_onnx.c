@@ -3,18 +3,23 @@
  *
  * The import runs in passes over the decoded ModelProto, so that each
  * error is found where it is cheapest to explain:
- *   1. the protobuf bytes are checked for nesting depth, then decoded
- *      under a memory budget;
+ *   1. the protobuf bytes are checked for nesting depth (and the
+ *      kiln.io_structure metadata for its length and NUL bytes), then
+ *      decoded under a memory budget;
  *   2. the default-domain opset is checked, and every node's op is looked
  *      up; all unsupported ops are reported together, before any work;
  *   3. initializers, graph inputs and node outputs define the value names
- *      (each name once), Constant nodes becoming weights;
+ *      (each name once), Constant nodes becoming weights; a tensor whose
+ *      bytes live in an external file is read from it here
+ *      (graph/kiln_onnx_external.h);
  *   4. nodes are emitted with their inputs resolved by name and their
  *      attributes copied, then graph outputs are resolved;
  *   5. kiln_graph_validate checks the result and infers shapes.
  */
 #include "graph/kiln_onnx.h"
 
+#include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +29,7 @@
 #include "common/kiln_fs.h"
 #include "common/kiln_limits.h"
 #include "graph/kiln_fold.h"
+#include "graph/kiln_onnx_external.h"
 #include "onnx.pb-c.h"
 
 /* ONNX raw_data is little-endian, as are kiln's weight blobs (the npy
@@ -47,6 +53,11 @@
  * with KILN_ELIMIT instead of exhausting memory. */
 #define S_DECODE_FACTOR 16
 #define S_DECODE_SLACK  (256ull << 20)
+
+/* The metadata_props key under which kiln.trace stores how the model's
+ * inputs and outputs nest; the importer keeps its value as the graph's
+ * io_structure and ignores every other key. */
+#define S_IO_STRUCTURE_KEY "kiln.io_structure"
 
 /* Longest string attribute (auto_pad, mode, an einsum equation...). */
 #define S_MAX_ATTR_STRING KILN_MAX_ATTR_ELEMS
@@ -74,6 +85,7 @@ static const struct {
 typedef struct {
     kiln_graph_t *g;         /* graph being built, owned until returned */
     zhashx_t *names;         /* value name -> tensor index + 1 */
+    kiln_onnx_external_t *ext;   /* reads external data; the caller's */
 } importer_t;
 
 typedef struct {
@@ -158,6 +170,66 @@ s_varint (const uint8_t **p, const uint8_t *end, uint64_t *out)
     return -1;
 }
 
+/* Check the value of a metadata_props entry [p, end) (already walked by
+ * s_check_nesting) whose key is S_IO_STRUCTURE_KEY, on the wire: protobuf-c
+ * hands strings over NUL-terminated, so a NUL byte inside would cut the
+ * text short without a word, and it would allocate the value before kiln
+ * could bound it.  A field given twice counts the last time, as protobuf-c
+ * reads it.  Anything malformed is left for protobuf-c to refuse. */
+static int
+s_check_metadata_entry (const uint8_t *p, const uint8_t *end, kiln_err_t *err)
+{
+    const uint8_t *key = NULL, *value = NULL;
+    uint64_t key_len = 0, value_len = 0;
+    while (p < end) {
+        uint64_t tag, skip;
+        if (s_varint (&p, end, &tag))
+            return 0;
+        switch (tag & 7) {
+        case 0:                                /* varint: nothing to skip after it */
+            if (s_varint (&p, end, &skip))
+                return 0;
+            skip = 0;
+            break;
+        case 1:                                /* fixed64 */
+            skip = 8;
+            break;
+        case 5:                                /* fixed32 */
+            skip = 4;
+            break;
+        case 2:                                /* length-delimited */
+            if (s_varint (&p, end, &skip))
+                return 0;
+            break;
+        default:
+            return 0;
+        }
+        if (skip > (uint64_t) (end - p))
+            return 0;
+        if ((tag & 7) == 2 && (tag >> 3) == 1) {
+            key = p;
+            key_len = skip;
+        }
+        else if ((tag & 7) == 2 && (tag >> 3) == 2) {
+            value = p;
+            value_len = skip;
+        }
+        p += skip;
+    }
+    if (!key || key_len != strlen (S_IO_STRUCTURE_KEY)
+        || memcmp (key, S_IO_STRUCTURE_KEY, key_len) != 0)
+        return 0;
+    if (value_len > KILN_MAX_IO_STRUCTURE_BYTES)
+        return kiln_error (err, KILN_ELIMIT,
+                           "model metadata '%s' is %llu bytes, more than the limit of %u",
+                           S_IO_STRUCTURE_KEY, (unsigned long long) value_len,
+                           KILN_MAX_IO_STRUCTURE_BYTES);
+    if (value && memchr (value, '\0', value_len))
+        return kiln_error (err, KILN_EFORMAT, "model metadata '%s' holds a NUL byte",
+                           S_IO_STRUCTURE_KEY);
+    return 0;
+}
+
 /* Walk the wire format of one message of type `desc` in [p, end),
  * descending into fields that hold messages, and refuse nesting deeper
  * than S_MAX_PROTO_DEPTH before protobuf-c recurses into it.  Offsets in
@@ -201,6 +273,10 @@ s_check_nesting (const ProtobufCMessageDescriptor *desc, const uint8_t *p,
                 int rc = s_check_nesting (field->descriptor, p, p + len, base,
                                           depth + 1, err);
                 if (rc)
+                    return rc;
+                if (desc == &onnx__model_proto__descriptor
+                    && field->offset == offsetof (Onnx__ModelProto, metadata_props)
+                    && (rc = s_check_metadata_entry (p, p + len, err)))
                     return rc;
             }
             p += len;
@@ -490,19 +566,21 @@ s_define_weight (importer_t *imp, const char *name, kiln_dtype_t dt,
  * malloc'd little-endian buffer of *size bytes that the caller owns.
  * raw_data is taken from `t` rather than copied (protobuf-c allocated it
  * with malloc through s_budget_alloc), so a large model is not held
- * twice.  `name` is the value the tensor defines, for errors. */
+ * twice; external data is read through `ext`.  `name` is the value the
+ * tensor defines, for errors. */
 static int
-s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_dtype_t *dt,
-               kiln_shape_t *shape, uint8_t **data, uint64_t *size,
+s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_onnx_external_t *ext,
+               kiln_dtype_t *dt, kiln_shape_t *shape, uint8_t **data, uint64_t *size,
                kiln_err_t *err)
 {
     *data = NULL;
-    if ((t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
-        || t->n_external_data > 0)
-        return kiln_error (err, KILN_EUNSUPPORTED,
-                           "weight '%s' keeps its data in an external file; kiln imports "
-                           "self-contained models only (save with save_as_external_data=False)",
-                           name);
+    bool external = t->has_data_location
+                    && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+    /* onnx itself reads external_data only when data_location says
+     * EXTERNAL; entries without it would leave the bytes ambiguous. */
+    if (!external && t->n_external_data > 0)
+        return kiln_error (err, KILN_EFORMAT, "weight '%s' has external_data entries but "
+                           "its data_location is not EXTERNAL", name);
     if (t->segment)
         return kiln_error (err, KILN_EUNSUPPORTED, "weight '%s' is a segment of a tensor", name);
     if (!t->has_data_type || !kiln_dtype_valid (t->data_type))
@@ -553,6 +631,18 @@ s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_dtype_t *dt,
 
     char shape_text[128];
     kiln_shape_str (shape, shape_text, sizeof shape_text);
+    if (external) {
+        if ((t->has_raw_data && t->raw_data.len > 0) || n_typed > 0)
+            return kiln_error (err, KILN_EFORMAT, "weight '%s' has both external data and %s",
+                               name, n_typed > 0 ? field : "raw_data");
+        char what[sizeof shape_text + 32];
+        snprintf (what, sizeof what, "%s %s", kiln_dtype_name (*dt), shape_text);
+        if ((rc = kiln_onnx_external_read (ext, name, t->external_data,
+                                           t->n_external_data, what, bytes, data, err)))
+            return rc;
+        *size = bytes;
+        return 0;
+    }
     if (t->has_raw_data && t->raw_data.len > 0) {
         if (n_typed > 0)
             return kiln_error (err, KILN_EFORMAT,
@@ -627,7 +717,7 @@ s_add_initializer (importer_t *imp, Onnx__TensorProto *t, size_t i, kiln_err_t *
     kiln_shape_t shape;
     uint8_t *data;
     uint64_t size;
-    if ((rc = s_tensor_data (t, name, &dt, &shape, &data, &size, err)))
+    if ((rc = s_tensor_data (t, name, imp->ext, &dt, &shape, &data, &size, err)))
         return rc;
     rc = s_define_weight (imp, name, dt, &shape, &data, size, "initializer", err);
     return rc < 0 ? rc : 0;
@@ -753,7 +843,7 @@ s_add_constant (importer_t *imp, Onnx__NodeProto *node, const char *label, kiln_
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR:
         if (!a->t)
             return kiln_error (err, KILN_EFORMAT, "%s: attribute 'value' holds no tensor", label);
-        if ((rc = s_tensor_data (a->t, out, &dt, &shape, &data, &size, err)))
+        if ((rc = s_tensor_data (a->t, out, imp->ext, &dt, &shape, &data, &size, err)))
             return rc;
         break;
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT:
@@ -792,14 +882,15 @@ s_add_constant (importer_t *imp, Onnx__NodeProto *node, const char *label, kiln_
  * int for integer and bool types, a float otherwise), so that the IR
  * needs no tensor-valued attributes (docs/graph-format.md). */
 static int
-s_add_fill_value (kiln_graph_t *g, int n, const char *label, Onnx__TensorProto *t,
+s_add_fill_value (importer_t *imp, int n, const char *label, Onnx__TensorProto *t,
                   kiln_err_t *err)
 {
+    kiln_graph_t *g = imp->g;
     kiln_dtype_t dt;
     kiln_shape_t shape;
     uint8_t *data = NULL;
     uint64_t size;
-    int rc = s_tensor_data (t, "value", &dt, &shape, &data, &size, err);
+    int rc = s_tensor_data (t, "value", imp->ext, &dt, &shape, &data, &size, err);
     if (rc)
         return kiln_error_prefix (err, "%s", label);
     if (size != kiln_dtype_size (dt)) {
@@ -830,9 +921,10 @@ s_add_fill_value (kiln_graph_t *g, int n, const char *label, Onnx__TensorProto *
 
 /* Copy one attribute onto kiln node `n`. */
 static int
-s_add_attr (kiln_graph_t *g, int n, const char *label, const Onnx__AttributeProto *a,
+s_add_attr (importer_t *imp, int n, const char *label, const Onnx__AttributeProto *a,
             kiln_err_t *err)
 {
+    kiln_graph_t *g = imp->g;
     const char *name = s_str (a->name);
     int rc = 0;
     if (!*name)
@@ -887,7 +979,7 @@ s_add_attr (kiln_graph_t *g, int n, const char *label, const Onnx__AttributeProt
     }
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR:
         if (s_streq (g->nodes[n].op, "ConstantOfShape") && s_streq (name, "value") && a->t)
-            return s_add_fill_value (g, n, label, a->t, err);
+            return s_add_fill_value (imp, n, label, a->t, err);
         /* fall through */
     default:
         return kiln_error (err, KILN_EUNSUPPORTED,
@@ -987,7 +1079,7 @@ s_add_node (importer_t *imp, const Onnx__NodeProto *node, const char *label, kil
         return kiln_error (err, KILN_ELIMIT, "%s has %zu attributes, more than %d",
                            label, node->n_attribute, KILN_MAX_ATTRS);
     for (size_t k = 0; k < node->n_attribute; k++) {
-        int rc = s_add_attr (imp->g, n, label, node->attribute[k], err);
+        int rc = s_add_attr (imp, n, label, node->attribute[k], err);
         if (rc)
             return rc;
     }
@@ -997,10 +1089,32 @@ s_add_node (importer_t *imp, const Onnx__NodeProto *node, const char *label, kil
 
 /* --- model ------------------------------------------------------------ */
 
-static kiln_graph_t *
-s_import_model (Onnx__ModelProto *model, kiln_err_t *err)
+/* Keep the value of the model's S_IO_STRUCTURE_KEY metadata as the
+ * graph's io_structure (its length and NUL bytes were checked on the
+ * wire, by s_check_metadata_entry). */
+static int
+s_add_io_structure (kiln_graph_t *g, const Onnx__ModelProto *model, kiln_err_t *err)
 {
-    importer_t imp = { NULL, NULL };
+    const char *text = NULL;
+    for (size_t i = 0; i < model->n_metadata_props; i++) {
+        const Onnx__StringStringEntryProto *e = model->metadata_props[i];
+        if (!s_streq (s_str (e->key), S_IO_STRUCTURE_KEY))
+            continue;
+        if (text)
+            return kiln_error (err, KILN_EFORMAT, "model metadata has the key '%s' twice",
+                               S_IO_STRUCTURE_KEY);
+        text = s_str (e->value);
+    }
+    if (kiln_graph_set_io_structure (g, text, err))
+        return kiln_error_prefix (err, "model metadata '%s'", S_IO_STRUCTURE_KEY);
+    return 0;
+}
+
+/* Import the decoded `model`, whose external data (if any) `ext` reads. */
+static kiln_graph_t *
+s_import_model (Onnx__ModelProto *model, kiln_onnx_external_t *ext, kiln_err_t *err)
+{
+    importer_t imp = { NULL, NULL, ext };
     Onnx__GraphProto *graph = model->graph;
     char label[KILN_MAX_NAME + KILN_MAX_OP_NAME + 32];
     int opset = 0;
@@ -1038,6 +1152,8 @@ s_import_model (Onnx__ModelProto *model, kiln_err_t *err)
         goto err;
     }
     imp.g->opset = opset;
+    if ((rc = s_add_io_structure (imp.g, model, err)))
+        goto err;
 
     for (size_t i = 0; i < graph->n_initializer; i++)
         if ((rc = s_add_initializer (&imp, graph->initializer[i], i, err)))
@@ -1086,19 +1202,43 @@ err:
 }
 
 kiln_graph_t *
-kiln_onnx_import_mem (const uint8_t *data, size_t len, kiln_err_t *err)
+kiln_onnx_import_mem_dir (const uint8_t *data, size_t len, const char *base_dir,
+                          kiln_err_t *err)
 {
     kiln_err_t local;
     if (!err)
         err = &local;
     decode_budget_t budget = { 0, 0, false };
     ProtobufCAllocator alloc = { s_budget_alloc, s_budget_free, &budget };
-    Onnx__ModelProto *model = s_unpack (data, len, &alloc, err);
-    if (!model)
+    kiln_onnx_external_t *ext = kiln_onnx_external_new (base_dir, err);
+    if (!ext)
         return NULL;
-    kiln_graph_t *g = s_import_model (model, err);
-    onnx__model_proto__free_unpacked (model, &alloc);
+    Onnx__ModelProto *model = s_unpack (data, len, &alloc, err);
+    kiln_graph_t *g = model ? s_import_model (model, ext, err) : NULL;
+    if (model)
+        onnx__model_proto__free_unpacked (model, &alloc);
+    kiln_onnx_external_destroy (&ext);
     return g;
+}
+
+kiln_graph_t *
+kiln_onnx_import_mem (const uint8_t *data, size_t len, kiln_err_t *err)
+{
+    return kiln_onnx_import_mem_dir (data, len, NULL, err);
+}
+
+/* The directory part of `path` ("." for a bare file name), in buf. */
+static const char *
+s_dirname (const char *path, char *buf, size_t size)
+{
+    const char *slash = strrchr (path, '/');
+    if (!slash)
+        snprintf (buf, size, ".");
+    else if (slash == path)
+        snprintf (buf, size, "/");
+    else
+        snprintf (buf, size, "%.*s", (int) (slash - path), path);
+    return buf;
 }
 
 kiln_graph_t *
@@ -1109,8 +1249,18 @@ kiln_onnx_import (const char *path, kiln_err_t *err)
         err = &local;
     uint8_t *data = NULL;
     size_t len = 0;
-    if (kiln_read_file (path, KILN_MAX_MODEL_BYTES, &data, &len, err))
+    if (strlen (path) >= PATH_MAX) {
+        kiln_error (err, KILN_ELIMIT, "model path '%.64s...' is longer than %d bytes",
+                    path, PATH_MAX - 1);
         return NULL;
+    }
+    char dir[PATH_MAX];
+    kiln_onnx_external_t *ext = kiln_onnx_external_new (s_dirname (path, dir, sizeof dir),
+                                                        err);
+    if (!ext || kiln_read_file (path, KILN_MAX_MODEL_BYTES, &data, &len, err)) {
+        kiln_onnx_external_destroy (&ext);
+        return NULL;
+    }
     decode_budget_t budget = { 0, 0, false };
     ProtobufCAllocator alloc = { s_budget_alloc, s_budget_free, &budget };
     Onnx__ModelProto *model = s_unpack (data, len, &alloc, err);
@@ -1118,9 +1268,10 @@ kiln_onnx_import (const char *path, kiln_err_t *err)
      * importer takes the weights from it, so the file buffer goes now:
      * a large model is then held once, not twice. */
     free (data);
-    kiln_graph_t *g = model ? s_import_model (model, err) : NULL;
+    kiln_graph_t *g = model ? s_import_model (model, ext, err) : NULL;
     if (model)
         onnx__model_proto__free_unpacked (model, &alloc);
+    kiln_onnx_external_destroy (&ext);
     if (!g)
         kiln_error_prefix (err, "'%s'", path);
     return g;

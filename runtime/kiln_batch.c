@@ -146,6 +146,12 @@ kiln_model_io (const kiln_model_t *m, int output, int i, const char **name,
     return io->shape.rank;
 }
 
+const char *
+kiln_model_io_structure (const kiln_model_t *m)
+{
+    return m ? kiln_model_manifest (m)->io_structure : NULL;
+}
+
 size_t
 kiln_rt_tensor_sizeof (void)
 {

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,12 @@ struct kiln_rt {
     _Atomic unsigned n_loaded;      /* models placed round-robin so far */
     kiln_cores_t *cores;            /* execution cores (kiln_cores.h) */
     _Atomic int refs;               /* the creator's, plus one per model */
+    bool shared;                    /* kiln_rt_shared's: never destroyed */
 };
+
+/* kiln_rt_shared's runtime; written once, under s_shared_lock. */
+static kiln_rt_t *_Atomic s_shared;
+static pthread_mutex_t s_shared_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct kiln_model {
     kiln_artifact_t *art;           /* verified artifact: manifest, members */
@@ -66,9 +72,32 @@ void
 kiln_rt_destroy (kiln_rt_t **self_p)
 {
     if (self_p && *self_p) {
-        s_rt_unref (*self_p);
+        /* The shared runtime keeps its creator's reference for ever. */
+        if (!(*self_p)->shared)
+            s_rt_unref (*self_p);
         *self_p = NULL;
     }
+}
+
+kiln_rt_t *
+kiln_rt_shared (kiln_err_t *err)
+{
+    kiln_rt_t *rt = atomic_load (&s_shared);
+    if (rt)
+        return rt;
+    /* A mutex rather than pthread_once, so that a failed creation (a bad
+     * KILN_RT_VISIBLE_CORES) is reported to every caller and retried. */
+    pthread_mutex_lock (&s_shared_lock);
+    rt = atomic_load (&s_shared);
+    if (!rt) {
+        rt = kiln_rt_new (err);
+        if (rt) {
+            rt->shared = true;
+            atomic_store (&s_shared, rt);
+        }
+    }
+    pthread_mutex_unlock (&s_shared_lock);
+    return rt;
 }
 
 int
@@ -281,6 +310,14 @@ kiln_model_manifest (const kiln_model_t *m)
     return kiln_artifact_manifest (m->art);
 }
 
+int
+kiln_model_digest (const kiln_model_t *m, char out[KILN_HEX_LEN],
+                   kiln_err_t *err)
+{
+    /* Serialising the manifest only reads the artifact. */
+    return kiln_artifact_digest (m->art, out, err);
+}
+
 static int
 s_check_tensor (const char *what, const kiln_io_t *io,
                 const kiln_rt_tensor_t *t, kiln_err_t *err)
@@ -295,7 +332,11 @@ s_check_tensor (const char *what, const kiln_io_t *io,
                            s_io_str (io->dtype, &io->shape, a, sizeof a),
                            s_io_str (t->dtype, &got, b, sizeof b));
     }
-    if (!t->data)
+    /* A tensor with no elements needs no buffer. */
+    bool empty = false;
+    for (int d = 0; d < t->shape.rank; d++)
+        empty = empty || t->shape.dims[d] == 0;
+    if (!t->data && !empty)
         return kiln_error (err, KILN_EINVAL, "%s '%s': no data", what, io->name);
     return 0;
 }

@@ -42,6 +42,16 @@ typedef struct kiln_rt_tensor {
 kiln_rt_t *kiln_rt_new (kiln_err_t *err);
 void kiln_rt_destroy (kiln_rt_t **self_p);
 
+/* The process-wide runtime, created (as kiln_rt_new does) on the first
+ * call that succeeds; later calls return the same one, from any thread.
+ * Every binding in a process (ctypes, the TorchScript extension) loads
+ * through it, so that they share one set of cores and one round-robin
+ * placement.  The caller does not own it: it lives until the process
+ * exits, and kiln_rt_destroy on it only NULLs the caller's pointer.  When
+ * creating it fails, NULL with `err` filled in, and the next call tries
+ * again. */
+kiln_rt_t *kiln_rt_shared (kiln_err_t *err);
+
 /* Number of execution cores (>= 1), and the CPU core i's thread is pinned
  * to (-1 when there is no core i). */
 int kiln_rt_num_cores (const kiln_rt_t *rt);
@@ -66,6 +76,10 @@ int kiln_model_core (const kiln_model_t *m);
 
 /* The model's manifest (inputs, outputs, digests); owned by the model. */
 const kiln_manifest_t *kiln_model_manifest (const kiln_model_t *m);
+/* The artifact's content hash (SHA-256 of its manifest.json, the digest
+ * `kiln compile` prints and `kiln get` takes), as hex into `out`. */
+int kiln_model_digest (const kiln_model_t *m, char out[KILN_HEX_LEN],
+                       kiln_err_t *err);
 
 /* Run once.  `inputs` in manifest order, each matching the manifest's
  * dtype and shape exactly (an error names the input, the expected and the
@@ -103,6 +117,10 @@ int kiln_model_io_count (const kiln_model_t *m, int output);
 int kiln_model_io (const kiln_model_t *m, int output, int i,
                    const char **name, int *dtype,
                    int64_t dims[KILN_MAX_RANK], kiln_err_t *err);
+/* How the model's inputs and outputs nest (tuples, lists, dicts of
+ * tensors): the manifest's io_structure, JSON text written by kiln.trace,
+ * or NULL when the artifact has none.  Owned by the model. */
+const char *kiln_model_io_structure (const kiln_model_t *m);
 /* sizeof (kiln_rt_tensor_t) and sizeof (kiln_err_t), for bindings to
  * check their copies of the layouts against. */
 size_t kiln_rt_tensor_sizeof (void);

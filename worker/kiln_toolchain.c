@@ -294,6 +294,8 @@ s_fill_manifest (kiln_artifact_t *art, const kiln_wrap_job_t *job, const kiln_gr
         rc = kiln_manifest_set_io (m, false, ins, g->n_inputs, err);
     if (rc == 0)
         rc = kiln_manifest_set_io (m, true, outs, g->n_outputs, err);
+    if (rc == 0)
+        rc = kiln_manifest_set_io_structure (m, g->io_structure, err);
     free (ins);
     free (outs);
     return rc;

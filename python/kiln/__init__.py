@@ -21,9 +21,16 @@ from .errors import (CompileError, InputError, KilnError, TraceCheckError,
 from .parallel import DataParallel, dynamic_batch
 from ._runtime import num_cores, runtime
 from .trace import TracedModule, load, save, trace
+from . import _ext, torchscript
+from .compile import config_dir
+
+# torch.jit.load of a saved module that holds kiln models needs
+# torch.classes.kiln.Model registered first: register it now (a dlopen).
+# Without the library kiln still imports; _ext.load() says why later.
+_ext.try_load()
 
 __all__ = [
-    "trace", "load", "save", "dynamic_batch", "DataParallel", "TracedModule",
+    "trace", "load", "save", "torchscript", "config_dir", "dynamic_batch", "DataParallel", "TracedModule",
     "num_cores", "runtime", "farm",
     "KilnError", "CompileError", "InputError", "TraceCheckError",
     "UnsupportedOperatorError", "VerifyError",

@@ -126,6 +126,7 @@ def rt():
         lib = _load("kilnrt")
         _proto(lib, "kiln_rt_new", P, E)
         _proto(lib, "kiln_rt_destroy", None, ctypes.POINTER(P))
+        _proto(lib, "kiln_rt_shared", P, E)
         _proto(lib, "kiln_rt_num_cores", I, P)
         _proto(lib, "kiln_rt_core_cpu", I, P, I)
         _proto(lib, "kiln_rt_load_on", P, P, S, S, I, E)
@@ -139,6 +140,7 @@ def rt():
         _proto(lib, "kiln_model_io_count", I, P, I)
         _proto(lib, "kiln_model_io", I, P, I, I, ctypes.POINTER(S),
                ctypes.POINTER(I), ctypes.c_int64 * KILN_MAX_RANK, E)
+        _proto(lib, "kiln_model_io_structure", S, P)
         _proto(lib, "kiln_rt_tensor_sizeof", ctypes.c_size_t)
         _proto(lib, "kiln_rt_err_sizeof", ctypes.c_size_t)
         # The structs above are copies of C layouts: check them once.

@@ -38,12 +38,17 @@ def describe(dtype, shape):
 
 
 class Runtime:
-    """A libkilnrt runtime.  Use `runtime()` for the process's own."""
+    """The process's libkilnrt runtime (kiln_rt_shared).  Use `runtime()`.
+
+    It is the one every binding in the process loads through, the
+    TorchScript extension (torch.classes.kiln.Model) too, so that they
+    share the cores and the round-robin placement.  libkilnrt owns it and
+    keeps it until the process exits: nothing here destroys it."""
 
     def __init__(self):
         self._lib = _lib.rt()
         err = _lib.Err()
-        self._ptr = self._lib.kiln_rt_new(ctypes.byref(err))
+        self._ptr = self._lib.kiln_rt_shared(ctypes.byref(err))
         if not self._ptr:
             raise _lib.error_from(err, prefix="kiln runtime")
 
@@ -62,14 +67,6 @@ class Runtime:
         """Verify the artifact at `path` against `keyring` (a directory of
         public keys) and load it on `core` (None: the next, round-robin)."""
         return Model(self, path, keyring, -1 if core is None else int(core))
-
-    def __del__(self):
-        ptr = getattr(self, "_ptr", None)
-        if ptr:
-            # Models hold references of their own in C: destroying the
-            # runtime first is safe.
-            self._lib.kiln_rt_destroy(ctypes.byref(ctypes.c_void_p(ptr)))
-            self._ptr = None
 
 
 _runtime = None
@@ -127,6 +124,13 @@ class Model:
             specs.append(IOSpec(name.value.decode("utf-8", "replace"), tdtype,
                                 tuple(dims[:rank])))
         return specs
+
+    @property
+    def io_structure(self):
+        """How the model's inputs and outputs nest, as the JSON text
+        kiln.trace recorded (the manifest's io_structure), or None."""
+        text = self._lib.kiln_model_io_structure(self._ptr)
+        return text.decode("utf-8") if text is not None else None
 
     @property
     def batch_size(self):

@@ -97,10 +97,13 @@ class Graph:
         ptr = self._lib.kiln_capi_import_onnx(onnx_bytes, len(onnx_bytes),
                                               ctypes.byref(err))
         if not ptr:
-            if err.code == errors.EUNSUPPORTED and "unsupported ops" in err.message:
+            if err.code == errors.EUNSUPPORTED:
+                # An op list when ops are the cause; otherwise (a dtype, a
+                # shape the importer refuses) the reason in words.
                 raise errors.UnsupportedOperatorError(
                     f"kiln cannot compile this model: {err.message}", err.code,
-                    ops=_ops_from_message(err.message))
+                    ops=_ops_from_message(err.message) if "unsupported ops" in err.message
+                    else {}, reasons=[err.message])
             raise _lib.error_from(err, prefix="importing the traced model")
         self._ptr = ptr
 

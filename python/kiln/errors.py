@@ -32,12 +32,15 @@ class KilnError(RuntimeError):
 
 
 class UnsupportedOperatorError(KilnError):
-    """The model uses operators kiln cannot compile; `ops` lists them
-    (name -> count) and the message names every one."""
+    """The model uses operators kiln cannot compile, or cannot be taken in
+    at all; `ops` lists the operators (name -> count), `reasons` says in
+    words why the model was refused (one line per cause: an op, a shape, a
+    dtype, an export failure), so a tool can read either."""
 
-    def __init__(self, message, code=EUNSUPPORTED, ops=None):
+    def __init__(self, message, code=EUNSUPPORTED, ops=None, reasons=None):
         super().__init__(message, code)
         self.ops = dict(ops or {})
+        self.reasons = list(reasons) if reasons else [message]
 
 
 class CompileError(KilnError):

@@ -78,7 +78,7 @@ class DataParallel(torch.nn.Module):
     def forward(self, *args):
         m = self.module
         if self.dim == 0 and self.dynamic_batching:
-            return self._pack(run_batched(self._models, m._check_inputs(args, True)))
+            return m._pack(run_batched(self._models, m._check_inputs(args, True)))
         return self._forward_split(args)
 
     def _forward_split(self, args):
@@ -113,11 +113,7 @@ class DataParallel(torch.nn.Module):
         results = [f.result() for f in futures]
         outs = [torch.cat([r[i] for r in results], dim=self.dim)
                 for i in range(len(m.output_specs))]
-        return self._pack(outs)
-
-    @staticmethod
-    def _pack(outs):
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return m._pack(outs)
 
     def __del__(self):
         pool = getattr(self, "_pool", None)

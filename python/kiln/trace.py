@@ -1,17 +1,23 @@
-"""kiln.trace: the trace API of seeds 000 and 001 (torch.neuron.trace,
-torch_neuronx.trace), compiled by kiln, and the module it returns.
+"""kiln.trace: the trace API of seeds 000, 001 and 003 (torch.neuron.trace,
+torch_neuronx.trace, tensorflow.neuron.trace), compiled by kiln, and the
+module it returns.
 
-trace() runs the model locally with torch.jit.trace, exports the trace to
-ONNX, imports that into a kiln graph (refusing, in one error, every op
-kiln cannot compile), compiles it on the farm or locally into a signed
-artifact, loads the artifact onto the next execution core, checks the
-result against the original, and returns a TracedModule: called with CPU
-tensors, it returns CPU tensors; `.save(path)` writes the artifact, which
-`kiln.load(path, keyring=...)` verifies and loads in any process.
+trace() calls the model as the user does (a tensor, a tuple or list, a
+dict meaning keyword arguments, example_kwarg_inputs), traces it with
+torch.jit.trace, exports the trace to ONNX (kiln.export) and imports it
+into a kiln graph.  When every op can be compiled, the whole model is
+compiled on the farm or locally into one signed artifact.  When some
+cannot, the model is partitioned (kiln.partition): each maximal supported
+subgraph becomes an artifact of its own and the rest runs in torch on the
+CPU.  The result is a TracedModule: called as the original was, it
+returns outputs of the same structure (tensors in nested tuples, lists
+and dicts).  `.save(path)` writes the artifact, `torch.jit.save` a
+TorchScript file whose compiled parts are kiln's TorchScript class
+(kiln.torchscript), loadable by torch.jit.load in any process and by C++.
 """
 
 import inspect
-import io
+import json
 import os
 import shutil
 import tempfile
@@ -20,26 +26,46 @@ import weakref
 
 import torch
 
+from . import check as _checker
 from . import compile as _compile
-from . import errors
+from . import errors, export, structure
 from ._runtime import describe, dtype_name, run_batched, runtime
 
-ONNX_OPSET = 13
 _ARTIFACT = "model.kar"
+_STRUCTURE_KEY = "kiln.io_structure"
 
 
-def _as_tuple(inputs, what="example_inputs"):
-    """A tensor becomes a 1-tuple; a list a tuple (seed 000 passes
-    example_inputs=[image])."""
-    if isinstance(inputs, torch.Tensor):
-        return (inputs,)
-    if isinstance(inputs, (tuple, list)):
-        for i, t in enumerate(inputs):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{what}[{i}] is a {type(t).__name__}, not a torch.Tensor")
-        return tuple(inputs)
-    raise TypeError(f"{what} must be a tensor or a tuple of tensors, got "
-                    f"{type(inputs).__name__}")
+# --- the caller's inputs ----------------------------------------------------
+
+def _call_inputs(func, example_inputs, example_kwarg_inputs):
+    """(args, kwargs) the way `func` is called: a tensor is one argument,
+    a tuple or list the positional arguments (seed 000 passes [image]), a
+    dict the keyword arguments (seed 003: func(**example_inputs));
+    example_kwarg_inputs (seed 004) adds keyword arguments."""
+    if example_inputs is None and example_kwarg_inputs is None:
+        raise TypeError("kiln.trace needs example_inputs or example_kwarg_inputs")
+    args, kwargs = (), {}
+    if isinstance(example_inputs, torch.Tensor):
+        args = (example_inputs,)
+    elif isinstance(example_inputs, (tuple, list)):
+        args = tuple(example_inputs)
+    elif isinstance(example_inputs, dict):
+        kwargs = dict(example_inputs)
+    elif example_inputs is not None:
+        raise TypeError(f"example_inputs must be a tensor, a tuple or list, or a dict "
+                        f"of tensors, got {type(example_inputs).__name__}")
+    if example_kwarg_inputs is not None:
+        if not isinstance(example_kwarg_inputs, dict):
+            raise TypeError(f"example_kwarg_inputs must be a dict, got "
+                            f"{type(example_kwarg_inputs).__name__}")
+        for k in example_kwarg_inputs:
+            if k in kwargs:
+                raise TypeError(f"keyword input '{k}' is given twice")
+        kwargs.update(example_kwarg_inputs)
+    for k in kwargs:
+        if not isinstance(k, str):
+            raise TypeError(f"keyword input names must be strings, got {k!r}")
+    return args, kwargs
 
 
 def _owner_module(func):
@@ -53,9 +79,9 @@ def _owner_module(func):
     return None
 
 
-def _input_names(func, n):
-    """Names for the model's inputs: its parameters' names when it has
-    enough plain ones (x, y), else input0, input1, ..."""
+def _param_names(func, n):
+    """Names for `n` positional arguments: the function's own parameter
+    names when it has enough plain ones (x, y), else input0, input1, ..."""
     target = func.forward if isinstance(func, torch.nn.Module) else func
     names = []
     try:
@@ -71,83 +97,277 @@ def _input_names(func, n):
     return names[:n]
 
 
-def _flatten(out):
-    """The tensors of a (possibly nested) tuple/list output, in order."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
+class Interface:
+    """How a module is called and what it returns: the parameters (name,
+    positional or keyword, structure), the output structure, and each flat
+    input tensor's name, dtype and shape.  Its JSON form is the artifact
+    manifest's io_structure."""
+
+    def __init__(self, params, out, leaves):
+        self.params = params          # [[name, "arg"|"kwarg", structure], ...]
+        self.out = out                # structure of the output
+        self.leaves = leaves          # [[name, dtype name, [dims]], ...] per flat input
+
+    @classmethod
+    def of_call(cls, func, args, kwargs, output):
+        names = _param_names(func, len(args))
+        params, leaves = [], []
+        for name, kind, value in ([(n, "arg", a) for n, a in zip(names, args)]
+                                  + [(k, "kwarg", v) for k, v in kwargs.items()]):
+            tensors, s = structure.flatten(value, f"input '{name}'")
+            params.append([name, kind, s])
+            for leaf_name, t in zip(structure.leaf_names(s, name), tensors):
+                leaves.append([leaf_name, dtype_name(t.dtype), list(t.shape)])
+        if len({n for n, _, _ in leaves}) != len(leaves):
+            for i, leaf in enumerate(leaves):
+                leaf[0] = f"input{i}"
+        _, out = structure.flatten(output, "the model's output")
+        return cls(params, out, leaves)
+
+    @classmethod
+    def of_model(cls, model):
+        """The interface recorded in a loaded model's manifest, or a flat
+        one (positional tensors in, a tensor or tuple out) for an artifact
+        that has none."""
+        text = model.io_structure
+        if text:
+            try:
+                d = json.loads(text)
+                return cls(d["params"], d["out"], d["inputs"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise errors.KilnError(f"the artifact's io_structure is not valid: "
+                                       f"{e}") from None
+        leaves = [[s.name, dtype_name(s.dtype), list(s.shape)] for s in model.inputs]
+        params = [[s.name, "arg", structure.TENSOR] for s in model.inputs]
+        n = len(model.outputs)
+        out = structure.TENSOR if n == 1 else {"tuple": [structure.TENSOR] * n}
+        return cls(params, out, leaves)
+
+    def to_json(self):
+        return json.dumps({"params": self.params, "out": self.out, "inputs": self.leaves},
+                          sort_keys=True, separators=(",", ":"))
+
+    @property
+    def leaf_names(self):
+        return [leaf[0] for leaf in self.leaves]
+
+    def in_structure(self):
+        """The structure FlatCall unflattens: {"args": ..., "kwargs": ...}."""
+        return {"dict": [["args", {"tuple": [s for _, k, s in self.params if k == "arg"]}],
+                         ["kwargs", {"dict": [[n, s] for n, k, s in self.params
+                                              if k == "kwarg"]}]]}
+
+    def bind(self, args, kwargs):
+        """The flat input tensors of a call: positional arguments fill the
+        parameters in order, keywords by name; each must have the traced
+        structure.  InputError otherwise."""
+        names = [p[0] for p in self.params]
+        if len(args) > len(self.params):
+            raise errors.InputError(
+                f"the model takes {len(self.params)} input"
+                f"{'s' if len(self.params) != 1 else ''} ({', '.join(names)}), "
+                f"received {len(args)}", errors.ESHAPE)
+        values = {}
+        for (name, _, _), a in zip(self.params, args):
+            values[name] = a
+        for k, v in kwargs.items():
+            if k not in names:
+                raise errors.InputError(f"the model has no input '{k}' (its inputs: "
+                                        f"{', '.join(names)})", errors.ESHAPE)
+            if k in values:
+                raise errors.InputError(f"input '{k}' given twice", errors.ESHAPE)
+            values[k] = v
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise errors.InputError(
+                f"the model takes {len(self.params)} input"
+                f"{'s' if len(self.params) != 1 else ''} ({', '.join(names)}), "
+                f"received {len(values)}; missing {', '.join(missing)}", errors.ESHAPE)
         flat = []
-        for o in out:
-            flat += _flatten(o)
+        for name, _, s in self.params:
+            if s == structure.TENSOR and not isinstance(values[name], torch.Tensor):
+                raise errors.InputError(
+                    f"input '{name}': expected a tensor, received a "
+                    f"{type(values[name]).__name__}", errors.ESHAPE)
+            try:
+                tensors, got = structure.flatten(values[name], f"input '{name}'")
+            except structure.StructureError as e:
+                raise errors.InputError(str(e), errors.ESHAPE) from None
+            if got != s:
+                if s == structure.TENSOR:
+                    raise errors.InputError(
+                        f"input '{name}': expected a tensor, received a "
+                        f"{type(values[name]).__name__}", errors.ESHAPE)
+                raise errors.InputError(f"input '{name}' does not have the traced "
+                                        f"structure {json.dumps(s)}", errors.ESHAPE)
+            flat += tensors
         return flat
-    raise TypeError(f"the traced function returned a {type(out).__name__}; kiln.trace "
-                    f"needs tensors or (nested) tuples of tensors")
 
 
-def _describe_tensor(t):
-    return describe(t.dtype, tuple(t.shape))
+# --- running ------------------------------------------------------------------
+
+class KilnPart(torch.nn.Module):
+    """One compiled artifact, verified and loaded on an execution core.
+
+    Called with its inputs in manifest order (contiguous CPU tensors of
+    the compiled shapes), it returns its outputs as a list.  Under
+    torch.jit.trace it records kiln's TorchScript op instead of running
+    through ctypes, so a trace of it never holds uninitialised memory.
+    It owns a private copy of its artifact: replicas load from it,
+    saving copies it, and no one else's file can change under it."""
+
+    def __init__(self, artifact_path, keyring, *, take_dir=None):
+        super().__init__()
+        self._dir = take_dir or tempfile.mkdtemp(prefix="kiln-module-")
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
+        self.path = os.path.join(self._dir, _ARTIFACT)
+        if os.path.abspath(artifact_path) != os.path.abspath(self.path):
+            shutil.copyfile(artifact_path, self.path)
+        self.keyring = os.fspath(keyring)
+        try:
+            self.model = runtime().load(self.path, self.keyring)
+        except errors.KilnError as e:
+            # Name the caller's file, not the private copy.
+            msg = str(e).replace(self.path, os.fspath(artifact_path))
+            raise type(e)(msg, e.code) from None
+        self.replicas = [self.model]
+        self.input_specs = list(self.model.inputs)
+        self.output_specs = list(self.model.outputs)
+        self.dynamic_batching = False
+        self.kiln_model = None
+        from . import torchscript
+        if torchscript.available():
+            self.kiln_model = torchscript.new_model(self.path, self.keyring)
+
+    def run(self, tensors):
+        if self.dynamic_batching:
+            return run_batched(self.replicas, tensors)
+        return self.model.run(tensors)
+
+    def forward(self, *tensors):
+        if torch.jit.is_tracing():
+            if self.kiln_model is None:
+                from . import torchscript
+                torchscript.require()
+            return torch.ops.kiln.run(self.kiln_model, list(tensors))
+        return self.run([t.detach().contiguous() for t in tensors])
+
+    def enable_dynamic_batch(self):
+        self.model.batch_size      # raises when the model cannot be batched
+        if len(self.replicas) == 1:
+            rt = runtime()
+            for k in range(1, rt.num_cores):
+                core = (self.model.core + k) % rt.num_cores
+                self.replicas.append(rt.load(self.path, self.keyring, core=core))
+        self.dynamic_batching = True
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a kiln module cannot be pickled: write it with "
+                        "torch.jit.save(module, path) or module.save(path)")
+
+
+class _NotWhole(errors.KilnError, AttributeError):
+    """What a partitioned module does not have (an AttributeError too, so
+    that hasattr answers False)."""
 
 
 class TracedModule(torch.nn.Module):
-    """A compiled kiln model, loaded on an execution core.
+    """A model compiled by kiln, loaded on execution cores.
 
-    Called with CPU tensors of the traced shapes and dtypes, it returns CPU
-    tensors (a tuple when the model has several outputs).  `core` is the
-    core it runs on; `save(path)` writes its signed artifact.  Build one
-    with kiln.trace or kiln.load, not directly.
-    """
+    Called as the original was (positional and keyword arguments, nested
+    tuples, lists and dicts of CPU tensors of the traced shapes), it
+    returns what the original returned, with kiln's outputs in place.
+    When the whole model compiled it is one artifact (`core`, `save` to a
+    .kar, dynamic batching); when part of it runs on the CPU,
+    `on_kiln_ratio` says how much was compiled and `cpu_ops` what was not.
+    Build one with kiln.trace or kiln.load, not directly."""
 
-    def __init__(self, artifact_path, keyring, *, arg_names=None, compile_info=None,
-                 _take_dir=None):
+    def __init__(self, interface, *, part=None, graph=None, compile_info=None,
+                 on_kiln_ratio=1.0, cpu_ops=None):
         super().__init__()
-        # The module owns a private copy of its artifact: replicas for
-        # dynamic batching are loaded from it, save() copies it, and no
-        # one else's file can change under it.
-        self._dir = _take_dir or tempfile.mkdtemp(prefix="kiln-module-")
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
-        self._path = os.path.join(self._dir, _ARTIFACT)
-        if os.path.abspath(artifact_path) != os.path.abspath(self._path):
-            shutil.copyfile(artifact_path, self._path)
-        self._keyring = os.fspath(keyring)
-        try:
-            self._model = runtime().load(self._path, self._keyring)
-        except errors.KilnError as e:
-            # Name the caller's file, not the private copy.
-            msg = str(e).replace(self._path, os.fspath(artifact_path))
-            raise type(e)(msg, e.code) from None
-        self._replicas = [self._model]
-        self.dynamic_batching = False
+        self.interface = interface
+        self._part = part
+        self._graph = graph
         self.compile_info = dict(compile_info or {})
-        self.input_specs = list(self._model.inputs)
-        self.output_specs = list(self._model.outputs)
-        # Positions of the caller's arguments that are model inputs: ONNX
-        # export drops an argument the model never reads.
-        self._arg_names = list(arg_names) if arg_names else [s.name for s in self.input_specs]
-        names = [s.name for s in self.input_specs]
-        if all(n in self._arg_names for n in names):
-            self._arg_index = [self._arg_names.index(n) for n in names]
+        self.on_kiln_ratio = float(on_kiln_ratio)
+        self.cpu_ops = dict(cpu_ops or {})
+        if part is not None:
+            names = interface.leaf_names
+            self.input_specs = part.input_specs
+            self.output_specs = part.output_specs
+            missing = [s.name for s in part.input_specs if s.name not in names]
+            if missing:
+                raise errors.KilnError(f"the artifact's inputs {missing} are not in its "
+                                       f"io_structure")
+            # Which flat inputs the artifact reads: ONNX export drops an
+            # input the model never uses.
+            self._arg_index = [names.index(s.name) for s in part.input_specs]
         else:
-            self._arg_names = names
-            self._arg_index = list(range(len(names)))
+            self.input_specs = None
+            self.output_specs = None
+            self._arg_index = None
+        self._arg_names = interface.leaf_names
 
     # --- what it is ---------------------------------------------------
 
     @property
+    def partitioned(self):
+        """True when part of the model runs in torch on the CPU."""
+        return self._graph is not None
+
+    @property
+    def parts(self):
+        """The compiled parts (KilnPart), one per artifact."""
+        if self._part is not None:
+            return [self._part]
+        return [m for m in self._graph.modules() if isinstance(m, KilnPart)]
+
+    def _whole(self, what):
+        if self._part is None:
+            raise _NotWhole(f"{what} needs a model compiled whole; this one runs "
+                                   f"{len(self.parts)} kiln parts with "
+                                   f"{', '.join(self.cpu_ops) or 'some ops'} on the CPU")
+        return self._part
+
+    @property
+    def _model(self):
+        return self._whole("the model handle").model
+
+    @property
+    def _replicas(self):
+        return self._whole("replicas").replicas
+
+    @property
+    def _path(self):
+        return self._whole("the artifact path").path
+
+    @property
+    def _keyring(self):
+        return self.parts[0].keyring if self.parts else None
+
+    @property
+    def dynamic_batching(self):
+        return self._part is not None and self._part.dynamic_batching
+
+    @property
     def core(self):
-        """The execution core the module runs on."""
-        return self._model.core
+        """The execution core the module runs on (its first part's)."""
+        return self.parts[0].model.core if self.parts else None
 
     @property
     def cores(self):
-        """The cores of every loaded replica (one unless dynamic batching)."""
-        return [m.core for m in self._replicas]
+        """The cores of every loaded replica or part."""
+        return [m.core for p in self.parts for m in p.replicas]
 
     @property
     def artifact(self):
-        """The artifact's content hash, when known."""
+        """The artifact's content hash, when known (a whole model)."""
         return self.compile_info.get("artifact")
 
     def extra_repr(self):
+        if self._part is None:
+            return (f"parts={len(self.parts)}, on_kiln_ratio={self.on_kiln_ratio:.3f}, "
+                    f"cpu_ops={self.cpu_ops}")
         ins = ", ".join(f"{s.name}: {describe(s.dtype, s.shape)}" for s in self.input_specs)
         outs = ", ".join(f"{s.name}: {describe(s.dtype, s.shape)}" for s in self.output_specs)
         return (f"inputs=({ins}), outputs=({outs}), core={self.core}, "
@@ -155,93 +375,153 @@ class TracedModule(torch.nn.Module):
 
     # --- running ------------------------------------------------------
 
-    def _check_inputs(self, args, dynamic):
-        """The caller's arguments as contiguous CPU tensors in model-input
-        order, or an InputError naming the input, what was expected and
-        what was received."""
-        if len(args) != len(self._arg_names):
-            raise errors.InputError(
-                f"the model takes {len(self._arg_names)} input"
-                f"{'s' if len(self._arg_names) != 1 else ''} "
-                f"({', '.join(self._arg_names)}), received {len(args)}", errors.ESHAPE)
-        tensors = []
+    def _check_flat(self, flat, dynamic):
+        """The flat inputs checked against the traced dtypes and shapes,
+        detached and contiguous.  InputError names the input, what was
+        expected and what was received."""
         batch, first = None, None
-        for spec, pos in zip(self.input_specs, self._arg_index):
-            t = args[pos]
-            want = describe(spec.dtype, spec.shape)
-            if dynamic and spec.shape:
-                want = f"{dtype_name(spec.dtype)} [N{''.join(f', {d}' for d in spec.shape[1:])}]"
+        out = []
+        for (name, dtype, shape), t in zip(self.interface.leaves, flat):
+            shape = tuple(shape)
+            want = f"{dtype} [{', '.join(str(d) for d in shape)}]"
+            if dynamic and shape:
+                want = f"{dtype} [N{''.join(f', {d}' for d in shape[1:])}]"
             if not isinstance(t, torch.Tensor):
-                raise errors.InputError(f"input '{spec.name}': expected a tensor {want}, "
+                raise errors.InputError(f"input '{name}': expected a tensor {want}, "
                                         f"received a {type(t).__name__}", errors.ESHAPE)
             if t.device.type != "cpu":
-                raise errors.InputError(f"input '{spec.name}': expected a CPU tensor, "
+                raise errors.InputError(f"input '{name}': expected a CPU tensor, "
                                         f"received one on {t.device}", errors.ESHAPE)
-            shape = tuple(t.shape)
+            got = tuple(t.shape)
             if dynamic:
-                ok = (t.dtype == spec.dtype and len(shape) == len(spec.shape)
-                      and shape[1:] == tuple(spec.shape[1:]))
-                if not ok:
+                if (dtype_name(t.dtype) != dtype or len(got) != len(shape)
+                        or got[1:] != shape[1:]):
                     raise errors.InputError(
-                        f"input '{spec.name}': expected {want} with any N, received "
-                        f"{_describe_tensor(t)}; dynamic batching only changes "
+                        f"input '{name}': expected {want} with any N, received "
+                        f"{describe(t.dtype, got)}; dynamic batching only changes "
                         f"dimension 0", errors.ESHAPE)
                 if batch is None:
-                    batch, first = shape[0], spec.name
-                elif shape[0] != batch:
+                    batch, first = got[0], name
+                elif got[0] != batch:
                     raise errors.InputError(
                         f"inputs differ in dimension 0: '{first}' has {batch}, "
-                        f"'{spec.name}' has {shape[0]}; dynamic batching needs the "
-                        f"same batch in every input", errors.ESHAPE)
-            elif t.dtype != spec.dtype or shape != tuple(spec.shape):
-                raise errors.InputError(f"input '{spec.name}': expected {want}, received "
-                                        f"{_describe_tensor(t)}", errors.ESHAPE)
-            tensors.append(t.detach().contiguous())
-        return tensors
+                        f"'{name}' has {got[0]}; dynamic batching needs the same batch "
+                        f"in every input", errors.ESHAPE)
+            elif dtype_name(t.dtype) != dtype or got != shape:
+                raise errors.InputError(f"input '{name}': expected {want}, received "
+                                        f"{describe(t.dtype, got)}", errors.ESHAPE)
+            out.append(t.detach().contiguous())
+        return out
 
-    def forward(self, *args):
-        tensors = self._check_inputs(args, self.dynamic_batching)
-        if self.dynamic_batching:
-            outs = run_batched(self._replicas, tensors)
-        else:
-            outs = self._model.run(tensors)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+    def _check_inputs(self, args, dynamic, kwargs=None):
+        """The part's inputs in manifest order from a call's arguments."""
+        flat = self.interface.bind(args, kwargs or {})
+        flat = self._check_flat(flat, dynamic)
+        return [flat[i] for i in self._arg_index]
+
+    def _pack(self, outs):
+        """Flat outputs in the original's structure."""
+        return structure.unflatten(self.interface.out, list(outs))
+
+    def forward(self, *args, **kwargs):
+        flat = self.interface.bind(args, kwargs)
+        if torch.jit.is_tracing():
+            return self._pack(self._flat_forward(flat))
+        flat = self._check_flat(flat, self.dynamic_batching)
+        return self._pack(self._flat_forward(flat))
+
+    def _flat_forward(self, flat):
+        if self._part is not None:
+            return self._part(*[flat[i] for i in self._arg_index])
+        out = self._graph(*flat)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
 
     # --- dynamic batching ---------------------------------------------
 
     def _enable_dynamic_batch(self):
-        self._model.batch_size      # raises when the model cannot be batched
-        if len(self._replicas) == 1:
-            rt = runtime()
-            for k in range(1, rt.num_cores):
-                core = (self._model.core + k) % rt.num_cores
-                self._replicas.append(rt.load(self._path, self._keyring, core=core))
-        self.dynamic_batching = True
+        self._whole("dynamic batching").enable_dynamic_batch()
 
     # --- saving -------------------------------------------------------
 
-    def save(self, path):
-        """Write the signed artifact to `path` (atomically); load it with
-        kiln.load(path, keyring=...)."""
+    def to_torchscript(self):
+        """A torch.jit.ScriptModule computing the same thing, its kiln
+        parts as kiln's TorchScript op: what torch.jit.save writes.  It
+        takes the flat input tensors positionally (keyword inputs in the
+        traced order) and returns the original's output structure."""
+        from . import torchscript
+        torchscript.require()
+        flat = [torch.zeros(shape, dtype=getattr(torch, dtype))
+                for _, dtype, shape in self.interface.leaves]
+        return torchscript.trace_module(_Flat(self), flat)
+
+    def save(self, path, _extra_files=None):
+        """Write the module to `path`, atomically.  A model compiled whole
+        is written as its signed artifact (kiln.load reads it back); a
+        partitioned one, or a call from torch.jit.save, as TorchScript
+        (torch.jit.load or kiln.load read it back)."""
         path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".kiln-save-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as out, open(self._path, "rb") as src:
-                shutil.copyfileobj(src, out)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        if _extra_files is not None or self._part is None:
+            script = self.to_torchscript()
+            _atomic_write(path, lambda f: f.write(script.save_to_buffer(
+                _extra_files=_extra_files or {})))
+            return
+        with open(self._part.path, "rb") as src:
+            _atomic_write(path, lambda f: shutil.copyfileobj(src, f))
+
+    def save_to_buffer(self, _extra_files=None):
+        """TorchScript bytes (torch.jit.save to a file object)."""
+        return self.to_torchscript().save_to_buffer(_extra_files=_extra_files or {})
 
     def __reduce_ex__(self, protocol):
-        raise TypeError("a kiln module cannot be pickled (torch.save, torch.jit.save): "
-                        "write it with module.save(path) and read it with "
-                        "kiln.load(path, keyring=...)")
+        raise TypeError("a kiln module cannot be pickled (torch.save): write it with "
+                        "torch.jit.save(module, path) or module.save(path), and read "
+                        "it with torch.jit.load or kiln.load(path, keyring=...)")
+
+
+class _Flat(torch.nn.Module):
+    """A TracedModule seen through its flat inputs: what TorchScript
+    traces, so that the saved module's graph holds only tensors."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *flat):
+        m = self.module
+        return structure.unflatten(_scriptable(m.interface.out),
+                                   list(m._flat_forward(list(flat))))
+
+
+def _scriptable(s):
+    """`s` as TorchScript can return it: a dict whose values are not all
+    tensors (TorchScript dicts hold one value type) becomes the tuple of
+    its values, in order; everything else is kept."""
+    if s == structure.TENSOR or not isinstance(s, dict):
+        return s
+    (kind, body), = s.items()
+    if kind in ("tuple", "list"):
+        return {kind: [_scriptable(x) for x in body]}
+    if kind == "dict":
+        if all(v == structure.TENSOR for _, v in body):
+            return s
+        return {"tuple": [_scriptable(v) for _, v in body]}
+    return s
+
+
+def _atomic_write(path, write):
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".kiln-save-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def save(module, path):
@@ -253,101 +533,137 @@ def save(module, path):
 
 
 def load(path, keyring=None):
-    """Verify the artifact at `path` (its signature against the public keys
-    in directory `keyring`, every member against the manifest) and load it
-    onto the next execution core.  keyring defaults to $KILN_KEYRING, else
-    ~/.config/kiln/keyring when it exists, else your own key's directory.
-    A tampered or untrusted artifact raises kiln.VerifyError."""
+    """Verify what is at `path` and load it onto the next execution core.
+
+    An artifact (.kar) is checked (its signature against the public keys
+    in directory `keyring`, every member against the manifest) and
+    returned as a TracedModule; a TorchScript file written by
+    torch.jit.save / module.save is loaded with torch.jit.load, each
+    embedded artifact verified against `keyring` the same way.  keyring
+    defaults to $KILN_KEYRING, else ~/.config/kiln/keyring when it exists,
+    else your own key's directory.  A tampered or untrusted artifact
+    raises kiln.VerifyError."""
     path = os.fspath(path)
     keyring = os.fspath(keyring) if keyring is not None else _compile.default_keyring()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no artifact at '{path}'")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic[:2] == b"PK":
+        from . import torchscript
+        return torchscript.load(path, keyring)
     try:
-        return TracedModule(path, keyring)
+        part = KilnPart(path, keyring)
     except errors.VerifyError as e:
         if keyring in str(e):
             raise
         raise errors.VerifyError(f"{e} (keyring '{keyring}')", e.code) from None
+    return TracedModule(Interface.of_model(part.model), part=part)
 
 
-# --- trace ----------------------------------------------------------------
+# --- trace ----------------------------------------------------------------------
 
-def _export_onnx(func, example_inputs, names, n_outputs):
-    """torch.jit.trace, then ONNX bytes of the trace."""
-    buf = io.BytesIO()
-    out_names = ["output"] if n_outputs == 1 else [f"output{i}" for i in range(n_outputs)]
-    with torch.no_grad():
-        # torch.jit.trace's TracerWarnings (data-dependent control flow, ...)
-        # are the user's to see; the exporter's chatter is not.
-        traced = torch.jit.trace(func, example_inputs, check_trace=False)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+def _export(func, args, kwargs, output, opset):
+    """(ONNX bytes, Interface) of `func` called on (args, kwargs)."""
+    iface = Interface.of_call(func, args, kwargs, output)
+    flat, _ = structure.flatten({"args": tuple(args), "kwargs": dict(kwargs)})
+    # The interface's own structure, without the leaf names: FlatCall
+    # rebuilds the call from it.
+    wrapper = export.FlatCall(func, structure.flatten(
+        {"args": tuple(args), "kwargs": dict(kwargs)})[1])
+    traced = export.jit_trace(wrapper, flat)
+    n_out = structure.count(iface.out)
+    out_names = structure.leaf_names(iface.out, "output") if n_out > 1 else ["output"]
+    if len(set(out_names)) != len(out_names) or set(out_names) & set(iface.leaf_names):
+        out_names = [f"output{i}" for i in range(n_out)]
+    onnx_bytes = export.export_onnx(traced, flat, iface.leaf_names, out_names, opset)
+    onnx_bytes = export.set_metadata(onnx_bytes, _STRUCTURE_KEY, iface.to_json())
+    return onnx_bytes, iface
+
+
+def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir):
+    """Import and compile ONNX bytes into a loaded KilnPart and the
+    compile result.  `workdir` (or None) keeps model.onnx, model.kgraph,
+    graph.txt, compile.log, model.kar and program.txt."""
+    build_dir = tempfile.mkdtemp(prefix="kiln-trace-")
+    try:
+        keep = workdir is not None
+        if keep:
+            os.makedirs(workdir, exist_ok=True)
+            with open(os.path.join(workdir, "model.onnx"), "wb") as f:
+                f.write(onnx_bytes)
+            log_path = os.path.join(workdir, "compile.log")
+            if os.path.exists(log_path):
+                os.unlink(log_path)
+        else:
+            log_path = None
+        kgraph_path = os.path.join(build_dir, "model.kgraph")
+        graph = _compile.Graph(onnx_bytes)
         try:
-            torch.onnx.export(traced, example_inputs, buf, input_names=list(names),
-                              output_names=out_names, opset_version=ONNX_OPSET,
-                              do_constant_folding=True)
-        except Exception as e:  # torch raises several types here
-            if "not supported" in str(e) or type(e).__name__ == "UnsupportedOperatorError":
-                raise errors.UnsupportedOperatorError(
-                    f"the model uses an operator that cannot be exported to ONNX: {e}",
-                    ops={}) from None
-            raise
-    return buf.getvalue()
+            if keep or (broker is None and timeout is not None):
+                graph.save(kgraph_path)
+            if keep:
+                shutil.copyfile(kgraph_path, os.path.join(workdir, "model.kgraph"))
+                graph.dump(os.path.join(workdir, "graph.txt"))
+            artifact_path = os.path.join(build_dir, _ARTIFACT)
+            info = _compile.compile_graph(graph, kgraph_path, artifact_path, args=args,
+                                          broker=broker, timeout=timeout,
+                                          log_path=log_path)
+        finally:
+            graph.close()
+        if keep:
+            shutil.copyfile(artifact_path, os.path.join(workdir, _ARTIFACT))
+            _compile.dump_program(artifact_path, os.path.join(workdir, "program.txt"))
+        if broker:
+            keyring = keyring if keyring is not None else _compile.default_keyring()
+        else:
+            keyring = _compile.user_keyring()
+        for name in os.listdir(build_dir):
+            if name != _ARTIFACT:
+                os.unlink(os.path.join(build_dir, name))
+        try:
+            part = KilnPart(artifact_path, keyring, take_dir=build_dir)
+        except errors.VerifyError as e:
+            if not broker:
+                raise
+            raise errors.VerifyError(
+                f"{e}: the farm at {broker} signed the artifact with a key that keyring "
+                f"'{keyring}' does not hold; pass keyring= (or set KILN_KEYRING) to a "
+                f"directory with the farm's kiln.pub", e.code) from None
+        build_dir = None        # the part owns it now
+        return part, info
+    finally:
+        if build_dir is not None:
+            shutil.rmtree(build_dir, ignore_errors=True)
 
 
-def _check(module, func, sets, tolerance):
-    """check_trace: compiled against original on each input set."""
-    for label, inputs in sets:
-        with torch.no_grad():
-            expected = _flatten(func(*inputs))
-        got = module(*inputs)
-        got = list(got) if isinstance(got, tuple) else [got]
-        if len(got) != len(expected):
-            raise errors.TraceCheckError(
-                f"check_trace on {label}: the compiled module returns {len(got)} "
-                f"outputs, the original {len(expected)}")
-        for i, (g, e) in enumerate(zip(got, expected)):
-            name = module.output_specs[i].name
-            if tuple(g.shape) != tuple(e.shape):
-                raise errors.TraceCheckError(
-                    f"check_trace on {label}: output {i} ('{name}') is "
-                    f"{_describe_tensor(g)}, the original's {_describe_tensor(e)}",
-                    output=i)
-            if g.numel() == 0:
-                continue
-            gd, ed = g.double(), e.detach().double()
-            diff = (gd - ed).abs()
-            bad = ~torch.isclose(gd, ed, rtol=tolerance, atol=tolerance, equal_nan=True)
-            if bool(bad.any()):
-                max_err = float(torch.nan_to_num(diff, nan=float("inf")).max())
-                raise errors.TraceCheckError(
-                    f"check_trace on {label}: output {i} ('{name}') differs from the "
-                    f"original by a max abs error of {max_err:.6g}, more than "
-                    f"check_tolerance {tolerance:g} allows ({int(bad.sum())} of "
-                    f"{g.numel()} elements); if the model is nondeterministic or the "
-                    f"difference is expected, pass check_trace=False or a larger "
-                    f"check_tolerance", output=i, max_error=max_err)
-
-
-def trace(func, example_inputs, *, compiler_args=None, compiler_timeout=None,
-          compiler_workdir=None, check_trace=True, check_inputs=None,
-          check_tolerance=1e-5, broker=None, keyring=None):
+def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args=None,
+          compiler_timeout=None, compiler_workdir=None, check_trace=True,
+          check_inputs=None, check_tolerance=1e-5, subgraph_builder_function=None,
+          fallback=True, broker=None, keyring=None):
     """Trace `func` (a function, an nn.Module or a module's forward) on
-    `example_inputs` (a tensor or a tuple of tensors), compile it with kiln
-    and return a TracedModule that runs the compiled code.
+    example inputs, compile it with kiln and return a TracedModule that
+    runs the compiled code.
 
-    Following torch.neuron.trace (seed 000) and torch_neuronx.trace (seed
-    001):
-      compiler_args     list of strings or a string; $KILN_CC_FLAGS is added
+    Following torch.neuron.trace (seed 000), torch_neuronx.trace (seed
+    001), tensorflow.neuron.trace (seed 003) and torch.jit.trace (004):
+      example_inputs    a tensor, a tuple or list (positional arguments,
+                        each a tensor or nested tuples/lists/dicts of
+                        tensors), or a dict (keyword arguments)
+      example_kwarg_inputs  a dict of keyword arguments
+      compiler_args     list of strings or a string; $KILN_CC_FLAGS is added;
+                        `--opset N` (13..17, default 17) picks the ONNX opset
       compiler_timeout  seconds; past it, subprocess.TimeoutExpired
-      compiler_workdir  keeps model.onnx, model.kgraph, graph.txt (the graph
-                        IR), compile.log, model.kar and program.txt (the
-                        program IR) there
-      check_trace       run compiled and original on example_inputs and on
-                        each tuple of check_inputs; kiln.TraceCheckError
-                        naming the output and max error when they differ by
-                        more than check_tolerance (relative to the value,
-                        absolute near zero, as torch.isclose)
+      compiler_workdir  keeps model.onnx, model.kgraph, graph.txt,
+                        compile.log, model.kar and program.txt there (one
+                        folder per part when the model is partitioned)
+      check_trace       run compiled and original on the example inputs and
+                        each entry of check_inputs (kiln.check says how)
+      subgraph_builder_function  fn(torch.fx.Node) -> bool: a node for which
+                        it returns False runs in torch on the CPU
+      fallback          (kiln) when some ops cannot be compiled, run them in
+                        torch on the CPU (default); False raises
+                        kiln.UnsupportedOperatorError listing every one
       broker            compile on this farm (default $KILN_BROKER), else
                         locally
       keyring           (kiln) directory of public keys that verifies a farm
@@ -355,7 +671,7 @@ def trace(func, example_inputs, *, compiler_args=None, compiler_timeout=None,
                         local builds are verified with your own key
     A module in training mode is returned as it is, with a warning.
     """
-    example_inputs = _as_tuple(example_inputs)
+    args, kwargs = _call_inputs(func, example_inputs, example_kwarg_inputs)
     owner = _owner_module(func)
     if owner is not None and owner.training:
         warnings.warn(f"{type(owner).__name__} is in training mode: kiln.trace returns "
@@ -367,73 +683,50 @@ def trace(func, example_inputs, *, compiler_args=None, compiler_timeout=None,
                         f"{type(func).__name__}")
     check_sets = []
     if check_trace:
-        check_sets.append(("example_inputs", example_inputs))
+        check_sets.append(("example_inputs", args, kwargs))
         for i, ci in enumerate(check_inputs or []):
-            check_sets.append((f"check_inputs[{i}]", _as_tuple(ci, f"check_inputs[{i}]")))
-    args = _compile.normalize_args(compiler_args)
+            ca, ck = _call_inputs(func, ci, None)
+            check_sets.append((f"check_inputs[{i}]", ca, ck))
+    cc_args = _compile.normalize_args(compiler_args)
+    opset, cc_args = export.take_opset(cc_args)
     broker = broker if broker is not None else os.environ.get("KILN_BROKER") or None
+    workdir = os.fspath(compiler_workdir) if compiler_workdir is not None else None
+    build = dict(args=cc_args, broker=broker, keyring=keyring, timeout=compiler_timeout)
 
     with torch.no_grad():
-        n_outputs = len(_flatten(func(*example_inputs)))
-    names = _input_names(func, len(example_inputs))
-    onnx_bytes = _export_onnx(func, example_inputs, names, n_outputs)
-
-    build_dir = tempfile.mkdtemp(prefix="kiln-trace-")
+        output = func(*args, **kwargs)
     try:
-        workdir = build_dir
-        if compiler_workdir is not None:
-            workdir = os.fspath(compiler_workdir)
-            os.makedirs(workdir, exist_ok=True)
-        keep = compiler_workdir is not None
-        onnx_path = os.path.join(workdir, "model.onnx")
-        kgraph_path = os.path.join(build_dir, "model.kgraph")
-        if keep:
-            with open(onnx_path, "wb") as f:
-                f.write(onnx_bytes)
-            log_path = os.path.join(workdir, "compile.log")
-            if os.path.exists(log_path):
-                os.unlink(log_path)
-        else:
-            log_path = None
-        graph = _compile.Graph(onnx_bytes)
-        try:
-            if keep or (broker is None and compiler_timeout is not None):
-                graph.save(kgraph_path)
-            if keep:
-                shutil.copyfile(kgraph_path, os.path.join(workdir, "model.kgraph"))
-                graph.dump(os.path.join(workdir, "graph.txt"))
-            artifact_path = os.path.join(build_dir, _ARTIFACT)
-            info = _compile.compile_graph(graph, kgraph_path, artifact_path, args=args,
-                                          broker=broker, timeout=compiler_timeout,
-                                          log_path=log_path)
-        finally:
-            graph.close()
-        if keep:
-            shutil.copyfile(artifact_path, os.path.join(workdir, _ARTIFACT))
-            _compile.dump_program(artifact_path, os.path.join(workdir, "program.txt"))
-        if broker:
-            keyring = keyring if keyring is not None else _compile.default_keyring()
-        else:
-            keyring = _compile.user_keyring()
-        # Only the artifact stays in the module's directory.
-        for name in os.listdir(build_dir):
-            if name != _ARTIFACT:
-                os.unlink(os.path.join(build_dir, name))
-        try:
-            module = TracedModule(artifact_path, keyring, arg_names=names,
-                                  compile_info=info, _take_dir=build_dir)
-        except errors.VerifyError as e:
-            if not broker:
-                raise
-            raise errors.VerifyError(
-                f"{e}: the farm at {broker} signed the artifact with a key that keyring "
-                f"'{keyring}' does not hold; pass keyring= (or set KILN_KEYRING) to a "
-                f"directory with the farm's kiln.pub", e.code) from None
-        build_dir = None        # the module owns it now
-    finally:
-        if build_dir is not None:
-            shutil.rmtree(build_dir, ignore_errors=True)
+        structure.flatten(output, "the model's output")
+    except structure.StructureError as e:
+        raise TypeError(f"the traced function returned something kiln cannot hold: "
+                        f"{e}") from None
 
-    if check_sets:
-        _check(module, func, check_sets, check_tolerance)
+    module = None
+    if subgraph_builder_function is None:
+        try:
+            onnx_bytes, iface = _export(func, args, kwargs, output, opset)
+            part, info = compile_onnx(onnx_bytes, workdir=workdir, **build)
+            module = TracedModule(iface, part=part, compile_info=info)
+        except errors.UnsupportedOperatorError as e:
+            if not fallback:
+                raise
+            refusal = e
+    if module is None:
+        from . import partition
+        if subgraph_builder_function is None:
+            warnings.warn(f"kiln.trace: {refusal}; compiling what kiln supports and "
+                          f"running the rest on the CPU", UserWarning, stacklevel=2)
+        module = partition.trace_partitioned(
+            func, args, kwargs, output, opset=opset, workdir=workdir, build=build,
+            subgraph_builder_function=subgraph_builder_function,
+            make_interface=Interface.of_call, compile_onnx=compile_onnx,
+            export_part=_export, module_class=TracedModule)
+
+    for label, ca, ck in check_sets:
+        with torch.no_grad():
+            want, _ = structure.flatten(func(*ca, **ck))
+            got, _ = structure.flatten(module(*ca, **ck))
+        names = structure.leaf_names(module.interface.out, "output") \
+            if len(want) > 1 else ["output"]
+        _checker.compare(label, names, got, want, check_tolerance)
     return module

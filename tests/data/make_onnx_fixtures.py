@@ -250,7 +250,7 @@ def dropout():
 
 
 def external_data():
-    """An initializer whose bytes live in another file: unsupported."""
+    """An initializer whose bytes live in another file, which is not there."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
     w = numpy_helper.from_array(np.ones(4, dtype=np.float32), "big_weight")

@@ -210,3 +210,58 @@ def test_wrong_input_shape_is_refused_naming_the_input(tmp_path, config_dir):
                      tmp_path / "out")
     assert r.returncode != 0
     assert "input0" in r.stderr and "[1, 1, 3, 3]" in r.stderr
+
+
+def test_model_with_external_data_imports_compiles_and_matches_numpy(tmp_path, config_dir):
+    """A model saved by onnx with its weights in a separate file, as torch
+    and onnx save models past 2 GB, imports from its own directory, is the
+    same graph as the model saved in one file, and runs to numpy's answer;
+    without the weight file it is refused naming the tensor and the file."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                 torch.nn.Linear(64, 8))
+    x = torch.rand(4, 32)
+    inline = tmp_path / "inline.onnx"
+    names, _ = models.export(module, (x,), inline)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    onnx.save_model(onnx.load(str(inline)), str(model_dir / "m.onnx"),
+                    save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.weights", size_threshold=0)
+    saved = onnx.load(str(model_dir / "m.onnx"), load_external_data=False)
+    external = [t.name for t in saved.graph.initializer
+                if t.data_location == TensorProto.EXTERNAL]
+    assert len(external) == 4, "every weight and bias should be in m.weights"
+    assert (model_dir / "m.weights").stat().st_size >= (32 * 64 + 64 * 8) * 4
+
+    # Imported by a relative path from another directory: locations are
+    # relative to the model's directory, not to the working directory.
+    a = run(["kiln", "import", "model/m.onnx", "-o", "ext.kgraph"], cwd=tmp_path)
+    assert a.returncode == 0, a.stderr
+    b = run(["kiln", "import", inline, "-o", tmp_path / "inline.kgraph"])
+    assert b.returncode == 0, b.stderr
+    assert a.stdout.strip() == b.stdout.strip(), "the graph digest depends on where weights are"
+
+    kar = tmp_path / "m.kar"
+    run(["kiln", "compile", model_dir / "m.onnx", "-o", kar, "--local"], check=True)
+    keyring = tmp_path / "keyring"
+    keyring.mkdir()
+    shutil.copy(config_dir / "keys" / "kiln.pub", keyring / "me.pub")
+    proc = run_artifact(kar, keyring, models.save_inputs((x,), names, tmp_path),
+                        tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(tmp_path / "out" / "output.npy")
+    w1, b1 = module[0].weight.detach().numpy(), module[0].bias.detach().numpy()
+    w2, b2 = module[2].weight.detach().numpy(), module[2].bias.detach().numpy()
+    want = np.maximum(x.numpy() @ w1.T + b1, 0) @ w2.T + b2
+    assert got.shape == want.shape
+    assert float(np.max(np.abs(got - want))) <= 1e-4
+
+    # The .onnx without its weight file.
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(model_dir / "m.onnx", lone / "m.onnx")
+    r = run(["kiln", "import", lone / "m.onnx", "-o", tmp_path / "lone.kgraph"])
+    assert r.returncode != 0
+    assert f"weight '{external[0]}'" in r.stderr and "'m.weights' not found" in r.stderr
+    assert not (tmp_path / "lone.kgraph").exists()

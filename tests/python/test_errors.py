@@ -80,10 +80,21 @@ def test_unsupported_ops_are_all_listed():
             return torch.nonzero(x > 0.5).float().sum() + torch.unique(x).sum()
 
     with pytest.raises(kiln.UnsupportedOperatorError) as e:
-        kiln.trace(DataDependent().eval(), torch.rand(6))
+        kiln.trace(DataDependent().eval(), torch.rand(6), fallback=False)
     msg = str(e.value)
     assert "NonZero (1)" in msg and "Unique (1)" in msg, msg
     assert e.value.ops == {"NonZero": 1, "Unique": 1}
+
+    # With fallback (the default) those ops, and everything their
+    # data-dependent shapes feed, run in torch: other inputs, with other
+    # numbers of nonzero elements, still give torch's answer.
+    model = DataDependent().eval()
+    with pytest.warns(UserWarning, match="run on the CPU"):
+        traced = kiln.trace(model, torch.rand(6))
+    assert "nonzero" in traced.cpu_ops and "unique" in traced.cpu_ops
+    for seed in range(3):
+        x = torch.rand(6, generator=torch.Generator().manual_seed(seed))
+        assert torch.allclose(traced(x), model(x))
 
 
 def _resnet18():

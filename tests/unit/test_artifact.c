@@ -905,6 +905,122 @@ START_TEST (test_manifest_parse_is_strict_and_bounded)
 }
 END_TEST
 
+START_TEST (test_manifest_io_structure_is_optional_and_round_trips)
+{
+    kiln_err_t err = { 0 };
+    const char *text = "{\"kind\":\"dict\",\"keys\":[\"caf\xc3\xa9\",\"a\\\"b\"],"
+                       "\"items\":[{\"tensor\":0},{\"tensor\":1}]}\n";
+    //  Without it, manifest.json has no such key.
+    char *plain = s_manifest_with (NULL, NULL);
+    ck_assert_ptr_null (strstr (plain, "io_structure"));
+
+    kiln_artifact_t *a = s_sample (false);
+    kiln_manifest_t *ma = kiln_artifact_manifest (a);
+    ck_assert_ptr_null (ma->io_structure);
+    ck_assert_msg (kiln_manifest_set_io_structure (ma, text, &err) == 0, "%s", err.msg);
+    char *json;
+    size_t len;
+    ck_assert_msg (kiln_artifact_manifest_json (a, &json, &len, &err) == 0, "%s", err.msg);
+    ck_assert_ptr_nonnull (strstr (json, "],\"io_structure\":\"{\\\"kind\\\":"));
+    free (json);
+    ck_assert_msg (kiln_artifact_sign (a, s_key, NULL, &err) == 0, "%s", err.msg);
+    ck_assert_msg (kiln_artifact_write (a, s_path ("io.kar"), &err) == 0, "%s", err.msg);
+
+    //  The strict reader takes it back, canonical, and signed.
+    kiln_artifact_t *b = kiln_artifact_open_verified (s_path ("io.kar"), s_keys, &err);
+    ck_assert_msg (b, "%s", err.msg);
+    const kiln_manifest_t *mb = kiln_artifact_manifest (b);
+    ck_assert_ptr_nonnull (mb->io_structure);
+    ck_assert_str_eq (mb->io_structure, text);
+    char da[KILN_HEX_LEN], db[KILN_HEX_LEN], dp[KILN_HEX_LEN];
+    ck_assert (kiln_artifact_digest (a, da, &err) == 0);
+    ck_assert (kiln_artifact_digest (b, db, &err) == 0);
+    ck_assert_str_eq (da, db);
+
+    //  A copy owns its own text.
+    kiln_manifest_t copy;
+    ck_assert (kiln_manifest_copy (&copy, mb, &err) == 0);
+    kiln_artifact_destroy (&b);
+    ck_assert_str_eq (copy.io_structure, text);
+    kiln_manifest_release (&copy);
+    ck_assert_ptr_null (copy.io_structure);
+
+    //  Removing it gives back the manifest without it, byte for byte.
+    kiln_artifact_t *p = s_sample (false);
+    ck_assert (kiln_artifact_digest (p, dp, &err) == 0);
+    ck_assert_str_ne (da, dp);
+    ck_assert_int_eq (kiln_manifest_set_io_structure (ma, "", &err), 0);
+    ck_assert_ptr_null (ma->io_structure);
+    ck_assert (kiln_artifact_manifest_json (a, &json, &len, &err) == 0);
+    ck_assert_str_eq (json, plain);
+    free (json);
+    kiln_artifact_destroy (&p);
+    kiln_artifact_destroy (&a);
+    free (plain);
+}
+END_TEST
+
+START_TEST (test_manifest_io_structure_is_bounded_and_strict)
+{
+    kiln_err_t err = { 0 };
+    size_t max = KILN_MAX_IO_STRUCTURE_BYTES;
+    char *big = malloc (max + 2);
+    memset (big, '7', max + 1);
+    big[max + 1] = '\0';
+    kiln_artifact_t *a = s_sample (false);
+    kiln_manifest_t *m = kiln_artifact_manifest (a);
+    ck_assert_int_eq (kiln_manifest_set_io_structure (m, "[0]", &err), 0);
+    ck_assert_int_eq (kiln_manifest_set_io_structure (m, big, &err), -KILN_ELIMIT);
+    ck_assert_msg (strstr (err.msg, "manifest field 'io_structure' is longer than 65536 bytes"),
+                   "%s", err.msg);
+    ck_assert_str_eq (m->io_structure, "[0]");
+    //  At the bound it is written and read back.
+    big[max] = '\0';
+    ck_assert_msg (kiln_manifest_set_io_structure (m, big, &err) == 0, "%s", err.msg);
+    uint8_t *kar;
+    size_t len;
+    ck_assert_msg (kiln_artifact_write_mem (a, &kar, &len, &err) == 0, "%s", err.msg);
+    kiln_artifact_t *b = kiln_artifact_read_mem (kar, len, &err);
+    ck_assert_msg (b, "%s", err.msg);
+    ck_assert_uint_eq (strlen (kiln_artifact_manifest (b)->io_structure), max);
+    kiln_artifact_destroy (&b);
+    free (kar);
+    //  An empty one set by hand cannot be written: absent is NULL.
+    free (m->io_structure);
+    m->io_structure = strdup ("");
+    char *json;
+    ck_assert_int_eq (kiln_artifact_manifest_json (a, &json, &len, &err), -KILN_EFORMAT);
+    ck_assert_msg (strstr (err.msg, "'io_structure' is empty"), "%s", err.msg);
+    kiln_artifact_destroy (&a);
+
+    //  What the reader refuses.
+    big[max] = '7';
+    char *huge = malloc (max + 64);
+    snprintf (huge, max + 64, "\"io_structure\":\"%s\",\"members\":", big);
+    struct {
+        const char *to;
+        int code;
+        const char *needle;
+    } cases[] = {
+        { "\"io_structure\":5,\"members\":", KILN_EFORMAT, "field 'io_structure' is not a string" },
+        { "\"io_structure\":\"\",\"members\":", KILN_EFORMAT, "field 'io_structure' is empty" },
+        { "\"io_structure\":\"a\\u0000b\",\"members\":", KILN_EFORMAT, "not valid JSON" },
+        { huge, KILN_ELIMIT, "field 'io_structure' is longer than 65536 bytes" },
+        //  Keys are sorted: after "members" it is not canonical.
+        { NULL, KILN_EFORMAT, "not in canonical form" },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char *manifest = cases[c].to
+                         ? s_manifest_with ("\"members\":", cases[c].to)
+                         : s_manifest_with (",\"outputs\":", ",\"io_structure\":\"[0]\",\"outputs\":");
+        s_expect_manifest_refused (manifest, cases[c].code, cases[c].needle);
+        free (manifest);
+    }
+    free (huge);
+    free (big);
+}
+END_TEST
+
 START_TEST (test_artifact_add_member_rejects_bad_names)
 {
     kiln_err_t err;
@@ -1029,6 +1145,8 @@ s_suite (void)
     tcase_add_test (tc, test_artifact_read_rejects_truncated_archives);
     tcase_add_test (tc, test_artifact_read_rejects_unsafe_or_unlisted_members);
     tcase_add_test (tc, test_manifest_parse_is_strict_and_bounded);
+    tcase_add_test (tc, test_manifest_io_structure_is_optional_and_round_trips);
+    tcase_add_test (tc, test_manifest_io_structure_is_bounded_and_strict);
     tcase_add_test (tc, test_artifact_add_member_rejects_bad_names);
     tcase_add_test (tc, test_stock_tar_lists_members);
     tcase_add_test (tc, test_stock_openssl_verifies_manifest_signature);

@@ -218,6 +218,49 @@ START_TEST (test_compile_is_deterministic)
 }
 END_TEST
 
+START_TEST (test_compile_copies_the_io_structure_into_the_manifest)
+{
+    kiln_err_t err = { 0 };
+    const char *text = "{\"kind\":\"tuple\",\"items\":[{\"tensor\":0}]}";
+    kiln_graph_t *plain = s_resnetish (5), *g = s_resnetish (5);
+    ck_assert (kiln_graph_set_io_structure (g, text, &err) == 0);
+    kiln_artifact_t *a = kiln_cc_compile (plain, NULL, &err);
+    kiln_artifact_t *b = kiln_cc_compile (g, NULL, &err);
+    ck_assert_msg (a && b, "%s", err.msg);
+    const kiln_manifest_t *ma = kiln_artifact_manifest (a);
+    const kiln_manifest_t *mb = kiln_artifact_manifest (b);
+    ck_assert_ptr_null (ma->io_structure);
+    ck_assert_ptr_nonnull (mb->io_structure);
+    ck_assert_str_eq (mb->io_structure, text);
+    /* The structure is part of the graph's interface: another digest,
+     * another action, the same program. */
+    ck_assert_str_ne (ma->graph_digest, mb->graph_digest);
+    ck_assert_str_ne (ma->action_key, mb->action_key);
+    size_t la, lb;
+    const uint8_t *pa = kiln_artifact_member (a, KILN_PROGRAM_MEMBER, &la);
+    const uint8_t *pb = kiln_artifact_member (b, KILN_PROGRAM_MEMBER, &lb);
+    ck_assert (la == lb && memcmp (pa, pb, la) == 0);
+    char *json;
+    size_t len;
+    ck_assert (kiln_artifact_manifest_json (a, &json, &len, &err) == 0);
+    ck_assert_ptr_null (strstr (json, "io_structure"));
+    free (json);
+
+    /* Written and read back by the strict reader. */
+    uint8_t *kar;
+    ck_assert_msg (kiln_artifact_write_mem (b, &kar, &len, &err) == 0, "%s", err.msg);
+    kiln_artifact_t *r = kiln_artifact_read_mem (kar, len, &err);
+    ck_assert_msg (r, "%s", err.msg);
+    ck_assert_str_eq (kiln_artifact_manifest (r)->io_structure, text);
+    kiln_artifact_destroy (&r);
+    free (kar);
+    kiln_artifact_destroy (&a);
+    kiln_artifact_destroy (&b);
+    kiln_graph_destroy (&plain);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
 START_TEST (test_compile_refuses_unsupported_ops_naming_node_and_op)
 {
     const char *ops[] = { "NonMaxSuppression", "NonZero", "FancyCustomOp" };
@@ -438,6 +481,7 @@ s_suite (void)
     tcase_add_test (tc, test_target_is_cpu_and_the_machine);
     tcase_add_test (tc, test_compile_fills_the_manifest);
     tcase_add_test (tc, test_compile_is_deterministic);
+    tcase_add_test (tc, test_compile_copies_the_io_structure_into_the_manifest);
     tcase_add_test (tc, test_compile_refuses_unsupported_ops_naming_node_and_op);
     tcase_add_test (tc, test_compile_refuses_what_the_kernels_cannot_run);
     tcase_add_test (tc, test_weights_are_aligned_deduplicated_and_exact);

@@ -455,6 +455,45 @@ START_TEST (test_io_accessors_describe_the_interface)
 }
 END_TEST
 
+/* Every binding in a process shares one runtime: its placement goes on
+ * from one binding's models to the next's, and no caller can end it.
+ * A model reports its artifact's content hash. */
+START_TEST (test_shared_runtime_is_one_per_process_and_survives_destroy)
+{
+    kiln_err_t err = { 0 };
+    const char *path = s_make_model (2);
+    /* A failed creation is reported, and the next call tries again. */
+    setenv ("KILN_RT_NUM_CORES", "two", 1);
+    ck_assert (kiln_rt_shared (&err) == NULL);
+    ck_assert_msg (strstr (err.msg, "'two'"), "%s", err.msg);
+    unsetenv ("KILN_RT_NUM_CORES");
+
+    kiln_rt_t *a = kiln_rt_shared (&err);
+    ck_assert_msg (a, "%s", err.msg);
+    kiln_rt_t *b = kiln_rt_shared (&err);
+    ck_assert (a == b);
+    int n = kiln_rt_num_cores (a);
+    kiln_model_t *m0 = kiln_rt_load (a, path, s_keys, &err);
+    ck_assert_msg (m0, "%s", err.msg);
+    kiln_rt_destroy (&a);
+    ck_assert (a == NULL);
+    kiln_model_destroy (&m0);
+    /* Destroying it, and its last model, left it whole. */
+    kiln_model_t *m1 = kiln_rt_load (b, path, s_keys, &err);
+    ck_assert_msg (m1, "%s", err.msg);
+    ck_assert_int_eq (kiln_model_core (m1), 1 % n);
+    ck_assert (kiln_rt_shared (&err) == b);
+    /* A model names the artifact it runs by its content hash. */
+    char got[KILN_HEX_LEN], want[KILN_HEX_LEN];
+    ck_assert_msg (kiln_model_digest (m1, got, &err) == 0, "%s", err.msg);
+    kiln_artifact_t *art = kiln_artifact_read (path, &err);
+    ck_assert_msg (art && kiln_artifact_digest (art, want, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq (got, want);
+    kiln_artifact_destroy (&art);
+    kiln_model_destroy (&m1);
+}
+END_TEST
+
 static Suite *
 s_suite (void)
 {
@@ -469,6 +508,7 @@ s_suite (void)
     tcase_add_test (tc, test_cores_run_jobs_on_their_pinned_cpu);
     tcase_add_test (tc, test_cores_run_jobs_of_two_cores_concurrently);
     tcase_add_test (tc, test_models_are_placed_round_robin);
+    tcase_add_test (tc, test_shared_runtime_is_one_per_process_and_survives_destroy);
     tcase_add_test (tc, test_batched_run_splits_pads_joins_and_trims);
     tcase_add_test (tc, test_batched_run_refuses_other_dims_and_differing_batches);
     tcase_add_test (tc, test_io_accessors_describe_the_interface);

@@ -265,6 +265,17 @@ s_write (const char *path, const uint8_t *data, size_t len)
     ck_assert_int_eq (fclose (f), 0);
 }
 
+/* Offset of the first `needle` in data[0..len), or -1. */
+static long
+s_find_bytes (const uint8_t *data, size_t len, const char *needle)
+{
+    size_t n = strlen (needle);
+    for (size_t i = 0; i + n <= len; i++)
+        if (memcmp (data + i, needle, n) == 0)
+            return (long) i;
+    return -1;
+}
+
 /* --- building ------------------------------------------------------ */
 
 START_TEST (test_set_weight_rejects_wrong_byte_count)
@@ -936,6 +947,182 @@ START_TEST (test_digest_keeps_interface_names)
 }
 END_TEST
 
+/* --- I/O structure ------------------------------------------------- */
+
+/* What kiln.trace writes: JSON with quotes, a backslash and non-ASCII. */
+#define S_IO_STRUCTURE "{\"kind\":\"tuple\",\"items\":[{\"tensor\":0}," \
+                       "{\"kind\":\"dict\",\"keys\":[\"caf\xc3\xa9\\\\n\"]}]}"
+
+/* The digest of s_cnn (s_cnn_default ()) as kiln computed it before
+ * graphs had an I/O structure: a graph without one must keep it. */
+#define S_CNN_DIGEST "5c3f229f241f666344a40b7f7de7b7e1a9fb51eb87fd91eb930ab2a65d8f10af"
+
+/* The minimal structure of s_pack_minimal with one more key,
+ * "io_structure", holding a string of `len` bytes from `text`. */
+static void
+s_pack_minimal_io (msgpack_sbuffer *sb, const char *text, size_t len)
+{
+    s_pack_minimal (sb, 1, 0, -1);
+    ck_assert_uint_eq ((uint8_t) sb->data[0], 0x88);    /* fixmap of 8 */
+    sb->data[0] = (char) 0x89;
+    msgpack_packer pk;
+    msgpack_packer_init (&pk, sb, msgpack_sbuffer_write);
+    msgpack_pack_str (&pk, 12);
+    msgpack_pack_str_body (&pk, "io_structure", 12);
+    msgpack_pack_str (&pk, len);
+    msgpack_pack_str_body (&pk, text, len);
+}
+
+START_TEST (test_io_structure_round_trips_through_the_codec)
+{
+    kiln_graph_t *g = s_cnn (s_cnn_default ());
+    kiln_err_t err = { 0 };
+    ck_assert_ptr_null (g->io_structure);
+    ck_assert_msg (kiln_graph_set_io_structure (g, S_IO_STRUCTURE, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq (g->io_structure, S_IO_STRUCTURE);
+    uint8_t *a, *b;
+    size_t alen, blen;
+    s_encode (g, &a, &alen);
+    kiln_graph_t *d = kiln_graph_decode (a, alen, &err);
+    ck_assert_msg (d != NULL, "%s", err.msg);
+    ck_assert_ptr_nonnull (d->io_structure);
+    ck_assert_str_eq (d->io_structure, S_IO_STRUCTURE);
+    s_encode (d, &b, &blen);
+    ck_assert_uint_eq (alen, blen);
+    ck_assert_mem_eq (a, b, alen);
+
+    /* Through a .kgraph file too, and the digest survives both. */
+    char *dir = s_tmpdir ();
+    char path[4096];
+    snprintf (path, sizeof path, "%s/io.kgraph", dir);
+    ck_assert_msg (kiln_graph_save (g, path, &err) == 0, "%s", err.msg);
+    kiln_graph_t *l = kiln_graph_load (path, &err);
+    ck_assert_msg (l != NULL, "%s", err.msg);
+    ck_assert_str_eq (l->io_structure, S_IO_STRUCTURE);
+    char h1[KILN_HEX_LEN], h2[KILN_HEX_LEN];
+    s_digest (g, h1);
+    s_digest (l, h2);
+    ck_assert_str_eq (h1, h2);
+
+    /* Setting NULL or "" removes it, and the encoding loses the key. */
+    ck_assert_int_eq (kiln_graph_set_io_structure (d, "", &err), 0);
+    ck_assert_ptr_null (d->io_structure);
+    free (b);
+    s_encode (d, &b, &blen);
+    ck_assert_int_lt (s_find_bytes (b, blen, "io_structure"), 0);
+    ck_assert_int_eq (kiln_graph_set_io_structure (l, NULL, &err), 0);
+    ck_assert_ptr_null (l->io_structure);
+
+    kiln_rm_rf (dir);
+    free (dir);
+    free (a);
+    free (b);
+    kiln_graph_destroy (&l);
+    kiln_graph_destroy (&d);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_digest_counts_io_structure_only_when_present)
+{
+    kiln_graph_t *g = s_cnn (s_cnn_default ());
+    kiln_err_t err = { 0 };
+    char plain[KILN_HEX_LEN], with[KILN_HEX_LEN], other[KILN_HEX_LEN], again[KILN_HEX_LEN];
+    s_digest (g, plain);
+    ck_assert_str_eq (plain, S_CNN_DIGEST);
+    /* Without it the structure has exactly the eight keys it always had. */
+    uint8_t *a;
+    size_t alen;
+    s_encode (g, &a, &alen);
+    ck_assert_uint_eq (a[0], 0x88);
+    ck_assert_int_lt (s_find_bytes (a, alen, "io_structure"), 0);
+    free (a);
+
+    ck_assert_int_eq (kiln_graph_set_io_structure (g, "[0]", &err), 0);
+    s_digest (g, with);
+    ck_assert_str_ne (with, plain);
+    ck_assert_int_eq (kiln_graph_set_io_structure (g, "[[0]]", &err), 0);
+    s_digest (g, other);
+    ck_assert_str_ne (other, with);
+    ck_assert_str_ne (other, plain);
+    ck_assert_int_eq (kiln_graph_set_io_structure (g, NULL, &err), 0);
+    s_digest (g, again);
+    ck_assert_str_eq (again, plain);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_io_structure_over_the_bound_or_not_utf8_is_refused)
+{
+    kiln_graph_t *g = s_cnn (s_cnn_default ());
+    kiln_err_t err = { 0 };
+    size_t max = KILN_MAX_IO_STRUCTURE_BYTES;
+    char *big = malloc (max + 2);
+    memset (big, '1', max + 1);
+    big[max + 1] = '\0';
+    ck_assert_int_eq (kiln_graph_set_io_structure (g, "[0]", &err), 0);
+    ck_assert_int_eq (kiln_graph_set_io_structure (g, big, &err), -KILN_ELIMIT);
+    ck_assert_msg (strstr (err.msg, "I/O structure is longer than 65536 bytes"), "%s", err.msg);
+    ck_assert_str_eq (g->io_structure, "[0]");          /* the old value stays */
+    const char *bad[] = { "\xff", "\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq (kiln_graph_set_io_structure (g, bad[i], &err), -KILN_EFORMAT);
+        ck_assert_msg (strstr (err.msg, "not valid UTF-8"), "%zu: %s", i, err.msg);
+    }
+    /* Exactly at the bound is fine. */
+    big[max] = '\0';
+    ck_assert_msg (kiln_graph_set_io_structure (g, big, &err) == 0, "%s", err.msg);
+
+    /* The decoder holds encoded structures to the same rules. */
+    struct { const char *text; size_t len; int code; const char *frag; } cases[] = {
+        { big, max, 0, NULL },
+        { big, max + 1, KILN_ELIMIT, "field 'io_structure' is 65537 bytes, more than 65536" },
+        { "[\xff]", 3, KILN_EFORMAT, "field 'io_structure': I/O structure is not valid UTF-8" },
+        { "[\0]", 3, KILN_EFORMAT, "field 'io_structure' contains a NUL byte" },
+    };
+    big[max] = '1';
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init (&sb);
+        s_pack_minimal_io (&sb, cases[i].text, cases[i].len);
+        kiln_graph_t *d = kiln_graph_decode ((uint8_t *) sb.data, sb.size, &err);
+        if (cases[i].code == 0) {
+            ck_assert_msg (d != NULL, "case %zu: %s", i, err.msg);
+            ck_assert_uint_eq (strlen (d->io_structure), max);
+        }
+        else {
+            ck_assert_msg (d == NULL, "case %zu decoded", i);
+            ck_assert_int_eq (err.code, cases[i].code);
+            ck_assert_msg (strstr (err.msg, cases[i].frag), "case %zu: '%s'", i, err.msg);
+        }
+        kiln_graph_destroy (&d);
+        msgpack_sbuffer_destroy (&sb);
+    }
+    /* A value that is not a string. */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init (&sb);
+    s_pack_minimal (&sb, 1, 0, -1);
+    sb.data[0] = (char) 0x89;
+    msgpack_packer pk;
+    msgpack_packer_init (&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_str (&pk, 12);
+    msgpack_pack_str_body (&pk, "io_structure", 12);
+    msgpack_pack_int (&pk, 7);
+    ck_assert_ptr_null (kiln_graph_decode ((uint8_t *) sb.data, sb.size, &err));
+    ck_assert_msg (strstr (err.msg, "field 'io_structure' is not a string"), "%s", err.msg);
+    msgpack_sbuffer_destroy (&sb);
+
+    /* The encoder refuses a struct edited past the bound by hand. */
+    free (g->io_structure);
+    g->io_structure = big;
+    uint8_t *out = NULL;
+    size_t len = 0;
+    ck_assert_int_eq (kiln_graph_encode (g, &out, &len, &err), -KILN_ELIMIT);
+    ck_assert_ptr_null (out);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
 /* --- validation ---------------------------------------------------- */
 
 START_TEST (test_validate_infers_cnn_and_keeps_order)
@@ -1527,6 +1714,9 @@ s_suite (void)
     tcase_add_test (tc, test_digest_changes_when_one_weight_byte_changes);
     tcase_add_test (tc, test_digest_changes_when_an_attribute_changes);
     tcase_add_test (tc, test_digest_keeps_interface_names);
+    tcase_add_test (tc, test_io_structure_round_trips_through_the_codec);
+    tcase_add_test (tc, test_digest_counts_io_structure_only_when_present);
+    tcase_add_test (tc, test_io_structure_over_the_bound_or_not_utf8_is_refused);
     tcase_add_test (tc, test_validate_infers_cnn_and_keeps_order);
     tcase_add_test (tc, test_validate_sorts_nodes_topologically);
     tcase_add_test (tc, test_validate_rejects_unknown_op_naming_op_and_node);

@@ -380,12 +380,14 @@ START_TEST (test_onnx_symbolic_input_dimension_is_refused_naming_input)
 }
 END_TEST
 
-START_TEST (test_onnx_external_data_is_refused_naming_the_weight)
+/* External data is read (tests/unit/test_onnx_external.c); this fixture,
+ * written by onnx itself, names a file that is not there. */
+START_TEST (test_onnx_external_data_in_a_missing_file_is_refused_naming_the_weight)
 {
     kiln_err_t err = s_import_fails ("external_data.onnx");
-    ck_assert_int_eq (err.code, KILN_EUNSUPPORTED);
-    ck_assert_msg (strstr (err.msg, "'big_weight'") && strstr (err.msg, "external"),
-                   "message: %s", err.msg);
+    ck_assert_int_eq (err.code, KILN_ENOTFOUND);
+    ck_assert_msg (strstr (err.msg, "weight 'big_weight'")
+                   && strstr (err.msg, "'big_weight.bin' not found"), "message: %s", err.msg);
 }
 END_TEST
 
@@ -1049,6 +1051,141 @@ START_TEST (test_onnx_many_unsupported_ops_still_give_a_bounded_message)
 END_TEST
 
 
+/* --- the I/O structure in metadata_props ----------------------------------- */
+
+/* Append a varint to buf[*at]. */
+static void
+s_put_varint (uint8_t *buf, size_t *at, uint64_t v)
+{
+    do {
+        buf[(*at)++] = (uint8_t) ((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+}
+
+/* Import the mini model with one more metadata_props entry (ModelProto
+ * field 14) written by hand after the rest, so that its value can hold
+ * what protobuf-c would not pack: a NUL byte, invalid UTF-8. */
+static kiln_graph_t *
+s_mini_import_meta (mini_t *m, const char *key, const char *value, size_t value_len,
+                    kiln_err_t *err)
+{
+    size_t key_len = strlen (key), at = 0;
+    uint8_t *entry = malloc (key_len + value_len + 32);
+    entry[at++] = (1 << 3) | 2;                 /* key */
+    s_put_varint (entry, &at, key_len);
+    memcpy (entry + at, key, key_len);
+    at += key_len;
+    entry[at++] = (2 << 3) | 2;                 /* value */
+    s_put_varint (entry, &at, value_len);
+    memcpy (entry + at, value, value_len);
+    at += value_len;
+    size_t len = onnx__model_proto__get_packed_size (&m->model);
+    uint8_t *buf = malloc (len + at + 16);
+    ck_assert_uint_eq (onnx__model_proto__pack (&m->model, buf), len);
+    buf[len++] = (14 << 3) | 2;                 /* metadata_props */
+    s_put_varint (buf, &len, at);
+    memcpy (buf + len, entry, at);
+    len += at;
+    kiln_err_clear (err);
+    kiln_graph_t *g = kiln_onnx_import_mem (buf, len, err);
+    free (entry);
+    free (buf);
+    return g;
+}
+
+START_TEST (test_onnx_io_structure_metadata_is_kept_and_other_keys_ignored)
+{
+    const char *text = "{\"kind\":\"tuple\",\"items\":[{\"tensor\":0},{\"tensor\":1}]}";
+    mini_t m;
+    s_mini_init (&m, "Relu");
+    Onnx__StringStringEntryProto e[2] = { ONNX__STRING_STRING_ENTRY_PROTO__INIT,
+                                          ONNX__STRING_STRING_ENTRY_PROTO__INIT };
+    Onnx__StringStringEntryProto *ep[2] = { &e[0], &e[1] };
+    e[0].key = "producer.note";
+    e[0].value = "\xff not even UTF-8";
+    e[1].key = "kiln.io_structure";
+    e[1].value = (char *) text;
+    m.model.n_metadata_props = 2;
+    m.model.metadata_props = ep;
+    kiln_err_t err;
+    kiln_graph_t *g = s_mini_import (&m, &err);
+    ck_assert_msg (g != NULL, "%s", err.msg);
+    ck_assert_ptr_nonnull (g->io_structure);
+    ck_assert_str_eq (g->io_structure, text);
+    kiln_graph_destroy (&g);
+
+    /* Only other keys, or none: no I/O structure. */
+    m.model.n_metadata_props = 1;
+    g = s_mini_import (&m, &err);
+    ck_assert_msg (g != NULL, "%s", err.msg);
+    ck_assert_ptr_null (g->io_structure);
+    kiln_graph_destroy (&g);
+    m.model.n_metadata_props = 0;
+    g = s_mini_import (&m, &err);
+    ck_assert_msg (g != NULL, "%s", err.msg);
+    ck_assert_ptr_null (g->io_structure);
+    kiln_graph_destroy (&g);
+
+    /* Written by hand, at exactly the bound. */
+    size_t max = KILN_MAX_IO_STRUCTURE_BYTES;
+    char *big = malloc (max);
+    memset (big, '7', max);
+    g = s_mini_import_meta (&m, "kiln.io_structure", big, max, &err);
+    ck_assert_msg (g != NULL, "%s", err.msg);
+    ck_assert_uint_eq (strlen (g->io_structure), max);
+    kiln_graph_destroy (&g);
+    free (big);
+}
+END_TEST
+
+START_TEST (test_onnx_bad_io_structure_is_refused_naming_the_key)
+{
+    size_t max = KILN_MAX_IO_STRUCTURE_BYTES;
+    char *big = malloc (max + 1);
+    memset (big, '7', max + 1);
+    struct { const char *value; size_t len; int code; const char *frag; } cases[] = {
+        { big, max + 1, KILN_ELIMIT,
+          "model metadata 'kiln.io_structure' is 65537 bytes, more than the limit of 65536" },
+        { "[0,\0 1]", 7, KILN_EFORMAT, "model metadata 'kiln.io_structure' holds a NUL byte" },
+        { "[\"\xc3\x28\"]", 6, KILN_EFORMAT,
+          "model metadata 'kiln.io_structure': I/O structure is not valid UTF-8" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mini_t m;
+        s_mini_init (&m, "Relu");
+        kiln_err_t err;
+        kiln_graph_t *g = s_mini_import_meta (&m, "kiln.io_structure", cases[i].value,
+                                              cases[i].len, &err);
+        ck_assert_msg (g == NULL, "case %zu imported", i);
+        ck_assert_msg (err.code == cases[i].code, "case %zu: %s: %s", i,
+                       kiln_errname (err.code), err.msg);
+        ck_assert_msg (strstr (err.msg, cases[i].frag), "case %zu: %s", i, err.msg);
+    }
+    /* The same oversized value under another key is none of kiln's business. */
+    mini_t m;
+    s_mini_init (&m, "Relu");
+    kiln_err_t err;
+    kiln_graph_t *g = s_mini_import_meta (&m, "other.key", big, max + 1, &err);
+    ck_assert_msg (g != NULL, "%s", err.msg);
+    ck_assert_ptr_null (g->io_structure);
+    kiln_graph_destroy (&g);
+
+    /* The key twice is ambiguous. */
+    Onnx__StringStringEntryProto e = ONNX__STRING_STRING_ENTRY_PROTO__INIT;
+    Onnx__StringStringEntryProto *ep[1] = { &e };
+    e.key = "kiln.io_structure";
+    e.value = "[0]";
+    m.model.n_metadata_props = 1;
+    m.model.metadata_props = ep;
+    g = s_mini_import_meta (&m, "kiln.io_structure", "[1]", 3, &err);
+    ck_assert_ptr_null (g);
+    ck_assert_int_eq (err.code, KILN_EFORMAT);
+    ck_assert_msg (strstr (err.msg, "the key 'kiln.io_structure' twice"), "%s", err.msg);
+    free (big);
+}
+END_TEST
+
 static Suite *
 s_suite (void)
 {
@@ -1067,7 +1204,7 @@ s_suite (void)
     tcase_add_test (tc, test_onnx_unsupported_ops_are_listed_in_one_error_with_counts);
     tcase_add_test (tc, test_onnx_op_from_another_domain_is_unsupported_and_named_with_it);
     tcase_add_test (tc, test_onnx_symbolic_input_dimension_is_refused_naming_input);
-    tcase_add_test (tc, test_onnx_external_data_is_refused_naming_the_weight);
+    tcase_add_test (tc, test_onnx_external_data_in_a_missing_file_is_refused_naming_the_weight);
     tcase_add_test (tc, test_onnx_opset_outside_range_is_refused);
     tcase_add_test (tc, test_onnx_missing_file_is_not_found_naming_path);
     suite_add_tcase (s, tc);
@@ -1100,6 +1237,8 @@ s_suite (void)
     tcase_add_test (tc, test_onnx_dropout_mask_output_is_unsupported);
     tcase_add_test (tc, test_onnx_long_names_are_refused);
     tcase_add_test (tc, test_onnx_many_unsupported_ops_still_give_a_bounded_message);
+    tcase_add_test (tc, test_onnx_io_structure_metadata_is_kept_and_other_keys_ignored);
+    tcase_add_test (tc, test_onnx_bad_io_structure_is_refused_naming_the_key);
     suite_add_tcase (s, tc);
     return s;
 }

@@ -793,6 +793,31 @@ START_TEST (test_seed_function_two_x_plus_y)
 }
 END_TEST
 
+START_TEST (test_model_io_structure_is_the_manifests_or_null)
+{
+    const char *text = "{\"kind\":\"list\",\"items\":[{\"tensor\":0},{\"tensor\":1}]}";
+    kiln_err_t err = { 0 };
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = testlib_input (g, "x", SH (3));
+    int y = testlib_tensor (g, "y"), z = testlib_tensor (g, "z");
+    testlib_node (g, "Relu", "relu", &x, 1, y);
+    testlib_node (g, "Identity", "pass", &x, 1, z);
+    testlib_output (g, y);
+    testlib_output (g, z);
+    kiln_model_t *plain = s_build (g, NULL, NULL);
+    ck_assert_ptr_null (kiln_model_io_structure (plain));
+    ck_assert (kiln_graph_set_io_structure (g, text, &err) == 0);
+    kiln_model_t *m = s_build (g, NULL, NULL);
+    ck_assert_ptr_nonnull (kiln_model_io_structure (m));
+    ck_assert_str_eq (kiln_model_io_structure (m), text);
+    ck_assert_ptr_eq (kiln_model_io_structure (m), kiln_model_manifest (m)->io_structure);
+    ck_assert_ptr_null (kiln_model_io_structure (NULL));
+    kiln_model_destroy (&m);
+    kiln_model_destroy (&plain);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
 /* Runs of one model from several threads are serialised on its arena:
  * every thread gets the answer a lone run gives. */
 typedef struct {
@@ -1172,6 +1197,7 @@ s_suite (void)
     tcase_add_test (tc, test_small_cnn_matches_reference_and_reuses_memory);
     tcase_add_test (tc, test_views_alias_or_copy_with_same_result);
     tcase_add_test (tc, test_seed_function_two_x_plus_y);
+    tcase_add_test (tc, test_model_io_structure_is_the_manifests_or_null);
     tcase_add_test (tc, test_concurrent_runs_of_one_model_agree);
     tcase_add_test (tc, test_run_refuses_wrong_input_shape_and_dtype_naming_the_input);
     tcase_add_test (tc, test_load_refuses_tampered_program_naming_the_member);

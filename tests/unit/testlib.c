@@ -235,6 +235,7 @@ testlib_resign (kiln_artifact_t *src, const uint8_t *prog, size_t len,
     dm->runtime_abi = sm->runtime_abi;
     ck_assert (kiln_manifest_set_io (dm, false, sm->inputs, sm->n_inputs, &err) == 0);
     ck_assert (kiln_manifest_set_io (dm, true, sm->outputs, sm->n_outputs, &err) == 0);
+    ck_assert (kiln_manifest_set_io_structure (dm, sm->io_structure, &err) == 0);
     size_t wlen;
     const uint8_t *w = kiln_artifact_member (src, KILN_WEIGHTS_MEMBER, &wlen);
     ck_assert (kiln_artifact_add_member (a, KILN_WEIGHTS_MEMBER, w, wlen, &err) == 0);

@@ -1,0 +1,173 @@
+"""From a torch function to ONNX bytes that kiln imports.
+
+Three things make an export that works wherever torch.jit.trace works:
+
+  - The call is wrapped so that the traced function takes and returns a
+    flat list of tensors (kiln.structure keeps the nesting): dict inputs,
+    keyword inputs and nested tuple/dict outputs all trace.
+  - torch 1.13 has inference fast paths (nn.MultiheadAttention's
+    aten::_native_multi_head_attention, nn.TransformerEncoderLayer's
+    aten::_transformer_encoder_layer_fwd) that exist only for eager speed
+    and have no ONNX form.  They are taken only when autograd is off or no
+    parameter requires a gradient, so the trace runs with grad enabled and
+    every parameter requiring grad (restored afterwards): the same
+    numbers, through the decomposed ops.
+  - The ONNX opset is the highest torch 1.13 exports reliably, 17
+    (LayerNormalization, triu, grid_sample all have forms there), and the
+    user may choose another with `--opset N` in compiler_args or
+    KILN_CC_FLAGS.
+"""
+
+import contextlib
+import io
+import re
+import warnings
+
+import torch
+
+from . import errors, structure
+
+DEFAULT_OPSET = 17
+MIN_OPSET, MAX_OPSET = 13, 17
+
+
+def take_opset(args):
+    """(opset, the other args): `--opset N` / `--opset=N` taken out of the
+    compiler argument list (it decides the export, not the compiler)."""
+    opset, rest = DEFAULT_OPSET, []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        value = None
+        if a == "--opset":
+            if i + 1 >= len(args):
+                raise ValueError("compiler argument --opset needs a number (13 to 17)")
+            value, i = args[i + 1], i + 2
+        elif a.startswith("--opset="):
+            value, i = a.split("=", 1)[1], i + 1
+        else:
+            rest.append(a)
+            i += 1
+            continue
+        try:
+            opset = int(value)
+        except ValueError:
+            raise ValueError(f"compiler argument --opset {value!r}: not a number") from None
+        if not MIN_OPSET <= opset <= MAX_OPSET:
+            raise ValueError(f"compiler argument --opset {opset}: torch "
+                             f"{torch.__version__.split('+')[0]} exports ONNX opsets "
+                             f"{MIN_OPSET} to {MAX_OPSET} reliably")
+    return opset, rest
+
+
+class FlatCall(torch.nn.Module):
+    """`func` called as the user calls it, seen as flat tensors: forward
+    takes the tensors of (args, kwargs) in structure order and returns
+    the output's tensors in structure order."""
+
+    def __init__(self, func, in_structure):
+        super().__init__()
+        self.in_structure = in_structure
+        # A module (or the owner of a bound method) is registered so that
+        # its parameters are the traced module's.
+        if isinstance(func, torch.nn.Module):
+            self.inner = func
+            self._call = None
+        else:
+            owner = getattr(func, "__self__", None)
+            if isinstance(owner, torch.nn.Module):
+                self.inner = owner
+            self._call = func
+        self.out_structure = None
+
+    def forward(self, *flat):
+        value = structure.unflatten(self.in_structure, flat)
+        args, kwargs = value["args"], value["kwargs"]
+        fn = self._call if self._call is not None else self.inner
+        out = fn(*args, **kwargs)
+        leaves, self.out_structure = structure.flatten(out, "the model's output")
+        return tuple(leaves)
+
+
+@contextlib.contextmanager
+def no_fast_paths(module):
+    """Grad enabled and every parameter of `module` requiring grad, so
+    that torch's eager-only fused inference kernels are not taken."""
+    params = list(module.parameters()) if module is not None else []
+    saved = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            if p.is_floating_point() or p.is_complex():
+                p.requires_grad_(True)
+        with torch.enable_grad():
+            yield
+    finally:
+        for p, r in zip(params, saved):
+            p.requires_grad_(r)
+
+
+def jit_trace(wrapper, flat_inputs):
+    """torch.jit.trace of `wrapper` on `flat_inputs`, fast paths off.
+    Falls back to a trace without grad when a model cannot run with it
+    (an in-place update of a parameter, say)."""
+    try:
+        with no_fast_paths(wrapper), warnings.catch_warnings():
+            # The decomposed attention's shape checks warn from inside
+            # torch; the user's own code still warns as it would.
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
+                                    module=r"torch\.")
+            return torch.jit.trace(wrapper, tuple(flat_inputs), check_trace=False,
+                                   strict=False)
+    except RuntimeError as e:
+        if "requires grad" not in str(e) and "leaf Variable" not in str(e):
+            raise
+    with torch.no_grad():
+        return torch.jit.trace(wrapper, tuple(flat_inputs), check_trace=False,
+                               strict=False)
+
+
+_ATEN_RE = re.compile(r"'((?:aten|prim|quantized|torchvision)::[\w.]+)'")
+
+
+def export_onnx(traced, flat_inputs, input_names, output_names, opset):
+    """ONNX bytes of a traced module.  When torch cannot export an op, a
+    kiln.UnsupportedOperatorError naming it (e.ops) and what to do."""
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(traced, tuple(flat_inputs), buf, input_names=list(input_names),
+                              output_names=list(output_names), opset_version=opset,
+                              do_constant_folding=True)
+        except Exception as e:  # torch raises several types here
+            text = str(e)
+            ops = {m: 1 for m in _ATEN_RE.findall(text)}
+            later = re.search(r"added in version (\d+)", text)
+            hint = ""
+            if later and int(later.group(1)) <= MAX_OPSET:
+                hint = (f"; torch exports it from opset {later.group(1)}: pass "
+                        f"compiler_args=['--opset', '{later.group(1)}']")
+            elif ops:
+                hint = "; kiln.trace runs such an op on the CPU unless fallback=False"
+            if ops or type(e).__name__ == "UnsupportedOperatorError" or \
+                    "not supported" in text:
+                what = ", ".join(ops) or "an operator"
+                raise errors.UnsupportedOperatorError(
+                    f"torch cannot export {what} to ONNX opset {opset}: "
+                    f"{text.splitlines()[0] if text else type(e).__name__}{hint}",
+                    ops=ops, reasons=[f"export: {text.splitlines()[0] if text else ''}"]) \
+                    from None
+            raise
+    return buf.getvalue()
+
+
+def set_metadata(onnx_bytes, key, value):
+    """`onnx_bytes` with metadata_props[key] = value."""
+    import onnx
+    model = onnx.load_from_string(onnx_bytes)
+    for p in list(model.metadata_props):
+        if p.key == key:
+            model.metadata_props.remove(p)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = key, value
+    return model.SerializeToString()

@@ -1,0 +1,299 @@
+"""The models people ship, through kiln.trace with default arguments:
+transformers (torch's fused fast paths avoided), a causal mask built with
+torch.triu (opset 17), embeddings on int64 ids, dict and nested outputs,
+dict and keyword inputs, and a model with ops kiln does not compile
+(partitioned, the rest on the CPU).  Every output is compared with eager
+torch computed in the same test."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+
+from conftest import run_python
+
+
+def _max_rel_err(got, want):
+    scale = float(want.detach().abs().max())
+    assert scale > 1e-3, f"degenerate reference (max |y| = {scale})"
+    return float((got - want.detach()).abs().max()) / scale
+
+
+class GPTBlock(nn.Module):
+    """A decoder block whose causal mask is built in forward with
+    torch.triu (ONNX opset 14 and later)."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        n = x.shape[1]
+        mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+        h = self.ln1(x)
+        a, _ = self.attn(h, h, h, attn_mask=mask, need_weights=False)
+        x = x + a
+        return x + self.mlp(self.ln2(x))
+
+
+class Bert(nn.Module):
+    """A BERT-like encoder: token and position embeddings on int64 ids,
+    a batch_first TransformerEncoder, a pooled head."""
+
+    def __init__(self, vocab=500, d=64, layers=2, seq=16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, ids):
+        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        h = self.enc(self.tok(ids) + self.pos(pos))
+        return self.head(h[:, 0])
+
+
+def test_batch_first_transformer_encoder_traces_without_torchs_fast_path():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    model = nn.TransformerEncoder(layer, 3).eval()
+    x = torch.randn(2, 10, 64)
+    traced = kiln.trace(model, x)
+    with torch.no_grad():
+        want = model(x)          # torch's fast path, the reference users see
+    assert _max_rel_err(traced(x), want) < 1e-4
+    # The model's own parameters are left as they were.
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_gpt_block_with_a_triu_causal_mask_in_forward():
+    torch.manual_seed(1)
+    model = GPTBlock().eval()
+    x = torch.randn(1, 12, 64)
+    traced = kiln.trace(model, x)
+    with torch.no_grad():
+        assert _max_rel_err(traced(x), model(x)) < 1e-4
+    # The causal mask is real: changing a later token leaves earlier
+    # outputs alone.
+    y = x.clone()
+    y[0, -1] += 1.0
+    a, b = traced(x), traced(y)
+    assert torch.allclose(a[0, :-1], b[0, :-1], atol=1e-5)
+    assert not torch.allclose(a[0, -1], b[0, -1], atol=1e-3)
+
+
+def test_opset_is_chosen_with_compiler_args_and_a_too_old_one_is_explained():
+    torch.manual_seed(1)
+    model = GPTBlock().eval()
+    x = torch.randn(1, 6, 64)
+    with pytest.raises(kiln.UnsupportedOperatorError) as e:
+        kiln.trace(model, x, compiler_args=["--opset", "13"], fallback=False)
+    msg = str(e.value)
+    assert "aten::triu" in msg and "opset 13" in msg and "'--opset', '14'" in msg, msg
+    assert "aten::triu" in e.value.ops
+    traced = kiln.trace(model, x, compiler_args="--opset=14")
+    with torch.no_grad():
+        assert _max_rel_err(traced(x), model(x)) < 1e-4
+    with pytest.raises(ValueError, match="opsets 13 to 17"):
+        kiln.trace(model, x, compiler_args=["--opset", "12"])
+
+
+def test_bert_like_encoder_on_int64_token_ids():
+    torch.manual_seed(2)
+    model = Bert().eval()
+    ids = torch.randint(0, 500, (2, 16), dtype=torch.int64)
+    traced = kiln.trace(model, ids)
+    other = torch.randint(0, 500, (2, 16), dtype=torch.int64)
+    with torch.no_grad():
+        assert _max_rel_err(traced(other), model(other)) < 1e-4
+    with pytest.raises(kiln.InputError, match="expected int64"):
+        traced(other.int())
+
+
+class Structured(nn.Module):
+    """Keyword and nested inputs; a dict output holding a nested tuple."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, pair, scale=None):
+        a, b = pair
+        y = self.lin(x) * scale + a
+        return {"y": y, "stats": (y.sum(-1), [b.mean(-1), x.amax(-1)])}
+
+
+def _same_structure(got, want):
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor)
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (got, want)
+        return
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            _same_structure(got[k], want[k])
+    else:
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _same_structure(g, w)
+
+
+def test_nested_inputs_keywords_and_dict_output_keep_their_structure(tmp_path, kiln_env):
+    torch.manual_seed(3)
+    model = Structured().eval()
+    x, a, b, s = (torch.randn(2, 8) for _ in range(4))
+    traced = kiln.trace(model, (x, (a, b)), example_kwarg_inputs={"scale": s})
+    with torch.no_grad():
+        want = model(x, (a, b), scale=s)
+    _same_structure(traced(x, (a, b), scale=s), want)
+    _same_structure(traced(x, pair=(a, b), scale=s), want)
+    with pytest.raises(kiln.InputError, match="missing scale"):
+        traced(x, (a, b))
+    with pytest.raises(kiln.InputError, match="no input 'bias'"):
+        traced(x, (a, b), scale=s, bias=s)
+
+    # The manifest records the structure: kiln.load in another process
+    # returns the same dict and tuple and list.
+    path = tmp_path / "structured.kar"
+    traced.save(path)
+    torch.save({"x": x, "a": a, "b": b, "s": s, "want": want}, tmp_path / "io.pt")
+    keyring = os.path.join(str(kiln_env), "keys")
+    res = run_python(f"""
+import torch, kiln
+d = torch.load({str(tmp_path / 'io.pt')!r})
+m = kiln.load({str(path)!r}, keyring={keyring!r})
+got = m(d["x"], (d["a"], d["b"]), scale=d["s"])
+w = d["want"]
+assert isinstance(got, dict) and list(got) == ["y", "stats"], got
+assert isinstance(got["stats"], tuple) and isinstance(got["stats"][1], list)
+assert torch.allclose(got["y"], w["y"], rtol=1e-4, atol=1e-5)
+assert torch.allclose(got["stats"][1][1], w["stats"][1][1])
+print("ok")
+""")
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def test_dict_example_inputs_mean_keyword_arguments():
+    # seed 003: a dict means func(**example_inputs)
+    def f(query, key):
+        return torch.softmax(query @ key.transpose(0, 1), dim=-1)
+
+    q, k = torch.randn(4, 8), torch.randn(5, 8)
+    traced = kiln.trace(f, {"query": q, "key": k})
+    assert torch.allclose(traced(query=q, key=k), f(q, k), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_with_ops_kiln_does_not_compile_is_partitioned(tmp_path, kiln_env):
+    class Ranker(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(16, 32)
+            self.b = nn.Linear(32, 8)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            h = torch.cumsum(h, dim=1)
+            values, index = torch.topk(h, 4, dim=1)
+            return self.b(h) + values.sum(1, keepdim=True), index
+
+    torch.manual_seed(4)
+    model = Ranker().eval()
+    x = torch.randn(4, 16)
+    with pytest.raises(kiln.UnsupportedOperatorError) as e:
+        kiln.trace(model, x, fallback=False)
+    assert set(e.value.ops) == {"CumSum", "TopK"}, e.value.ops
+
+    with pytest.warns(UserWarning, match=r"run on the CPU: cumsum \(1\), topk \(1\)"):
+        traced = kiln.trace(model, x)
+    assert traced.partitioned
+    assert 0 < traced.on_kiln_ratio < 1
+    assert traced.cpu_ops == {"cumsum": 1, "topk": 1}
+    y = torch.randn(4, 16)
+    got, want = traced(y), model(y)
+    assert torch.allclose(got[0], want[0].detach(), rtol=1e-4, atol=1e-5)
+    assert torch.equal(got[1], want[1])
+
+    # TorchScript: saved, loaded in a new process, the same outputs.
+    pt = tmp_path / "ranker.pt"
+    torch.jit.save(traced, str(pt))
+    torch.save({"y": y, "want": got}, tmp_path / "io.pt")
+    keyring = os.path.join(str(kiln_env), "keys")
+    res = run_python(f"""
+import torch, kiln
+kiln.torchscript.set_keyring({keyring!r})
+m = torch.jit.load({str(pt)!r})
+d = torch.load({str(tmp_path / 'io.pt')!r})
+got = m(d["y"])
+assert torch.equal(got[0], d["want"][0]) and torch.equal(got[1], d["want"][1])
+print("kiln ops:", sum(1 for n in m.inlined_graph.nodes() if n.kind() == "kiln::run"))
+""")
+    assert res.returncode == 0, res.stderr
+    assert "kiln ops: 2" in res.stdout, res.stdout
+
+    # subgraph_builder_function keeps a chosen op on the CPU.
+    moved = kiln.trace(model, x, subgraph_builder_function=lambda node: node.target != "b")
+    assert moved.on_kiln_ratio < traced.on_kiln_ratio
+    assert moved.cpu_ops.get("Linear") == 1
+    got = moved(y)
+    assert torch.allclose(got[0], want[0].detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_torch_jit_save_and_load_of_a_whole_model_and_tampering(tmp_path, kiln_env):
+    torch.manual_seed(5)
+    model = GPTBlock().eval()
+    x = torch.randn(1, 8, 64)
+    traced = kiln.trace(model, x)
+    pt = tmp_path / "gpt.pt"
+    torch.jit.save(traced, str(pt))
+    keyring = os.path.join(str(kiln_env), "keys")
+    script = kiln.load(str(pt), keyring=keyring)       # kiln.load reads TorchScript too
+    assert isinstance(script, torch.jit.ScriptModule)
+    assert torch.equal(script(x), traced(x))
+
+    # One byte of the embedded artifact changed: the load is refused.
+    import zipfile
+    with zipfile.ZipFile(pt) as z:
+        entries = [(i, z.read(i.filename)) for i in z.infolist()]
+    # The tar header of the weights member (its name NUL-padded), then a
+    # byte of the weights themselves, 512 bytes on.
+    marker = b"weights.bin\x00"
+    bad = tmp_path / "bad.pt"
+    done = False
+    with zipfile.ZipFile(bad, "w") as out:
+        for info, data in entries:
+            if not done and marker in data:
+                pos = data.index(marker) + 512 + 100
+                data = data[:pos] + bytes([data[pos] ^ 0x55]) + data[pos + 1:]
+                done = True
+            out.writestr(info, data)
+    assert done, "no embedded artifact found in the TorchScript file"
+    with pytest.raises(kiln.VerifyError, match="verif|digest|signature"):
+        kiln.load(str(bad), keyring=keyring)
+    res = run_python(f"""
+import torch, kiln
+kiln.torchscript.set_keyring({keyring!r})
+torch.jit.load({str(bad)!r})
+""")
+    assert res.returncode != 0 and "kiln" in res.stderr, res.stderr
+
+
+def test_torch_jit_trace_of_a_kiln_module_records_the_kiln_op():
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).eval()
+    x = torch.randn(3, 8)
+    traced = kiln.trace(model, x)
+    again = torch.jit.trace(traced, x)
+    kinds = [n.kind() for n in again.inlined_graph.nodes()]
+    assert "kiln::run" in kinds and "aten::empty" not in kinds, kinds
+    y = torch.randn(3, 8)
+    assert torch.equal(again(y), traced(y))
