@@ -162,6 +162,7 @@ def client():
             return _client
         lib = _load("kilnclient")
         _proto(lib, "kiln_capi_import_onnx", P, S, ctypes.c_size_t, E)
+        _proto(lib, "kiln_capi_import_onnx_dir", P, S, ctypes.c_size_t, S, E)
         _proto(lib, "kiln_capi_graph_free", None, P)
         _proto(lib, "kiln_capi_graph_save", I, P, S, E)
         _proto(lib, "kiln_capi_graph_info", I, P, ctypes.c_char_p, ctypes.c_size_t, E)

@@ -91,11 +91,17 @@ def _ops_from_message(msg):
 class Graph:
     """A kiln graph imported from ONNX, owned by libkilnclient."""
 
-    def __init__(self, onnx_bytes):
+    def __init__(self, onnx_bytes, base_dir=None):
+        """`base_dir`: the directory external data files are read from
+        (confined to it); None for a self-contained model."""
         self._lib = _lib.client()
         err = _lib.Err()
-        ptr = self._lib.kiln_capi_import_onnx(onnx_bytes, len(onnx_bytes),
-                                              ctypes.byref(err))
+        if base_dir is None:
+            ptr = self._lib.kiln_capi_import_onnx(onnx_bytes, len(onnx_bytes),
+                                                  ctypes.byref(err))
+        else:
+            ptr = self._lib.kiln_capi_import_onnx_dir(onnx_bytes, len(onnx_bytes),
+                                                      _lib.fs(base_dir), ctypes.byref(err))
         if not ptr:
             if err.code == errors.EUNSUPPORTED:
                 # An op list when ops are the cause; otherwise (a dtype, a

@@ -31,33 +31,71 @@ DEFAULT_OPSET = 17
 MIN_OPSET, MAX_OPSET = 13, 17
 
 
-def take_opset(args):
-    """(opset, the other args): `--opset N` / `--opset=N` taken out of the
-    compiler argument list (it decides the export, not the compiler)."""
-    opset, rest = DEFAULT_OPSET, []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        value = None
-        if a == "--opset":
-            if i + 1 >= len(args):
-                raise ValueError("compiler argument --opset needs a number (13 to 17)")
-            value, i = args[i + 1], i + 2
-        elif a.startswith("--opset="):
-            value, i = a.split("=", 1)[1], i + 1
-        else:
+class TraceFlags:
+    """What kiln.trace itself reads from compiler_args and KILN_CC_FLAGS,
+    as torch-neuron reads seed 003's special flags from NEURON_CC_FLAGS:
+
+      --opset N             the ONNX opset of the export (13..17, default 17)
+      --workdir DIR         acts as compiler_workdir
+      --dynamic-batch-size  the module comes back with dynamic batching on
+      --extract-weights     accepted: a kiln artifact always keeps the
+                            weights out of the program, as their own member
+
+    They decide the export and the module, not the compiler, so they are
+    taken out of the arguments the compiler sees."""
+
+    def __init__(self):
+        self.opset = DEFAULT_OPSET
+        self.workdir = None
+        self.dynamic_batch = False
+        self.extract_weights = False
+
+    @classmethod
+    def take(cls, args):
+        """(TraceFlags, the other args)."""
+        flags, rest = cls(), []
+        i = 0
+        while i < len(args):
+            a = args[i]
+            name, value = a, None
+            if "=" in a and a.startswith("--"):
+                name, value = a.split("=", 1)
+            if name in ("--opset", "--workdir"):
+                if value is None:
+                    if i + 1 >= len(args):
+                        raise ValueError(f"compiler argument {name} needs a value")
+                    value, i = args[i + 1], i + 2
+                else:
+                    i += 1
+                if name == "--opset":
+                    flags.opset = _opset(value)
+                else:
+                    flags.workdir = value
+                continue
+            if name in ("--dynamic-batch-size", "--extract-weights"):
+                if value is not None:
+                    raise ValueError(f"compiler argument {name} takes no value")
+                if name == "--dynamic-batch-size":
+                    flags.dynamic_batch = True
+                else:
+                    flags.extract_weights = True
+                i += 1
+                continue
             rest.append(a)
             i += 1
-            continue
-        try:
-            opset = int(value)
-        except ValueError:
-            raise ValueError(f"compiler argument --opset {value!r}: not a number") from None
-        if not MIN_OPSET <= opset <= MAX_OPSET:
-            raise ValueError(f"compiler argument --opset {opset}: torch "
-                             f"{torch.__version__.split('+')[0]} exports ONNX opsets "
-                             f"{MIN_OPSET} to {MAX_OPSET} reliably")
-    return opset, rest
+        return flags, rest
+
+
+def _opset(value):
+    try:
+        opset = int(value)
+    except ValueError:
+        raise ValueError(f"compiler argument --opset {value!r}: not a number") from None
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(f"compiler argument --opset {opset}: torch "
+                         f"{torch.__version__.split('+')[0]} exports ONNX opsets "
+                         f"{MIN_OPSET} to {MAX_OPSET} reliably")
+    return opset
 
 
 class FlatCall(torch.nn.Module):
@@ -129,10 +167,25 @@ def jit_trace(wrapper, flat_inputs):
 _ATEN_RE = re.compile(r"'((?:aten|prim|quantized|torchvision)::[\w.]+)'")
 
 
-def export_onnx(traced, flat_inputs, input_names, output_names, opset):
-    """ONNX bytes of a traced module.  When torch cannot export an op, a
-    kiln.UnsupportedOperatorError naming it (e.ops) and what to do."""
-    buf = io.BytesIO()
+# Models whose parameters reach this many bytes are exported to a file:
+# past 2 GB protobuf cannot hold them, and torch then writes their tensors
+# as ONNX external data beside the file (which kiln imports, confined to
+# that directory).
+EXTERNAL_DATA_BYTES = 1 << 30
+
+
+def parameter_bytes(module):
+    """Bytes of a module's parameters and buffers."""
+    return sum(t.numel() * t.element_size()
+               for t in list(module.parameters()) + list(module.buffers()))
+
+
+def export_onnx(traced, flat_inputs, input_names, output_names, opset, path=None):
+    """ONNX bytes of a traced module; with `path`, exported to that file
+    (torch puts a model over 2 GB's tensors in external data files beside
+    it) and the model file's bytes returned.  When torch cannot export an
+    op, a kiln.UnsupportedOperatorError naming it (e.ops) and what to do."""
+    buf = io.BytesIO() if path is None else path
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -158,7 +211,10 @@ def export_onnx(traced, flat_inputs, input_names, output_names, opset):
                     ops=ops, reasons=[f"export: {text.splitlines()[0] if text else ''}"]) \
                     from None
             raise
-    return buf.getvalue()
+    if path is None:
+        return buf.getvalue()
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def set_metadata(onnx_bytes, key, value):

@@ -25,6 +25,7 @@ import dis
 import inspect
 import operator
 import os
+import shutil
 import sys
 import warnings
 
@@ -157,8 +158,13 @@ class _Support(OperatorSupportBase):
         try:
             with torch.no_grad():
                 out = gm(*tensors)
-            onnx_bytes, _ = self.export_part(gm, tuple(tensors), {}, out, self.opset)
-            return self.import_check(onnx_bytes)
+            onnx_bytes, _, base_dir = self.export_part(gm, tuple(tensors), {}, out,
+                                                       self.opset)
+            try:
+                return self.import_check(onnx_bytes, base_dir)
+            finally:
+                if base_dir:
+                    shutil.rmtree(base_dir, ignore_errors=True)
         except Exception:  # any failure to export or import: not kiln's
             return False
 
@@ -217,10 +223,10 @@ class _Baked(torch.nn.Module):
         return self.sub(*a)
 
 
-def _import_check(onnx_bytes):
+def _import_check(onnx_bytes, base_dir):
     from . import compile as _compile
     try:
-        g = _compile.Graph(onnx_bytes)
+        g = _compile.Graph(onnx_bytes, base_dir)
     except errors.KilnError:
         return False
     g.close()
@@ -292,9 +298,14 @@ def trace_partitioned(func, args, kwargs, output, *, opset, workdir, build,
         try:
             with torch.no_grad():
                 out = baked(*tensors)
-            onnx_bytes, iface = export_part(baked, tensors, {}, out, opset)
+            onnx_bytes, iface, base_dir = export_part(baked, tensors, {}, out, opset)
             part_dir = os.path.join(workdir, f"part{k}") if workdir else None
-            part, info = compile_onnx(onnx_bytes, workdir=part_dir, **build)
+            try:
+                part, info = compile_onnx(onnx_bytes, workdir=part_dir, base_dir=base_dir,
+                                          **build)
+            finally:
+                if base_dir:
+                    shutil.rmtree(base_dir, ignore_errors=True)
         except (errors.UnsupportedOperatorError, errors.CompileError) as e:
             failed.append((name, e))
             continue

@@ -564,7 +564,10 @@ def load(path, keyring=None):
 # --- trace ----------------------------------------------------------------------
 
 def _export(func, args, kwargs, output, opset):
-    """(ONNX bytes, Interface) of `func` called on (args, kwargs)."""
+    """(ONNX bytes, Interface, directory) of `func` called on (args,
+    kwargs).  The directory is None, or for a model of
+    export.EXTERNAL_DATA_BYTES or more the temporary directory holding the
+    exported model and its external data files (the caller removes it)."""
     iface = Interface.of_call(func, args, kwargs, output)
     flat, _ = structure.flatten({"args": tuple(args), "kwargs": dict(kwargs)})
     # The interface's own structure, without the leaf names: FlatCall
@@ -576,20 +579,36 @@ def _export(func, args, kwargs, output, opset):
     out_names = structure.leaf_names(iface.out, "output") if n_out > 1 else ["output"]
     if len(set(out_names)) != len(out_names) or set(out_names) & set(iface.leaf_names):
         out_names = [f"output{i}" for i in range(n_out)]
-    onnx_bytes = export.export_onnx(traced, flat, iface.leaf_names, out_names, opset)
-    onnx_bytes = export.set_metadata(onnx_bytes, _STRUCTURE_KEY, iface.to_json())
-    return onnx_bytes, iface
+    base_dir = None
+    if export.parameter_bytes(wrapper) >= export.EXTERNAL_DATA_BYTES:
+        base_dir = tempfile.mkdtemp(prefix="kiln-export-")
+    try:
+        onnx_bytes = export.export_onnx(
+            traced, flat, iface.leaf_names, out_names, opset,
+            path=os.path.join(base_dir, "model.onnx") if base_dir else None)
+        onnx_bytes = export.set_metadata(onnx_bytes, _STRUCTURE_KEY, iface.to_json())
+    except BaseException:
+        if base_dir:
+            shutil.rmtree(base_dir, ignore_errors=True)
+        raise
+    return onnx_bytes, iface, base_dir
 
 
-def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir):
+def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir, base_dir=None):
     """Import and compile ONNX bytes into a loaded KilnPart and the
-    compile result.  `workdir` (or None) keeps model.onnx, model.kgraph,
-    graph.txt, compile.log, model.kar and program.txt."""
+    compile result.  `base_dir` holds the model's external data files, if
+    any.  `workdir` (or None) keeps model.onnx (and its external data),
+    model.kgraph, graph.txt, compile.log, model.kar and program.txt."""
     build_dir = tempfile.mkdtemp(prefix="kiln-trace-")
     try:
         keep = workdir is not None
         if keep:
             os.makedirs(workdir, exist_ok=True)
+            if base_dir:
+                for name in os.listdir(base_dir):
+                    if name != "model.onnx":
+                        shutil.copyfile(os.path.join(base_dir, name),
+                                        os.path.join(workdir, name))
             with open(os.path.join(workdir, "model.onnx"), "wb") as f:
                 f.write(onnx_bytes)
             log_path = os.path.join(workdir, "compile.log")
@@ -598,7 +617,7 @@ def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir):
         else:
             log_path = None
         kgraph_path = os.path.join(build_dir, "model.kgraph")
-        graph = _compile.Graph(onnx_bytes)
+        graph = _compile.Graph(onnx_bytes, base_dir)
         try:
             if keep or (broker is None and timeout is not None):
                 graph.save(kgraph_path)
@@ -652,7 +671,9 @@ def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args
                         tensors), or a dict (keyword arguments)
       example_kwarg_inputs  a dict of keyword arguments
       compiler_args     list of strings or a string; $KILN_CC_FLAGS is added;
-                        `--opset N` (13..17, default 17) picks the ONNX opset
+                        kiln.trace itself takes `--opset N` (13..17, default
+                        17), `--workdir DIR`, `--dynamic-batch-size` and
+                        `--extract-weights` (seed 003; kiln.export.TraceFlags)
       compiler_timeout  seconds; past it, subprocess.TimeoutExpired
       compiler_workdir  keeps model.onnx, model.kgraph, graph.txt,
                         compile.log, model.kar and program.txt there (one
@@ -688,9 +709,10 @@ def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args
             ca, ck = _call_inputs(func, ci, None)
             check_sets.append((f"check_inputs[{i}]", ca, ck))
     cc_args = _compile.normalize_args(compiler_args)
-    opset, cc_args = export.take_opset(cc_args)
+    flags, cc_args = export.TraceFlags.take(cc_args)
+    opset = flags.opset
     broker = broker if broker is not None else os.environ.get("KILN_BROKER") or None
-    workdir = os.fspath(compiler_workdir) if compiler_workdir is not None else None
+    workdir = os.fspath(compiler_workdir) if compiler_workdir is not None else flags.workdir
     build = dict(args=cc_args, broker=broker, keyring=keyring, timeout=compiler_timeout)
 
     with torch.no_grad():
@@ -704,8 +726,13 @@ def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args
     module = None
     if subgraph_builder_function is None:
         try:
-            onnx_bytes, iface = _export(func, args, kwargs, output, opset)
-            part, info = compile_onnx(onnx_bytes, workdir=workdir, **build)
+            onnx_bytes, iface, base_dir = _export(func, args, kwargs, output, opset)
+            try:
+                part, info = compile_onnx(onnx_bytes, workdir=workdir, base_dir=base_dir,
+                                          **build)
+            finally:
+                if base_dir:
+                    shutil.rmtree(base_dir, ignore_errors=True)
             module = TracedModule(iface, part=part, compile_info=info)
         except errors.UnsupportedOperatorError as e:
             if not fallback:
@@ -722,6 +749,8 @@ def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args
             make_interface=Interface.of_call, compile_onnx=compile_onnx,
             export_part=_export, module_class=TracedModule)
 
+    if flags.dynamic_batch:
+        module._enable_dynamic_batch()
     for label, ca, ck in check_sets:
         with torch.no_grad():
             want, _ = structure.flatten(func(*ca, **ck))

@@ -297,3 +297,46 @@ def test_torch_jit_trace_of_a_kiln_module_records_the_kiln_op():
     assert "kiln::run" in kinds and "aten::empty" not in kinds, kinds
     y = torch.randn(3, 8)
     assert torch.equal(again(y), traced(y))
+
+
+def test_a_model_past_the_external_data_threshold_goes_through_a_file(monkeypatch, tmp_path):
+    """Models of export.EXTERNAL_DATA_BYTES or more are exported to a file
+    (torch writes the tensors of one over 2 GB as ONNX external data beside
+    it) and imported from that directory.  The threshold is lowered here;
+    bench/bench_large.py runs a model past 2 GB for real."""
+    from kiln import export
+    monkeypatch.setattr(export, "EXTERNAL_DATA_BYTES", 1)
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)).eval()
+    x = torch.randn(4, 32)
+    traced = kiln.trace(model, x, compiler_workdir=tmp_path / "work")
+    with torch.no_grad():
+        assert _max_rel_err(traced(x), model(x)) < 1e-4
+    assert (tmp_path / "work" / "model.onnx").is_file()
+
+
+def test_onnx_external_data_is_read_from_the_model_directory_only(tmp_path):
+    """What torch writes for a model over 2 GB, made small: the tensors in
+    an external file beside the model, which kiln's importer reads from
+    that directory and nowhere else."""
+    import onnx
+    from kiln import compile as kc
+
+    torch.manual_seed(9)
+    model = nn.Linear(64, 16).eval()
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(model, torch.randn(2, 64), str(path), opset_version=17)
+    m = onnx.load(str(path))
+    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.weights", size_threshold=0)
+    data = path.read_bytes()
+    assert len(data) < 2000 and (tmp_path / "m.weights").stat().st_size >= 64 * 16 * 4
+    g = kc.Graph(data, str(tmp_path))
+    assert g.info()["weights_bytes"] >= 64 * 16 * 4
+    g.close()
+    with pytest.raises(kiln.KilnError, match="external"):
+        kc.Graph(data)                       # from memory: no directory to read from
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    with pytest.raises(kiln.KilnError, match="m.weights"):
+        kc.Graph(data, str(other))
