@@ -260,6 +260,19 @@ def test_torch_jit_save_and_load_of_a_whole_model_and_tampering(tmp_path, kiln_e
     assert isinstance(script, torch.jit.ScriptModule)
     assert torch.equal(script(x), traced(x))
 
+    # A C++ program linked with libtorch (and libkiln_torch) loads and runs
+    # the same file without Python.
+    from conftest import BIN
+    x.numpy().astype("float32").tofile(tmp_path / "x.bin")
+    shape = "x".join(str(d) for d in x.shape)
+    res = subprocess.run([os.path.join(BIN, "kiln-torch-run"), str(pt), "--keyring", keyring,
+                          "--input", f"{shape}:{tmp_path / 'x.bin'}", "--output-dir",
+                          str(tmp_path / "cpp")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    import numpy as np
+    got = np.fromfile(tmp_path / "cpp" / "out0.bin", dtype=np.float32).reshape(x.shape)
+    assert np.array_equal(got, traced(x).numpy())
+
     # One byte of the embedded artifact changed: the load is refused.
     import zipfile
     with zipfile.ZipFile(pt) as z:
