@@ -96,7 +96,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 
 .PHONY: bench-farm
 .PHONY: all deps test unit-test integration-test demo clean install memcheck \
-	python-test conformance bench-runtime
+	python-test conformance bench-runtime bench-deps
 
 all: $(PROGRAMS) $(SO_RT) $(SO_CLIENT) $(SO_TORCH)
 
@@ -287,8 +287,19 @@ bench-farm: all $(BUILD)/bench/bench_farm
 
 # kiln against PyTorch on the CPU, side by side (bench/bench_runtime.py):
 # prints the README's table; asserts nothing about time.
-bench-runtime: all
+bench-runtime: all bench-deps
 	KILN_BIN=$(abspath $(BIN)) $(PYTHON) bench/bench_runtime.py
+
+# ONNX Runtime's CPU build, the baseline of bench-runtime: the npm
+# package's install script only fetches GPU parts, so it is skipped.
+# Benchmarks only: `make test` does not need it.
+BENCH_DEPS := $(BUILD)/bench-deps
+bench-deps:
+	@test -d $(BENCH_DEPS)/node_modules/onnxruntime-node || { \
+	  command -v npm >/dev/null || { SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	    $$SUDO apt-get install -y -qq --no-install-recommends nodejs npm; }; \
+	  mkdir -p $(BENCH_DEPS) && cd $(BENCH_DEPS) && \
+	  npm install --ignore-scripts --no-audit --no-fund onnxruntime-node; }
 
 # The Python package goes where Debian's python3 looks: /usr/lib/python3/
 # dist-packages for PREFIX=/usr, else PREFIX/lib/python3.X/dist-packages.

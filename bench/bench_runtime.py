@@ -1,9 +1,11 @@
 #!/usr/bin/python3
-"""kiln against PyTorch on the CPU, side by side in one run: resnet18,
-resnet50, mobilenet_v2 (torchvision, random weights) and a 4-layer
-TransformerEncoder (d_model 256, 8 heads, batch_first, 128 tokens) at
-batch 1, with 1 and 2 threads.  Prints a table of median latencies and
-the ratio kiln / torch; asserts nothing about time.
+"""kiln against PyTorch and ONNX Runtime on the CPU, side by side in one
+run, at batch 1 with 1 and 2 threads: torchvision classifiers (random
+weights), a 4-layer TransformerEncoder (d_model 256, 8 heads, batch_first,
+128 tokens), a BERT-base-sized encoder (12 x 768, 12 heads, token ids of
+128) and vit_b_16.  Prints a table of median latencies and the ratios
+kiln / torch and kiln / ORT, with their geometric means; asserts nothing
+about time.
 
     make bench-runtime                   # what the README's table comes from
     /usr/bin/python3 bench/bench_runtime.py --models resnet18 --threads 1 --rounds 2
@@ -14,10 +16,16 @@ with KILN_RT_THREADS=T.  torch: torch.jit.freeze of torch.jit.trace, timed
 in a process of its own started with OMP_NUM_THREADS, MKL_NUM_THREADS and
 OPENBLAS_NUM_THREADS at T and torch.set_num_threads(T) (torch's BLAS,
 OpenBLAS on Debian, otherwise starts a thread per core whatever
-set_num_threads says).  Both see the same input.  Timings on a shared
-machine are noisy: each measurement is the median of N runs, kiln and
-torch take turns for R rounds, and the table shows the median of the
-rounds.  The output of each is checked against torch eager first.
+set_num_threads says).  ONNX Runtime: the CPU build from the npm registry
+(onnxruntime-node, installed by `make bench-deps` into build/bench-deps
+with --ignore-scripts), through its Node.js binding (bench/ort_worker.js),
+on the same ONNX file and input, graph optimisation level "all", T
+intra-op threads, sequential execution; the binding adds a few
+microseconds a run, nothing at these latencies.  Every engine sees the
+same input.  Timings on a shared machine are noisy: each measurement is
+the median of N runs, the engines take turns for R rounds, and the table
+shows the median of the rounds.  The output of each is checked against
+torch eager first.
 
 Also printed: each model's compile time (kiln-cc, wall clock, including
 writing and signing the artifact) and the memory plan (the arena against
@@ -26,7 +34,9 @@ one buffer per intermediate, kiln-cc --json).
 
 import argparse
 import json
+import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,7 +48,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.abspath(os.path.join(HERE, ".."))
 BIN = os.environ.get("KILN_BIN", os.path.join(SRC, "build", "bin"))
-MODELS = ["resnet18", "resnet50", "mobilenet_v2", "transformer"]
+MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0",
+          "convnext_tiny", "regnet_y_400mf", "densenet121", "transformer", "bert_base",
+          "vit_b_16"]
+ORT_DIR = os.environ.get("KILN_ORT_DIR", os.path.join(SRC, "build", "bench-deps",
+                                                      "node_modules"))
 
 
 def build_model(name):
@@ -47,12 +61,46 @@ def build_model(name):
     torch.manual_seed(0)
     if name == "transformer":
         layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=8, batch_first=True)
-        model, shape = torch.nn.TransformerEncoder(layer, num_layers=4), (1, 128, 256)
+        model, x = torch.nn.TransformerEncoder(layer, num_layers=4), torch.rand(1, 128, 256)
+    elif name == "bert_base":
+        model = BertBase()
+        x = torch.randint(0, 30522, (1, 128), dtype=torch.int64)
     else:
         import torchvision
-        model, shape = getattr(torchvision.models, name)(), (1, 3, 224, 224)
+        model, x = getattr(torchvision.models, name)(), torch.rand(1, 3, 224, 224)
+        # Zero-initialised heads (vit's) would make every output 0.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 1 and float(p.abs().max()) == 0.0:
+                    p.normal_(0, 0.02)
     model.eval()
-    return model, torch.rand(*shape)
+    return model, x
+
+
+def _bert_base_class():
+    import torch
+
+    class BertBase(torch.nn.Module):
+        """A BERT-base-sized encoder: token and position embeddings on
+        int64 ids, 12 layers of d_model 768, 12 heads, FFN 3072."""
+
+        def __init__(self):
+            super().__init__()
+            self.tok = torch.nn.Embedding(30522, 768)
+            self.pos = torch.nn.Embedding(512, 768)
+            self.norm = torch.nn.LayerNorm(768)
+            layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True,
+                                                     activation="gelu")
+            self.enc = torch.nn.TransformerEncoder(layer, 12)
+
+        def forward(self, ids):
+            pos = torch.arange(ids.shape[1]).unsqueeze(0)
+            return self.enc(self.norm(self.tok(ids) + self.pos(pos)))
+    return BertBase
+
+
+def BertBase():
+    return _bert_base_class()()
 
 
 def torch_worker(name, threads, iters):
@@ -98,6 +146,8 @@ def prepare(name, workdir, key, keyring):
         want = model(x).numpy()
     onnx_path = os.path.join(workdir, f"{name}.onnx")
     # autograd on: the transformer's plain path exports (see test_models.py)
+    for p in model.parameters():
+        p.requires_grad_(True)
     torch.onnx.export(model, (x,), onnx_path, input_names=["x"], output_names=["y"],
                       opset_version=14)
     kgraph = os.path.join(workdir, f"{name}.kgraph")
@@ -115,8 +165,34 @@ def prepare(name, workdir, key, keyring):
          f"x={xpath}", "--output-dir", out])
     got = np.load(os.path.join(out, "y.npy"))
     err = float(np.abs(got - want).max() / np.abs(want).max())
+    x.numpy().tofile(xpath + ".bin")
     return kar, xpath, {"compile_s": compile_s, "arena": info["arena_bytes"],
-                        "naive": info["naive_bytes"], "rel_err": err}
+                        "naive": info["naive_bytes"], "rel_err": err, "onnx": onnx_path,
+                        "want": want, "dtype": str(x.dtype).replace("torch.", ""),
+                        "shape": "x".join(str(d) for d in x.shape)}
+
+
+def ort_available():
+    return (shutil.which("node") is not None
+            and os.path.isdir(os.path.join(ORT_DIR, "onnxruntime-node")))
+
+
+def ort_start(rep, xpath, threads, iters):
+    """The ONNX Runtime worker for one model (bench/ort_worker.js), ready,
+    and its output's max error against torch eager."""
+    env = thread_env(threads)
+    env["NODE_PATH"] = ORT_DIR
+    proc = subprocess.Popen(["node", os.path.join(HERE, "ort_worker.js"), rep["onnx"],
+                             str(threads), str(iters), "x", rep["dtype"], rep["shape"],
+                             xpath + ".bin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    line = proc.stdout.readline()
+    if not line or not json.loads(line).get("ready"):
+        proc.kill()
+        raise SystemExit(f"ONNX Runtime could not run {rep['onnx']}")
+    got = np.fromfile(xpath + ".bin.ort.bin", dtype=np.float32).reshape(rep["want"].shape)
+    err = float(np.abs(got - rep["want"]).max() / np.abs(rep["want"]).max())
+    return proc, err
 
 
 def kiln_bench(kar, xpath, keyring, threads, iters):
@@ -147,9 +223,14 @@ def main():
     os.mkdir(keyring)
     run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", key])
     run(["openssl", "pkey", "-in", key, "-pubout", "-out", os.path.join(keyring, "k.pub")])
-    print(f"kiln vs torch {__import__('torch').__version__}, batch 1, CPUs: "
+    use_ort = ort_available()
+    print(f"kiln vs torch {__import__('torch').__version__}"
+          f"{' and ONNX Runtime (onnxruntime-node)' if use_ort else ''}, batch 1, CPUs: "
           f"{os.cpu_count()}, median of {args.iters} runs, {args.rounds} rounds "
           f"alternating; ratio < 1 means kiln is faster", flush=True)
+    if not use_ort:
+        print(f"  ONNX Runtime not found in {ORT_DIR} (make bench-deps installs it): "
+              f"its column is left out", flush=True)
 
     rows, prep = [], {}
     for name in args.models:
@@ -166,31 +247,57 @@ def main():
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                 env=thread_env(threads))
             assert json.loads(worker.stdout.readline()).get("ready")
-            tmed, kmed, kp99, rss = [], [], [], 0
+            ort = None
+            if use_ort:
+                ort, ort_err = ort_start(rep, xpath, threads, args.iters)
+                if threads == args.threads[0]:
+                    print(f"  {name}: ONNX Runtime's max error vs torch eager "
+                          f"{ort_err:.1e}", flush=True)
+            tmed, kmed, omed, kp99, rss = [], [], [], [], 0
             for _ in range(args.rounds):
                 worker.stdin.write("go\n")
                 worker.stdin.flush()
                 tmed.append(statistics.median(json.loads(worker.stdout.readline())["times"]))
+                if ort is not None:
+                    ort.stdin.write("go\n")
+                    ort.stdin.flush()
+                    omed.append(statistics.median(json.loads(ort.stdout.readline())["times"]))
                 k = kiln_bench(kar, xpath, keyring, threads, args.iters)
                 kmed.append(k["median_ms"])
                 kp99.append(k["p99_ms"])
                 rss = max(rss, k["peak_rss_kib"])
-            worker.stdin.close()
-            worker.wait()
+            for proc in (worker, ort):
+                if proc is not None:
+                    proc.stdin.close()
+                    proc.wait(timeout=60)
             t, kk = statistics.median(tmed), statistics.median(kmed)
-            rows.append((name, threads, t, kk, kk / t, statistics.median(kp99), rss))
-            print(f"  {name} x{threads}: torch {t:.2f} ms, kiln {kk:.2f} ms, "
-                  f"ratio {kk / t:.2f}", flush=True)
+            o = statistics.median(omed) if omed else None
+            rows.append((name, threads, t, o, kk, statistics.median(kp99), rss))
+            print(f"  {name} x{threads}: torch {t:.2f} ms"
+                  f"{f', ORT {o:.2f} ms' if o else ''}, kiln {kk:.2f} ms, "
+                  f"kiln/torch {kk / t:.2f}{f', kiln/ORT {kk / o:.2f}' if o else ''}",
+                  flush=True)
 
     print()
-    print("| model | threads | torch (ms) | kiln (ms) | kiln / torch | kiln p99 (ms) "
-          "| kiln peak RSS (MiB) | arena / naive (MiB) | compile (s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, threads, t, k, r, p99, rss in rows:
+    print("| model | threads | torch (ms) | ORT (ms) | kiln (ms) | kiln / torch | kiln / ORT "
+          "| kiln p99 (ms) | kiln peak RSS (MiB) | arena / naive (MiB) | compile (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, threads, t, o, k, p99, rss in rows:
         rep = prep[name]
-        print(f"| {name} | {threads} | {t:.2f} | {k:.2f} | **{r:.2f}** | {p99:.2f} "
-              f"| {rss / 1024:.0f} | {rep['arena'] / 2**20:.1f} / "
+        ort_ms = f"{o:.2f}" if o else "-"
+        ort_ratio = f"**{k / o:.2f}**" if o else "-"
+        print(f"| {name} | {threads} | {t:.2f} | {ort_ms} | {k:.2f} | {k / t:.2f} "
+              f"| {ort_ratio} | {p99:.2f} | {rss / 1024:.0f} | {rep['arena'] / 2**20:.1f} / "
               f"{rep['naive'] / 2**20:.1f} | {rep['compile_s']:.2f} |")
+    for threads in args.threads:
+        sel = [r for r in rows if r[1] == threads]
+        gm_t = math.exp(statistics.mean(math.log(r[4] / r[2]) for r in sel))
+        line = f"geometric mean at {threads} thread{'s' if threads > 1 else ''}: " \
+               f"kiln / torch {gm_t:.2f}"
+        if all(r[3] for r in sel):
+            gm_o = math.exp(statistics.mean(math.log(r[4] / r[3]) for r in sel))
+            line += f", kiln / ORT {gm_o:.2f}"
+        print(line)
 
 
 if __name__ == "__main__":
