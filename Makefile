@@ -23,8 +23,10 @@ PREFIX  ?= /usr/local
 DEB_PACKAGES := build-essential pkg-config \
 	libzmq3-dev libczmq-dev libmsgpack-dev libarchive-dev libssl-dev \
 	libjansson-dev check libprotobuf-c-dev protobuf-c-compiler \
-	libopenblas-dev libonnx-dev openssl tar procps \
-	python3-torch libtorch-dev python3-torchvision python3-onnx python3-numpy python3-pytest
+	libopenblas-dev libonnx-dev openssl tar procps bubblewrap \
+	python3-torch libtorch-dev python3-torchvision python3-onnx python3-numpy python3-pytest \
+	libmicrohttpd-dev \
+	ansible-core openssh-server openssh-client iproute2
 
 PKGS := libczmq libzmq msgpack libarchive openssl jansson libprotobuf-c openblas
 
@@ -69,6 +71,7 @@ RUNTIME_OBJ  := $(call obj,$(call lib_src,runtime))
 CLIENT_OBJ   := $(call obj,$(call lib_src,client))
 BROKER_OBJ   := $(call obj,$(call lib_src,broker))
 WORKER_OBJ   := $(call obj,$(call lib_src,worker))
+SERVE_OBJ    := $(call obj,$(call lib_src,serve))
 KILN_CMD_OBJ := $(call obj,$(wildcard client/cmd_*.c))
 
 LIB := $(BUILD)/lib
@@ -82,19 +85,21 @@ A_RUNTIME  := $(LIB)/libkiln_runtime.a
 A_CLIENT   := $(LIB)/libkiln_client.a
 A_BROKER   := $(LIB)/libkiln_broker.a
 A_WORKER   := $(LIB)/libkiln_worker.a
+A_SERVE    := $(LIB)/libkiln_serve.a
 
 SO_RT     := $(LIB)/libkilnrt.so
 SO_CLIENT := $(LIB)/libkilnclient.so
 
 PROGRAMS := $(BIN)/kiln $(BIN)/kiln-broker $(BIN)/kiln-worker $(BIN)/kiln-cc \
-	$(BIN)/kiln-run $(BIN)/kiln-torch-run
+	$(BIN)/kiln-run $(BIN)/kiln-torch-run $(BIN)/kiln-serve
 
 # The TorchScript extension (python/kiln/csrc): torch.classes.kiln.Model.
 SO_TORCH := $(LIB)/libkiln_torch.so
 
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: bench-farm
+.PHONY: bench-farm bench-serve
+.PHONY: dist ansible-test
 .PHONY: all deps test unit-test integration-test demo clean install memcheck \
 	python-test conformance bench-runtime bench-deps
 
@@ -161,6 +166,7 @@ $(eval $(call static_lib,$(A_RUNTIME),$(RUNTIME_OBJ)))
 $(eval $(call static_lib,$(A_CLIENT),$(CLIENT_OBJ)))
 $(eval $(call static_lib,$(A_BROKER),$(BROKER_OBJ)))
 $(eval $(call static_lib,$(A_WORKER),$(WORKER_OBJ)))
+$(eval $(call static_lib,$(A_SERVE),$(SERVE_OBJ)))
 
 # The runtime carries only what an inference host needs: no graph IR, no
 # compiler, no ZeroMQ.
@@ -196,6 +202,14 @@ $(BIN)/kiln-run: $(BUILD)/obj/runtime/main_run.o $(SO_RT)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< -L$(LIB) -lkilnrt -Wl,-rpath,'$$ORIGIN/../lib' $(RT_LIBS)
 
+# kiln-serve: libkilnrt (runtime, artifacts, release records) and an HTTP
+# server library, libmicrohttpd (docs/serving.md says why that one).
+SERVE_LIBS = $(shell pkg-config --libs libmicrohttpd jansson)
+$(BIN)/kiln-serve: $(BUILD)/obj/serve/main_serve.o $(A_SERVE) $(SO_RT)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(A_SERVE) -L$(LIB) -lkilnrt -Wl,-rpath,'$$ORIGIN/../lib' \
+	  $(RT_LIBS) $(SERVE_LIBS)
+
 # --- the TorchScript extension --------------------------------------
 # C++17 against Debian's libtorch (libtorch-dev), built with the C++11
 # ABI as python3-torch is.  The library finds libkilnrt beside it; the
@@ -225,7 +239,7 @@ $(BIN)/kiln-torch-run: $(BUILD)/obj/python/kiln/csrc/kiln_torch_run.o $(SO_TORCH
 	  -Wl,--as-needed -lkilnrt -Wl,-rpath,'$$ORIGIN/../lib' $(TORCH_LIBS)
 
 # --- tests ----------------------------------------------------------
-ALL_A := $(A_CLIENT) $(A_BROKER) $(A_WORKER) $(A_COMPILER) $(A_GRAPH) $(A_RUNTIME) $(A_ARTIFACT) $(A_COMMON)
+ALL_A := $(A_SERVE) $(A_CLIENT) $(A_BROKER) $(A_WORKER) $(A_COMPILER) $(A_GRAPH) $(A_RUNTIME) $(A_ARTIFACT) $(A_COMMON)
 
 # Every unit test links tests/unit/testlib.c, the helpers they share.
 # Kept, not removed as an intermediate of the first test that needs it.
@@ -301,6 +315,11 @@ bench-deps:
 	  mkdir -p $(BENCH_DEPS) && cd $(BENCH_DEPS) && \
 	  npm install --ignore-scripts --no-audit --no-fund onnxruntime-node; }
 
+# kiln-serve against kiln-run --bench on the same artifact (bench/bench_serve.py):
+# prints the README's serving table; asserts nothing about time.
+bench-serve: all
+	KILN_BIN=$(abspath $(BIN)) KILN_SRC=$(CURDIR) $(PYTHON) bench/bench_serve.py
+
 # The Python package goes where Debian's python3 looks: /usr/lib/python3/
 # dist-packages for PREFIX=/usr, else PREFIX/lib/python3.X/dist-packages.
 # kiln/_paths.py records where the libraries and programs went.
@@ -315,6 +334,40 @@ install: all
 	install -m 0644 python/kiln/*.py $(DESTDIR)$(PYTHON_DIR)/kiln/
 	printf 'LIBDIR = "%s"\nBINDIR = "%s"\n' "$(PREFIX)/lib" "$(PREFIX)/bin" \
 	  > $(DESTDIR)$(PYTHON_DIR)/kiln/_paths.py
+
+# --- dist: what the ansible roles install on every host ---------------
+# build/bin, the shared libraries of build/lib (the static ones are only
+# for linking) and the Python package, as one tarball with its SHA-256
+# beside it.  The tarball is reproducible for one build (sorted names,
+# mtime 0, owner 0, gzip -n), so rolling out the same build twice changes
+# nothing on the hosts.  kiln/python/kiln/_paths.py points at kiln/lib and
+# kiln/bin wherever the tarball is unpacked.
+DIST_DIR  := $(BUILD)/dist
+DIST_NAME := kiln-linux-$(shell uname -m)
+DIST_TAR  := $(DIST_DIR)/$(DIST_NAME).tar.gz
+dist: all
+	@rm -rf $(DIST_DIR)/stage && mkdir -p $(DIST_DIR)/stage/kiln/bin \
+	  $(DIST_DIR)/stage/kiln/lib $(DIST_DIR)/stage/kiln/python/kiln
+	cp -p $(BIN)/* $(DIST_DIR)/stage/kiln/bin/
+	cp -p $(LIB)/*.so $(DIST_DIR)/stage/kiln/lib/
+	cp -p python/kiln/*.py $(DIST_DIR)/stage/kiln/python/kiln/
+	printf 'import os\n_top = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")\nLIBDIR = os.path.normpath(os.path.join(_top, "lib"))\nBINDIR = os.path.normpath(os.path.join(_top, "bin"))\n' \
+	  > $(DIST_DIR)/stage/kiln/python/kiln/_paths.py
+	git describe --always --dirty > $(DIST_DIR)/stage/kiln/VERSION 2>/dev/null || echo unknown > $(DIST_DIR)/stage/kiln/VERSION
+	tar -C $(DIST_DIR)/stage --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
+	  --format=gnu -cf - kiln | gzip -9n > $(DIST_TAR).tmp
+	mv $(DIST_TAR).tmp $(DIST_TAR)
+	cd $(DIST_DIR) && sha256sum $(DIST_NAME).tar.gz > $(DIST_NAME).tar.gz.sha256
+	@rm -rf $(DIST_DIR)/stage
+	@echo "make dist: $(DIST_TAR) ($$(cut -c1-16 $(DIST_TAR).sha256)...)"
+
+# The ansible roles on real hosts (docs/ansible.md): a broker, two workers
+# and two inference hosts, each a network namespace with its own root
+# (overlayfs), PID 1 and sshd, driven by ansible-playbook over SSH.  Needs
+# root (namespaces, mounts); takes a few minutes.  Not part of `make test`.
+ansible-test: dist
+	KILN_BIN=$(abspath $(BIN)) KILN_SRC=$(CURDIR) KILN_DIST=$(abspath $(DIST_TAR)) \
+	  $(PYTHON) -m pytest -q -p no:cacheprovider tests/ansible
 
 clean:
 	rm -rf $(BUILD)

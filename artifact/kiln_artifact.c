@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <archive.h>
@@ -26,6 +28,8 @@
 #include "common/kiln_fs.h"
 
 #define S_WRITE_CHUNK (1u << 20)        /* bytes handed to libarchive at once */
+#define S_TAR_BLOCK   512u              /* tar's unit: headers, data padding */
+#define S_USTAR_MAX_SIZE 077777777777ULL  /* the most ustar's size field holds */
 #define S_READ_BLOCK  (64u << 10)       /* libarchive read block size */
 #define S_ALG_MAX     32                /* signature.json "algorithm" */
 #define S_SIGNS_MAX   64                /* signature.json "signs" */
@@ -75,6 +79,18 @@ s_clear_signature (kiln_artifact_t *self)
     memset (self->provenance_sig, 0, sizeof self->provenance_sig);
 }
 
+/* Give back a member's bytes, mapped or malloc'd, and NULL them. */
+static void
+s_member_release (kiln_member_t *m)
+{
+    if (m->mapped && m->data)
+        munmap (m->data, m->len);
+    else
+        free (m->data);
+    m->data = NULL;
+    m->mapped = false;
+}
+
 void
 kiln_artifact_destroy (kiln_artifact_t **self_p)
 {
@@ -82,7 +98,7 @@ kiln_artifact_destroy (kiln_artifact_t **self_p)
         kiln_artifact_t *self = *self_p;
         kiln_manifest_release (&self->manifest);
         for (int i = 0; i < self->n_members; i++)
-            free (self->members[i].data);
+            s_member_release (&self->members[i]);
         s_clear_signature (self);
         free (self);
         *self_p = NULL;
@@ -183,6 +199,13 @@ kiln_artifact_take_member (kiln_artifact_t *self, const char *name,
     }
     s_insert (self, name, buf, len);
     return 0;
+}
+
+bool
+kiln_artifact_member_mapped (const kiln_artifact_t *self, const char *name)
+{
+    int i = s_find (self, name);
+    return i >= 0 && self->members[i].mapped;
 }
 
 const uint8_t *
@@ -381,15 +404,14 @@ s_membuf_write (struct archive *a, void *ctx, const void *buf, size_t n)
     return (la_ssize_t) n;
 }
 
-/* One member with the fixed header fields that make the bytes depend on
- * the content only. */
-static int
-s_write_entry (struct archive *a, const char *name, const void *data,
-               size_t len, kiln_err_t *err)
+/* A member's header with the fixed fields that make the bytes depend on
+ * the content only; NULL when out of memory. */
+static struct archive_entry *
+s_entry_new (const char *name, size_t len)
 {
     struct archive_entry *e = archive_entry_new ();
     if (!e)
-        return kiln_error (err, KILN_ENOMEM, "out of memory");
+        return NULL;
     archive_entry_set_pathname (e, name);
     archive_entry_set_size (e, (la_int64_t) len);
     archive_entry_set_filetype (e, AE_IFREG);
@@ -399,6 +421,17 @@ s_write_entry (struct archive *a, const char *name, const void *data,
     archive_entry_set_gid (e, 0);
     archive_entry_set_uname (e, "kiln");
     archive_entry_set_gname (e, "kiln");
+    return e;
+}
+
+/* One member, header and data. */
+static int
+s_write_entry (struct archive *a, const char *name, const void *data,
+               size_t len, kiln_err_t *err)
+{
+    struct archive_entry *e = s_entry_new (name, len);
+    if (!e)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
     int rc = 0;
     if (archive_write_header (a, e) != ARCHIVE_OK)
         rc = kiln_error (err, KILN_EIO, "could not write member '%s': %s", name,
@@ -416,6 +449,121 @@ s_write_entry (struct archive *a, const char *name, const void *data,
     }
     archive_entry_free (e);
     return rc;
+}
+
+static la_ssize_t
+s_count_write (struct archive *a, void *ctx, const void *buf, size_t n)
+{
+    *(uint64_t *) ctx += n;
+    return (la_ssize_t) n;
+}
+
+/* The bytes libarchive writes as the header of member `name` of `len`
+ * bytes: one ustar block for kiln's names and sizes, more when the entry
+ * needs pax records of its own (a member of 8 GiB, past ustar's size
+ * field).  Measured by writing the header to a counter rather than
+ * assumed, so that the padding before the member stays right whatever
+ * libarchive decides. */
+static int
+s_header_bytes (const char *name, size_t len, uint64_t *bytes, kiln_err_t *err)
+{
+    //  The size changes the header only where ustar's 11 octal digits
+    //  cannot hold it, so a smaller member is measured as an empty one:
+    //  closing the archive then writes no data to count.
+    size_t probe = len > S_USTAR_MAX_SIZE ? len : 0;
+    uint64_t count = 0;
+    *bytes = 0;
+    struct archive *a = archive_write_new ();
+    struct archive_entry *e = s_entry_new (name, probe);
+    int rc = 0;
+    if (!a || !e)
+        rc = kiln_error (err, KILN_ENOMEM, "out of memory");
+    else if (archive_write_set_format_pax_restricted (a) != ARCHIVE_OK
+             || archive_write_set_bytes_per_block (a, 0) != ARCHIVE_OK
+             || archive_write_open2 (a, &count, NULL, s_count_write, NULL, NULL) != ARCHIVE_OK
+             || archive_write_header (a, e) != ARCHIVE_OK)
+        rc = kiln_error (err, KILN_EIO, "could not write member '%s': %s", name,
+                         archive_error_string (a));
+    *bytes = count;
+    archive_write_free (a);
+    archive_entry_free (e);
+    return rc;
+}
+
+/* Write the pax extended header of exactly `total` bytes (a multiple of
+ * 512, at least 1024) that goes before member `name` to move its data to
+ * a multiple of KILN_ARTIFACT_ALIGN: a ustar block of type 'x' whose data
+ * is one "comment" record, which every pax reader ignores (POSIX), and
+ * whose fields are as fixed as the members' own. */
+static int
+s_write_pad (struct archive *a, s_membuf_t *mb, const char *name, size_t total,
+             kiln_err_t *err)
+{
+    static const char text[] = "kiln: aligns the next member's data to 4096 bytes";
+    uint8_t head[S_TAR_BLOCK] = { 0 };
+    size_t rec = total - S_TAR_BLOCK;     /* the record fills the blocks */
+    snprintf ((char *) head, 100, "PaxHeader/%s", name);
+    memcpy (head + 100, "0000644", 8);                      /* mode */
+    memcpy (head + 108, "0000000", 8);                      /* uid */
+    memcpy (head + 116, "0000000", 8);                      /* gid */
+    snprintf ((char *) head + 124, 12, "%011o", (unsigned) rec);  /* <= 4096 */
+    memcpy (head + 136, "00000000000", 12);                 /* mtime */
+    head[156] = 'x';                                        /* typeflag */
+    memcpy (head + 257, "ustar", 6);                        /* magic */
+    memcpy (head + 263, "00", 2);                           /* version */
+    memcpy (head + 265, "kiln", 4);                         /* uname */
+    memcpy (head + 297, "kiln", 4);                         /* gname */
+    memcpy (head + 329, "0000000", 8);                      /* devmajor */
+    memcpy (head + 337, "0000000", 8);                      /* devminor */
+    unsigned sum = 0;
+    for (size_t i = 0; i < S_TAR_BLOCK; i++)
+        sum += i >= 148 && i < 156 ? ' ' : head[i];
+    snprintf ((char *) head + 148, 8, "%06o", sum);
+    head[155] = ' ';
+
+    //  "<len> comment=<text><spaces>\n", where <len> counts the whole
+    //  record, its own digits too: 512..4096 bytes, so 3 or 4 digits.
+    uint8_t *body = malloc (rec);
+    if (!body)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    int n = snprintf ((char *) body, rec, "%zu comment=%s", rec, text);
+    memset (body + n, ' ', rec - (size_t) n - 1);
+    body[rec - 1] = '\n';
+    int rc = 0;
+    if (s_membuf_write (a, mb, head, sizeof head) < 0
+        || s_membuf_write (a, mb, body, rec) < 0)
+        rc = kiln_error (err, KILN_EIO, "could not write the padding before member '%s': %s",
+                         name, archive_error_string (a));
+    free (body);
+    return rc;
+}
+
+/* Before a member of at least KILN_ARTIFACT_ALIGN bytes: finish the
+ * previous entry (its data padding goes out), then pad so that the
+ * member's data, after its header, starts at a multiple of
+ * KILN_ARTIFACT_ALIGN.  The archive is written unblocked, so mb->len is
+ * where the next byte goes. */
+static int
+s_align_member (struct archive *a, s_membuf_t *mb, const char *name, size_t len,
+                kiln_err_t *err)
+{
+    uint64_t header;
+    int rc = s_header_bytes (name, len, &header, err);
+    if (rc)
+        return rc;
+    if (archive_write_finish_entry (a) != ARCHIVE_OK)
+        return kiln_error (err, KILN_EIO, "could not write the member before '%s': %s",
+                           name, archive_error_string (a));
+    uint64_t at = mb->len;
+    if (at % S_TAR_BLOCK || header % S_TAR_BLOCK)
+        return kiln_error (err, KILN_EIO, "member '%s': the archive is not in %u-byte blocks",
+                           name, S_TAR_BLOCK);
+    uint64_t pad = (KILN_ARTIFACT_ALIGN - (at + header) % KILN_ARTIFACT_ALIGN)
+                   % KILN_ARTIFACT_ALIGN;
+    //  A pad header needs a block for itself and one for its record.
+    if (pad == S_TAR_BLOCK)
+        pad += KILN_ARTIFACT_ALIGN;
+    return pad ? s_write_pad (a, mb, name, (size_t) pad, err) : 0;
 }
 
 int
@@ -452,7 +600,10 @@ kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out, size_t *len,
         free (manifest);
         return kiln_error (err, KILN_ENOMEM, "out of memory");
     }
+    //  Unblocked, so that what libarchive writes reaches the buffer at
+    //  once and the padding before a large member goes in between.
     if (archive_write_set_format_pax_restricted (a) != ARCHIVE_OK
+        || archive_write_set_bytes_per_block (a, 0) != ARCHIVE_OK
         || archive_write_open2 (a, &mb, NULL, s_membuf_write, NULL, NULL) != ARCHIVE_OK) {
         rc = kiln_error (err, KILN_EIO, "could not start the archive: %s",
                          archive_error_string (a));
@@ -473,10 +624,13 @@ kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out, size_t *len,
                                         self->provenance_sig, KILN_SIG_LEN, err))))
             goto done;
     }
-    for (int i = 0; i < self->n_members; i++)
-        if ((rc = s_write_entry (a, self->members[i].name, self->members[i].data,
-                                 self->members[i].len, err)))
+    for (int i = 0; i < self->n_members; i++) {
+        const kiln_member_t *m = &self->members[i];
+        if ((m->len >= KILN_ARTIFACT_ALIGN
+             && (rc = s_align_member (a, &mb, m->name, m->len, err)))
+            || (rc = s_write_entry (a, m->name, m->data, m->len, err)))
             goto done;
+    }
     if (archive_write_close (a) != ARCHIVE_OK)
         rc = kiln_error (err, KILN_EIO, "could not finish the archive: %s",
                          archive_error_string (a));
@@ -531,6 +685,9 @@ typedef struct {
     int n_expected;
     kiln_member_t got[KILN_MAX_MEMBERS];        /* payload read, manifest order */
     bool seen[KILN_MAX_MEMBERS];
+    int fd;                                     /* the file to map from, or -1 */
+    uint64_t page;                              /* its page size, when fd >= 0 */
+    bool mapped;                                /* a member was mapped */
 } s_reader_t;
 
 static void
@@ -539,7 +696,7 @@ s_reader_release (s_reader_t *r)
     for (int i = 0; i < KILN_N_RESERVED_MEMBERS; i++)
         free (r->data[i]);
     for (int i = 0; i < r->n_expected; i++)
-        free (r->got[i].data);
+        s_member_release (&r->got[i]);
 }
 
 static int
@@ -586,6 +743,35 @@ s_read_data (struct archive *a, const char *name, uint64_t size, uint8_t **out,
     }
     buf[size] = '\0';
     *out = buf;
+    return 0;
+}
+
+/* Map the current entry's data, `size` bytes at file offset `at`, into
+ * m->data and skip it in the archive; the caller hashes the mapped pages.
+ * 1 when it cannot be mapped (the caller reads it instead), before
+ * anything of the entry has been consumed. */
+static int
+s_map_data (struct archive *a, s_reader_t *r, const char *name, uint64_t at,
+            uint64_t size, uint64_t input_size, kiln_member_t *m, kiln_err_t *err)
+{
+    //  A header may claim any size; never map past the end of the file
+    //  (touching such a page would be SIGBUS).
+    if (at > input_size || size > input_size - at)
+        return kiln_error (err, KILN_EFORMAT, "member '%s' is truncated", name);
+    if (size > SIZE_MAX || at > (uint64_t) INT64_MAX)
+        return 1;
+    void *p = mmap (NULL, (size_t) size, PROT_READ, MAP_SHARED, r->fd, (off_t) at);
+    if (p == MAP_FAILED)
+        return 1;
+    if (archive_read_data_skip (a) != ARCHIVE_OK) {
+        munmap (p, (size_t) size);
+        return kiln_error (err, KILN_EFORMAT, "member '%s': %s", name,
+                           archive_error_string (a) ? archive_error_string (a)
+                                                    : "read error");
+    }
+    m->data = p;
+    m->mapped = true;
+    r->mapped = true;
     return 0;
 }
 
@@ -713,7 +899,16 @@ s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
                                name, (unsigned long long) size, r->expected[at].len);
         kiln_member_t *m = &r->got[at];
         snprintf (m->name, sizeof m->name, "%s", name);
-        if ((rc = s_read_data (a, name, size, &m->data, err)))
+        //  Where the header left the archive is where the data starts; a
+        //  wrong offset could only map bytes whose digest then fails.
+        int64_t data_at = archive_filter_bytes (a, 0);
+        rc = 1;
+        if (r->fd >= 0 && size >= KILN_ARTIFACT_ALIGN && data_at >= 0
+            && (uint64_t) data_at % r->page == 0)
+            rc = s_map_data (a, r, name, (uint64_t) data_at, size, input_size, m, err);
+        if (rc == 1)
+            rc = s_read_data (a, name, size, &m->data, err);
+        if (rc)
             return rc;
         m->len = (size_t) size;
         uint8_t digest[KILN_DIGEST_LEN];
@@ -792,18 +987,26 @@ s_adopt (kiln_artifact_t *self, s_reader_t *r, kiln_err_t *err)
     return 0;
 }
 
-/* Read an opened archive of `input_size` bytes into a new artifact. */
+/* Read an opened archive of `input_size` bytes into a new artifact,
+ * mapping large members from `map_fd` when it is not -1.  *mapped says
+ * whether anything was. */
 static kiln_artifact_t *
-s_read_archive (struct archive *a, uint64_t input_size, kiln_err_t *err)
+s_read_archive (struct archive *a, uint64_t input_size, int map_fd, bool *mapped,
+                kiln_err_t *err)
 {
     kiln_artifact_t *self = kiln_artifact_new ();
     s_reader_t *r = calloc (1, sizeof *r);
+    *mapped = false;
     if (!self || !r) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
         goto err;
     }
+    r->fd = map_fd;
+    long page = sysconf (_SC_PAGESIZE);
+    r->page = page > 0 ? (uint64_t) page : KILN_ARTIFACT_ALIGN;
     if (s_read_entries (a, input_size, self, r, err) || s_adopt (self, r, err))
         goto err;
+    *mapped = r->mapped;
     s_reader_release (r);
     free (r);
     return self;
@@ -840,12 +1043,67 @@ kiln_artifact_read_mem (const uint8_t *data, size_t len, kiln_err_t *err)
     if (!a)
         return NULL;
     kiln_artifact_t *self = NULL;
+    bool mapped;
     if (archive_read_open_memory (a, data, len) != ARCHIVE_OK)
         kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
                     archive_error_string (a) ? archive_error_string (a) : "read error");
     else
-        self = s_read_archive (a, len, err);
+        self = s_read_archive (a, len, -1, &mapped, err);
     archive_read_free (a);
+    return self;
+}
+
+/* True when nobody but this process's effective user and root can change
+ * the file: mapping it is then as safe as holding a copy, short of those
+ * two writing it in place (docs/artifact-format.md). */
+static bool
+s_file_private (int fd, const struct stat *st)
+{
+    if (st->st_uid != geteuid () && st->st_uid != 0)
+        return false;
+    if (st->st_mode & (S_IWGRP | S_IWOTH))
+        return false;
+    //  An access ACL may grant write to others whatever the mode says.
+    if (fgetxattr (fd, "system.posix_acl_access", NULL, 0) >= 0)
+        return false;
+    return errno == ENODATA || errno == ENOTSUP;
+}
+
+kiln_artifact_t *
+kiln_artifact_read_fd (int fd, const char *path, unsigned flags, kiln_err_t *err)
+{
+    struct stat st;
+    if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode)
+        || lseek (fd, 0, SEEK_SET) != 0) {
+        kiln_error (err, KILN_EIO, "artifact '%s' is not a regular file", path);
+        return NULL;
+    }
+    if ((uint64_t) st.st_size > KILN_MAX_ARTIFACT_BYTES) {
+        kiln_error (err, KILN_ELIMIT, "artifact '%s' is %lld bytes, more than the limit of %llu",
+                    path, (long long) st.st_size, (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
+        return NULL;
+    }
+    int map_fd = (flags & KILN_ARTIFACT_MAP) && s_file_private (fd, &st) ? fd : -1;
+    kiln_artifact_t *self = NULL;
+    bool mapped = false;
+    struct archive *a = s_reader_new (err);
+    if (a) {
+        if (archive_read_open_fd (a, fd, S_READ_BLOCK) != ARCHIVE_OK)
+            kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
+                        archive_error_string (a) ? archive_error_string (a) : "read error");
+        else
+            self = s_read_archive (a, (uint64_t) st.st_size, map_fd, &mapped, err);
+        archive_read_free (a);
+    }
+    //  The digests were taken from the mapped pages; a write to the file
+    //  since it was opened may have changed them after they were hashed.
+    struct stat after;
+    if (self && mapped && (fstat (fd, &after) != 0 || !kiln_file_unchanged (&st, &after))) {
+        kiln_artifact_destroy (&self);
+        kiln_error (err, KILN_EVERIFY, "the file changed while it was being read");
+    }
+    if (!self)
+        kiln_error_prefix (err, "artifact '%s'", path);
     return self;
 }
 
@@ -858,31 +1116,8 @@ kiln_artifact_read (const char *path, kiln_err_t *err)
                     "could not open artifact '%s': %s", path, strerror (errno));
         return NULL;
     }
-    struct stat st;
-    if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode)) {
-        close (fd);
-        kiln_error (err, KILN_EIO, "artifact '%s' is not a regular file", path);
-        return NULL;
-    }
-    if ((uint64_t) st.st_size > KILN_MAX_ARTIFACT_BYTES) {
-        close (fd);
-        kiln_error (err, KILN_ELIMIT, "artifact '%s' is %lld bytes, more than the limit of %llu",
-                    path, (long long) st.st_size, (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
-        return NULL;
-    }
-    kiln_artifact_t *self = NULL;
-    struct archive *a = s_reader_new (err);
-    if (a) {
-        if (archive_read_open_fd (a, fd, S_READ_BLOCK) != ARCHIVE_OK)
-            kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
-                        archive_error_string (a) ? archive_error_string (a) : "read error");
-        else
-            self = s_read_archive (a, (uint64_t) st.st_size, err);
-        archive_read_free (a);
-    }
+    kiln_artifact_t *self = kiln_artifact_read_fd (fd, path, 0, err);
     close (fd);
-    if (!self)
-        kiln_error_prefix (err, "artifact '%s'", path);
     return self;
 }
 

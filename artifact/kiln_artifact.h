@@ -12,7 +12,12 @@
  *                     (the builtin compiler writes program.kbin and
  *                     weights.bin)
  * Tar headers carry mtime 0, uid/gid 0 and mode 0644 so that the same
- * content and key give the same bytes.
+ * content and key give the same bytes.  A payload member of at least
+ * KILN_ARTIFACT_ALIGN bytes starts its data at a multiple of
+ * KILN_ARTIFACT_ALIGN in the file: the writer puts a pax extended header
+ * holding only a "comment" record of the right length before it (stock
+ * tar ignores it), so that the runtime can map the member's pages
+ * straight from the file.
  *
  * The artifact's content hash is the SHA-256 of manifest.json.  The
  * manifest holds no builder and no time, so it does not depend on who
@@ -44,6 +49,7 @@
 #define KILN_KEY_ID_LEN              17     /* 16 hex chars + NUL */
 #define KILN_MAX_MEMBER_NAME         64     /* bytes in a payload member name */
 #define KILN_SIG_LEN                 64     /* bytes in an Ed25519 signature */
+#define KILN_ARTIFACT_ALIGN          4096   /* file offset of a large member's data */
 
 typedef struct kiln_io {
     char name[KILN_MAX_NAME + 1];   /* graph input/output name */
@@ -183,6 +189,37 @@ kiln_artifact_t *kiln_artifact_open_verified_mem (const uint8_t *data,
                                                   size_t len,
                                                   const char *keyring_dir,
                                                   kiln_err_t *err);
+
+/* Flags of kiln_artifact_read_fd. */
+#define KILN_ARTIFACT_MAP 1u    /* map large members instead of reading them */
+
+/* Read the archive open on `fd` as kiln_artifact_read does (from offset 0;
+ * the file position moves); `path` names it in errors.  `fd` stays the
+ * caller's: close it when you like, the mappings do not need it.
+ *
+ * With KILN_ARTIFACT_MAP, a payload member of at least KILN_ARTIFACT_ALIGN
+ * bytes whose data starts at a page boundary of the file is not read into
+ * memory: its range of the file is mapped read-only (MAP_SHARED) and its
+ * SHA-256 is computed over the mapped pages, so that the bytes checked
+ * against the manifest are the very bytes kiln_artifact_member hands out.
+ * Only a file that nobody but this process's effective user and root can
+ * change is mapped (owned by one of them, no group or other write bit, no
+ * access ACL); any other file, a member that does not start at a page
+ * boundary (artifacts written before members were aligned), and a file
+ * that cannot be mapped are read into memory as without the flag.  When
+ * anything was mapped, the file must have the same inode, size, mtime and
+ * ctime after reading as before (KILN_EVERIFY "changed while it was being
+ * read" otherwise).  What kiln guarantees when the file changes after
+ * that: docs/artifact-format.md, "Mapped members".  Caller owns the
+ * result. */
+kiln_artifact_t *kiln_artifact_read_fd (int fd, const char *path,
+                                        unsigned flags, kiln_err_t *err);
+
+/* True when payload member `name` is pages mapped from the archive file
+ * (kiln_artifact_read_fd with KILN_ARTIFACT_MAP), false when its bytes
+ * are in memory or there is no such member. */
+bool kiln_artifact_member_mapped (const kiln_artifact_t *self,
+                                  const char *name);
 
 /* True when the key holds a private part (can sign). */
 bool kiln_key_has_private (const kiln_key_t *self);

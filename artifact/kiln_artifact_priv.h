@@ -6,7 +6,9 @@
  * Invariant of kiln_member_t: `sha256` is the hex digest of `data[0..len)`,
  * computed once when the bytes enter the artifact (added or read), so that
  * serialising the manifest never hashes gigabytes of weights again.  The
- * bytes cannot change afterwards: the public API hands them out const.
+ * bytes cannot change afterwards through kiln: the public API hands them
+ * out const, and mapped members are mapped read-only (what another writer
+ * of the file can do is in docs/artifact-format.md).
  */
 #ifndef KILN_ARTIFACT_PRIV_H
 #define KILN_ARTIFACT_PRIV_H
@@ -36,6 +38,7 @@ typedef struct kiln_member {
     uint8_t *data;                        /* owned; NULL in a manifest's list */
     size_t len;                           /* bytes in data, or declared size */
     char sha256[KILN_HEX_LEN];            /* lower-case hex of the bytes */
+    bool mapped;                          /* data is mmap'd (munmap), not malloc'd */
 } kiln_member_t;
 
 struct kiln_key {

@@ -7,13 +7,14 @@
  * from the action cache or the failure cache when it can, joins a job
  * already building the same action, asks for the blobs it lacks
  * (MISSING; the client uploads them as CHUNKs under credit flow control),
- * and otherwise queues a job.  The scheduler (kiln_sched) hands queued
- * jobs to idle workers offering the job's toolchain, fairly across
- * clients, preferring a worker that already holds the job's blobs.  A
- * worker FETCHes the blobs it lacks, compiles, and sends DONE; the broker
- * checks the artifact against the job, signs it with the farm key and
- * provenance, stores it, records the action, and sends RESULT to every
- * client waiting for that action key.  docs/protocol.md has the messages
+ * and otherwise queues a job.  A GET fetches a stored artifact by its
+ * content hash (kiln_download); PIN and UNPIN keep one from eviction.
+ * The scheduler (kiln_sched) hands queued jobs to idle workers offering
+ * the job's toolchain, fairly across clients, preferring a worker that
+ * already holds the job's blobs.  A worker FETCHes the blobs it lacks,
+ * compiles, and sends DONE; the broker checks the artifact against the
+ * job, signs it with the farm key and provenance, stores it, records the
+ * action, and sends RESULT to every client waiting for that action key.  docs/protocol.md has the messages
  * and the job state machine; docs/operations.md how to run it.
  *
  * State, all owned by the broker and touched only from its loop:
@@ -26,6 +27,8 @@
  *             structure, blob refs (pinned in the store), waiters,
  *             dispatches, workers lost while running it, a log
  *   queue     QUEUED jobs, per client (kiln_sched)
+ *   downloads GETs being answered, stored artifacts sent in PARTs under
+ *             the client's credit (kiln_download)
  * Invariants: a RUNNING job has exactly one worker and counts in that
  * worker's busy; a QUEUED job is in the scheduler exactly once; busy <=
  * slots; a client's `pending` is the number of waiters it has.
@@ -43,6 +46,13 @@
  * them how many requests it holds for them), so after a restart every
  * waiting client gets its artifact: from the cache if the build had
  * finished, from a new build otherwise.
+ *
+ * The code: kiln_broker.c is the loop and the command table (command,
+ * peer kind, handler); the handlers live in kiln_broker_jobs.c (the job
+ * state machine, scheduling), kiln_broker_admit.c (COMPILE),
+ * kiln_broker_upload.c (FIND, CHUNK), kiln_broker_peers.c (workers and
+ * clients), kiln_broker_artifacts.c (GET, PIN) and kiln_broker_status.c;
+ * kiln_broker_priv.h holds what they share.
  */
 #ifndef KILN_BROKER_H
 #define KILN_BROKER_H

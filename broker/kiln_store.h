@@ -10,6 +10,7 @@
  *                                    of the artifact built for that action
  *   STATE/fail/<action key>          a failed build: JSON {"code", "message",
  *                                    "log", "failed_at"}
+ *   STATE/pins/<content hash>        an empty file: that artifact is pinned
  *   STATE/keyring/farm.pub           the public half of the signing key,
  *                                    rewritten at every start, so that
  *                                    entries signed by an older key are
@@ -37,8 +38,18 @@
  *
  * Capacity.  Artifacts, blobs and failure records count against a size
  * cap; past it the least recently used entries go first.  Blobs a queued
- * or running job needs are pinned and never evicted.  An action record
- * whose artifact was evicted is removed when it is next looked up.
+ * or running job needs are pinned and never evicted; so are artifacts an
+ * operator pinned (kiln_store_pin: those a release may still name).  An
+ * upload that does not fit beside the pinned artifacts under the cap is
+ * refused (KILN_ELIMIT), and a store held over its cap by pins logs an
+ * error once: eviction never takes a pinned entry to make room.  An
+ * action record whose artifact was evicted is removed when it is next
+ * looked up.
+ *
+ * The code: kiln_store.c (the index, lookups, pins), kiln_store_commit.c
+ * (staged writes, group commit), kiln_store_upload.c (blob writers),
+ * kiln_store_check.c (the integrity check); kiln_store_priv.h holds what
+ * they share.
  */
 #ifndef KILN_STORE_H
 #define KILN_STORE_H
@@ -77,7 +88,8 @@ int kiln_store_trust_key (kiln_store_t *self, const kiln_key_t *key,
 /* Stage an artifact archive under its content hash (replacing an
  * existing entry: the caller has just checked and signed these bytes),
  * an action record, a failure record, or a small blob (its bytes are
- * hashed here and refused unless they match `digest`).  Nothing is
+ * hashed here and refused unless they match `digest`; refused with
+ * KILN_ELIMIT when it does not fit beside the pinned artifacts).  Nothing is
  * visible or durable before kiln_store_commit. */
 int kiln_store_put_artifact (kiln_store_t *self, const char *digest_hex,
                              const uint8_t *data, size_t len, kiln_err_t *err);
@@ -129,6 +141,31 @@ int kiln_store_lookup_failure (kiln_store_t *self, const char *action_key,
 /* Forget a failure (after a successful rebuild). */
 void kiln_store_forget_failure (kiln_store_t *self, const char *action_key);
 
+/* --- artifacts by content hash, and pins ------------------------------- */
+
+/* Open the stored artifact with content hash `digest_hex` for reading: a
+ * file descriptor the caller closes, its size in *size.  Marks it used
+ * (LRU).  -KILN_ENOTFOUND when the store does not hold it.  The bytes are
+ * not checked here (that would read the whole file on the caller's
+ * thread): whoever reads them checks them (kiln_artifact_read), and
+ * kiln_store_check finds damage. */
+int kiln_store_artifact_open (kiln_store_t *self, const char *digest_hex,
+                              uint64_t *size, kiln_err_t *err);
+
+/* Pin a stored artifact, so that eviction never removes it, until
+ * kiln_store_unpin.  The pin is the file STATE/pins/<digest>, fsynced
+ * before this returns, so it survives a crash; an artifact stored again
+ * after it went missing is pinned again.  *changed (may be NULL) is true
+ * when it was not pinned before.  -KILN_ENOTFOUND when the store does not
+ * hold the artifact; KILN_ELIMIT past 65536 pins. */
+int kiln_store_pin (kiln_store_t *self, const char *digest_hex, bool *changed,
+                    kiln_err_t *err);
+/* Remove a pin (whether or not the artifact is stored); *changed is true
+ * when there was one.  Evicts what the pin held above the cap. */
+int kiln_store_unpin (kiln_store_t *self, const char *digest_hex, bool *changed,
+                      kiln_err_t *err);
+bool kiln_store_is_pinned (const kiln_store_t *self, const char *digest_hex);
+
 /* --- blobs -------------------------------------------------------------- */
 
 /* True when the blob is stored (committed). */
@@ -147,8 +184,8 @@ void kiln_store_blob_remove (kiln_store_t *self, const uint8_t digest[KILN_DIGES
  * STATE/tmp, and two threads of its own that hash and write what it is
  * handed.  At most `max_chunks` chunks are held at once (0: a default);
  * `tag` is given back by kiln_store_upload_poll.  Refused (KILN_ELIMIT)
- * when the blob alone is bigger than the cap.  Caller owns the writer:
- * finish or abort it. */
+ * when the blob alone is bigger than the cap, or does not fit beside the
+ * pinned artifacts.  Caller owns the writer: finish or abort it. */
 kiln_blob_writer_t *kiln_store_blob_begin (kiln_store_t *self,
                                            const uint8_t digest[KILN_DIGEST_LEN],
                                            uint64_t size, size_t max_chunks, void *tag,
@@ -193,6 +230,8 @@ typedef struct kiln_store_stats {
     uint64_t blobs;
     uint64_t failures;
     uint64_t evicted;        /* entries evicted since start */
+    uint64_t pinned;         /* pinned artifacts the store holds */
+    uint64_t pinned_bytes;   /* their bytes (never evicted) */
 } kiln_store_stats_t;
 
 void kiln_store_stats (const kiln_store_t *self, kiln_store_stats_t *out);

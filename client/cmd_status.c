@@ -63,13 +63,15 @@ s_print (json_t *doc)
                 (long long) s_int (cl, "served", NULL));
     json_t *cache = json_object_get (doc, "cache");
     printf ("cache: %lld hits of %lld lookups (%.0f%%), %lld cached failures served; store "
-            "%lld artifacts, %lld blobs, %.1f of %.1f MiB\n",
+            "%lld artifacts, %lld blobs, %.1f of %.1f MiB; %lld artifacts pinned (%.1f MiB)\n",
             (long long) s_int (cache, "hits", NULL), (long long) s_int (cache, "lookups", NULL),
             100.0 * json_number_value (json_object_get (cache, "hit_rate")),
             (long long) s_int (cache, "failure_hits", NULL),
             (long long) s_int (cache, "artifacts", NULL), (long long) s_int (cache, "blobs", NULL),
             (double) s_int (cache, "bytes", NULL) / 1048576.0,
-            (double) s_int (cache, "max_bytes", NULL) / 1048576.0);
+            (double) s_int (cache, "max_bytes", NULL) / 1048576.0,
+            (long long) s_int (cache, "pinned", NULL),
+            (double) s_int (cache, "pinned_bytes", NULL) / 1048576.0);
     json_t *jobs = json_object_get (doc, "jobs");
     printf ("jobs: %lld submitted, %lld done, %lld failed, %lld canceled, %lld requeued, "
             "%lld requests joined a running job\n",

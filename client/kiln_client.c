@@ -1,6 +1,7 @@
 /*
- * kiln_client — the remote half of libkilnclient: requests, uploads,
- * heartbeats and resubmission over one DEALER socket.
+ * kiln_client — the remote half of libkilnclient: compile requests,
+ * uploads, heartbeats and resubmission over one DEALER socket (fetching,
+ * pinning and status are in kiln_client_store.c).
  *
  * Each compilation is a request with its own id and a small state
  * machine (docs/protocol.md, "The client's requests"):
@@ -18,6 +19,7 @@
  * ZeroMQ holds none of them any more.
  */
 #include "client/kiln_client.h"
+#include "client/kiln_client_priv.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -35,7 +37,6 @@
 #include "common/kiln_proto.h"
 #include "compiler/kiln_compiler.h"
 
-#define S_MAX_POLL_MS      100        /* longest single wait, so signals are seen */
 #define S_MAX_RESENDS      50         /* sends of one request after a lost broker */
 #define S_MAX_BATCH        (1u << 20) /* jobs in one call */
 #define S_UPLOADS_AT_ONCE  2          /* blobs whose chunks take turns */
@@ -78,24 +79,11 @@ struct s_upload {
     zlistx_t *reqs;                  /* s_req_t waiting for it */
 };
 
-struct kiln_client {
-    char *endpoint;                  /* owned copy */
-    char name[KILN_PROTO_MAX_NAME + 1];
-    char *cert, *broker_cert;        /* owned, or NULL */
-    int heartbeat_ms, liveness_ms, broker_timeout_ms;
-    zsock_t *dealer;                 /* connected to the broker, or NULL */
-    zactor_t *monitor;               /* zmonitor on dealer: refused handshakes */
-    uint64_t next_req;               /* id of the next request */
-    uint32_t credit;                 /* chunks the broker lets us send */
-    uint64_t epoch;                  /* the broker instance we talk to, 0 = not known */
-    atomic_int in_zmq;               /* chunk frames ZeroMQ still holds */
-    kiln_client_stats_t stats;
-};
 
 /* --- connection ---------------------------------------------------------------- */
 
-static int
-s_open (kiln_client_t *self, kiln_err_t *err)
+int
+kiln_client_connect (kiln_client_t *self, kiln_err_t *err)
 {
     self->dealer = zsock_new (ZMQ_DEALER);
     if (!self->dealer)
@@ -133,8 +121,8 @@ s_open (kiln_client_t *self, kiln_err_t *err)
 
 /* Close the socket and wait until ZeroMQ has dropped every chunk that
  * points into the caller's buffers. */
-static void
-s_close (kiln_client_t *self)
+void
+kiln_client_disconnect (kiln_client_t *self)
 {
     zactor_destroy (&self->monitor);
     zsock_destroy (&self->dealer);
@@ -148,8 +136,8 @@ s_close (kiln_client_t *self)
 
 /* Read one monitor event; a refused handshake fills `err` and returns
  * true. */
-static bool
-s_refused (kiln_client_t *self, kiln_err_t *err)
+bool
+kiln_client_refused (kiln_client_t *self, kiln_err_t *err)
 {
     zmsg_t *ev = zmsg_recv (self->monitor);
     char *name = ev ? zmsg_popstr (ev) : NULL;
@@ -249,7 +237,7 @@ kiln_client_new_config (const kiln_client_config_t *cfg, kiln_err_t *err)
     self->broker_timeout_ms = cfg->broker_timeout_ms > 0 ? cfg->broker_timeout_ms : 60000;
     self->next_req = 1;
     atomic_init (&self->in_zmq, 0);
-    if (s_open (self, err) != 0) {
+    if (kiln_client_connect (self, err) != 0) {
         kiln_client_destroy (&self);
         return NULL;
     }
@@ -276,7 +264,7 @@ kiln_client_destroy (kiln_client_t **self_p)
         if (bye)
             kiln_msg_send (&bye, self->dealer, NULL, &err);
         zsock_set_linger (self->dealer, 100);     /* let DISCONNECT leave */
-        s_close (self);
+        kiln_client_disconnect (self);
     }
     free (self->endpoint);
     free (self->cert);
@@ -751,8 +739,8 @@ done:
 
 /* The farm's ERROR as our error: its code, its message, and as much of the
  * end of the compile log as fits. */
-static void
-s_remote_error (const kiln_msg_t *msg, kiln_err_t *err)
+void
+kiln_client_remote_error (const kiln_msg_t *msg, kiln_err_t *err)
 {
     int code = msg->code > 0 && msg->code < KILN_ERR_MAX ? (int) msg->code : KILN_EREMOTE;
     if (!msg->log || !*msg->log) {
@@ -832,7 +820,7 @@ s_handle (s_engine_t *e, kiln_msg_t *msg)
         return;
     }
     if (msg->cmd == KILN_CMD_ERROR && !msg->req_id && msg->digest[0]) {
-        s_remote_error (msg, &err);
+        kiln_client_remote_error (msg, &err);
         s_upload_done (e, msg->digest, &err);
         return;
     }
@@ -867,7 +855,7 @@ s_handle (s_engine_t *e, kiln_msg_t *msg)
             s_finish (e, r, NULL, false);
         break;
     case KILN_CMD_ERROR:
-        s_remote_error (msg, &err);
+        kiln_client_remote_error (msg, &err);
         s_finish (e, r, &err, msg->cached);
         break;
     default:
@@ -937,7 +925,7 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
         zhashx_insert (e.by_id, r->req_key, r);
         e.reqs[i] = r;
     }
-    if (!self->dealer && s_open (self, err) != 0) {
+    if (!self->dealer && kiln_client_connect (self, err) != 0) {
         rc = -err->code;
         s_cancel_all (&e, err->code, err->msg);
         goto done;
@@ -978,9 +966,9 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
         if (now - e.broker_seen > self->liveness_ms
             && (!e.broker_lost_since || now - e.broker_lost_since > self->liveness_ms)) {
             e.broker_lost_since = now;
-            s_close (self);
+            kiln_client_disconnect (self);
             self->stats.reconnects++;
-            if (s_open (self, err) != 0) {
+            if (kiln_client_connect (self, err) != 0) {
                 rc = -err->code;
                 s_cancel_all (&e, err->code, err->msg);
                 break;
@@ -1004,8 +992,8 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
             e.hb_at = now + self->heartbeat_ms;
         }
         int64_t wait = e.hb_at - now;
-        if (wait > S_MAX_POLL_MS)
-            wait = S_MAX_POLL_MS;
+        if (wait > KILN_CLIENT_MAX_POLL_MS)
+            wait = KILN_CLIENT_MAX_POLL_MS;
         if (deadline - now < wait)
             wait = deadline - now;
         if (wait < 0)
@@ -1022,7 +1010,7 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
             break;
         }
         if (got > 0 && self->monitor && (items[1].revents & ZMQ_POLLIN)
-            && s_refused (self, err)) {
+            && kiln_client_refused (self, err)) {
             rc = -err->code;
             s_cancel_all (&e, err->code, err->msg);
             break;
@@ -1056,7 +1044,7 @@ done:
     /* ZeroMQ may still hold chunks that point into the caller's buffers:
      * drop the connection so that it lets go of them before we return. */
     if (atomic_load (&self->in_zmq) > 0) {
-        s_close (self);
+        kiln_client_disconnect (self);
         self->stats.reconnects++;
     }
     for (size_t i = 0; e.reqs && i < n; i++)
@@ -1124,62 +1112,4 @@ kiln_client_compile (kiln_client_t *self, const kiln_graph_t *g,
         return -job.err.code;
     }
     return 0;
-}
-
-int
-kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_t *err)
-{
-    *json = NULL;
-    if (!self->dealer && s_open (self, err) != 0)
-        return -err->code;
-    uint64_t req_id = self->next_req++;
-    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_STATUS);
-    if (!msg)
-        return kiln_error (err, KILN_ENOMEM, "out of memory");
-    msg->req_id = req_id;
-    zsock_set_sndtimeo (self->dealer, wait_ms > 0 ? wait_ms : 10000);
-    if (kiln_msg_send (&msg, self->dealer, NULL, err) != 0)
-        return kiln_error_prefix (err, "broker %s", self->endpoint);
-    int64_t deadline = zclock_mono () + (wait_ms > 0 ? wait_ms : 10000);
-    while (true) {
-        int64_t left = deadline - zclock_mono ();
-        if (left <= 0)
-            return kiln_error (err, KILN_ETIMEOUT, "no answer from the broker at %s within "
-                               "%d s", self->endpoint,
-                               (int) ((wait_ms > 0 ? wait_ms : 10000) + 999) / 1000);
-        if (zsys_interrupted)
-            return kiln_error (err, KILN_ECANCELED, "interrupted");
-        zmq_pollitem_t items[2] = {
-            { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 },
-            { self->monitor ? zsock_resolve (self->monitor) : NULL, 0, ZMQ_POLLIN, 0 },
-        };
-        int n = zmq_poll (items, self->monitor ? 2 : 1,
-                          (long) (left < S_MAX_POLL_MS ? left : S_MAX_POLL_MS));
-        if (n <= 0)
-            continue;
-        if (self->monitor && (items[1].revents & ZMQ_POLLIN) && s_refused (self, err))
-            return -err->code;
-        if (!(items[0].revents & ZMQ_POLLIN))
-            continue;
-        kiln_err_t rerr = { 0 };
-        kiln_msg_t *reply = kiln_msg_recv (self->dealer, NULL, NULL, &rerr);
-        if (!reply || reply->req_id != req_id) {
-            kiln_msg_destroy (&reply);
-            continue;
-        }
-        int rc = 0;
-        if (reply->cmd == KILN_CMD_REPORT && reply->report) {
-            *json = reply->report;
-            reply->report = NULL;
-        }
-        else if (reply->cmd == KILN_CMD_ERROR) {
-            s_remote_error (reply, err);
-            rc = -err->code;
-        }
-        else
-            rc = kiln_error (err, KILN_EPROTO, "the broker answered STATUS with %s",
-                             kiln_cmd_name (reply->cmd));
-        kiln_msg_destroy (&reply);
-        return rc;
-    }
 }

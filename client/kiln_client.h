@@ -8,7 +8,10 @@
  * credit, waits for the signed artifact and writes it to a file.
  * kiln_client_compile_batch does the same for many graphs at once over
  * one connection.  kiln_compile_local compiles in-process with the
- * builtin compiler, signing with the user's own key.
+ * builtin compiler, signing with the user's own key.  kiln_client_get
+ * fetches a stored artifact by its content hash, in chunks, checking it
+ * before it appears at its path; kiln_client_pin keeps one from the
+ * store's eviction.
  *
  * While it waits, the client heartbeats the broker (Paranoid Pirate): a
  * broker silent for a few heartbeats is considered lost, the connection
@@ -128,6 +131,38 @@ int kiln_client_upload (kiln_client_t *self, const kiln_graph_t *g, int wait_ms,
 /* The broker's state as JSON (docs/operations.md, "kiln status").  Caller
  * frees *json. */
 int kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_t *err);
+
+/* What kiln_client_get fetched. */
+typedef struct kiln_get_result {
+    uint64_t bytes;                  /* the archive's size */
+    char sha256[KILN_HEX_LEN];       /* SHA-256 of the archive file (not its content
+                                        hash, which is the manifest's) */
+} kiln_get_result_t;
+
+/* Fetch the artifact whose content hash is `digest_hex` (64 lower-case
+ * hex characters) from the farm's store and write it to `out_path`.  It
+ * arrives in chunks under flow control into a temporary file beside
+ * `out_path`, hashed as it comes; it is renamed into place only when the
+ * file hashes to what the broker sent, opens as an archive whose every
+ * member matches its manifest (kiln_artifact_read), has that content
+ * hash, and, when `keyring_dir` is not NULL, is signed by a key in it.
+ * Nothing is left at `out_path` or beside it on failure.  Errors:
+ * KILN_ENOTFOUND "the farm at EP holds no artifact D"; KILN_EVERIFY when
+ * what arrived is not that artifact; KILN_ETIMEOUT after `wait_ms` (0: as
+ * long as the broker answers) or when the broker is silent for
+ * broker_timeout_ms.  Blocks; SIGINT (zsys_interrupted) cancels.  `res`
+ * may be NULL. */
+int kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_path,
+                     const char *keyring_dir, int wait_ms, kiln_get_result_t *res,
+                     kiln_err_t *err);
+
+/* Pin (`pin` true) or unpin the artifact `digest_hex` in the farm's
+ * store: a pinned artifact is never evicted (docs/operations.md,
+ * "Pinning").  *changed (may be NULL) says whether the pin changed: pin
+ * and unpin are idempotent.  KILN_ENOTFOUND when pinning an artifact the
+ * farm does not hold. */
+int kiln_client_pin (kiln_client_t *self, const char *digest_hex, bool pin, int wait_ms,
+                     bool *changed, kiln_err_t *err);
 
 /* For programs (not libraries): make SIGINT and SIGTERM cancel a running
  * call (it sends CANCEL for its requests and fails with KILN_ECANCELED)

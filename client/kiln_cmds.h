@@ -8,6 +8,7 @@
 #define KILN_CMDS_H
 
 #include "common/kiln_error.h"
+#include "common/kiln_hash.h"
 #include "graph/kiln_graph.h"
 
 int cmd_import (int argc, char **argv);
@@ -19,6 +20,9 @@ int cmd_status (int argc, char **argv);
 int cmd_batch (int argc, char **argv);
 int cmd_cert (int argc, char **argv);
 int cmd_release (int argc, char **argv);
+int cmd_get (int argc, char **argv);
+int cmd_pin (int argc, char **argv);
+int cmd_unpin (int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" to stderr; returns 1. */
 int kiln_cmd_fail (const char *cmd, const kiln_err_t *err);
@@ -29,6 +33,10 @@ int kiln_cmd_usage (const char *usage, const char *fmt, ...)
 /* Load a model: .onnx files through the ONNX importer, anything else as a
  * .kgraph.  Caller owns the graph. */
 kiln_graph_t *kiln_cmd_load_model (const char *path, kiln_err_t *err);
+
+/* An artifact's content hash from the command line: 64 hex characters,
+ * either case, written lower-case into `out`.  -1 when `arg` is not one. */
+int kiln_cmd_digest_arg (const char *arg, char out[KILN_HEX_LEN]);
 
 /* Write `s` as a JSON string literal (quoted, escaped) to stdout. */
 void kiln_cmd_json_str (const char *s);

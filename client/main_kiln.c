@@ -2,6 +2,7 @@
  * kiln — the command line of the build farm.  Each subcommand lives in
  * its own cmd_*.c file and is dispatched from the table below.
  */
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,9 @@ static const struct {
     { "status",  cmd_status,  "show the farm: workers, queues, cache, jobs" },
     { "cert",    cmd_cert,    "write a CurveZMQ certificate for a farm client, worker or broker" },
     { "release", cmd_release, "sign a release record (model, artifact, seq, expiry) or verify one" },
+    { "get",     cmd_get,     "fetch an artifact from the farm's store by its content hash" },
+    { "pin",     cmd_pin,     "keep an artifact in the farm's store: never evicted" },
+    { "unpin",   cmd_unpin,   "let the farm's store evict an artifact again" },
 };
 
 static void
@@ -68,6 +72,20 @@ kiln_cmd_load_model (const char *path, kiln_err_t *err)
     if (n > 5 && strcmp (path + n - 5, ".onnx") == 0)
         return kiln_onnx_import (path, err);
     return kiln_graph_load (path, err);
+}
+
+int
+kiln_cmd_digest_arg (const char *arg, char out[KILN_HEX_LEN])
+{
+    if (!arg || strlen (arg) != KILN_HEX_LEN - 1)
+        return -1;
+    for (size_t i = 0; i < KILN_HEX_LEN - 1; i++) {
+        if (!isxdigit ((unsigned char) arg[i]))
+            return -1;
+        out[i] = (char) tolower ((unsigned char) arg[i]);
+    }
+    out[KILN_HEX_LEN - 1] = '\0';
+    return 0;
 }
 
 void

@@ -59,6 +59,8 @@ kiln_dtype_from_npy_descr (const char *descr)
     if (strcmp (descr, "<u1") == 0) return KILN_DT_UINT8;
     if (strcmp (descr, "<i1") == 0) return KILN_DT_INT8;
     if (strcmp (descr, "<b1") == 0) return KILN_DT_BOOL;
+    /* bfloat16's two raw bytes, as numpy writes a void type */
+    if (strcmp (descr, "|V2") == 0) return KILN_DT_BFLOAT16;
     return KILN_DT_UNDEFINED;
 }
 
@@ -71,6 +73,12 @@ kiln_dtype_valid (int value)
 #undef X
     default: return false;
     }
+}
+
+bool
+kiln_dtype_is_half (kiln_dtype_t dt)
+{
+    return dt == KILN_DT_FLOAT16 || dt == KILN_DT_BFLOAT16;
 }
 
 int

@@ -3,7 +3,10 @@
  * the artifact manifest and the runtime.
  *
  * The numeric values are ONNX's TensorProto.DataType values so that the
- * importer maps them one to one.  A shape has a fixed rank and fixed
+ * importer maps them one to one.  numpy has no bfloat16: its .npy descr
+ * is ml_dtypes' "<V2" (two raw bytes, which numpy reads back as void and
+ * ml_dtypes as bfloat16), and numpy's own "|V2" reads as bfloat16 too.
+ * The 2-byte float types and their conversions are common/kiln_half.h.  A shape has a fixed rank and fixed
  * dimensions: kiln compiles for fixed shapes, as the trace APIs do.
  */
 #ifndef KILN_DTYPE_H
@@ -25,7 +28,8 @@
     X (INT64,   7,  "int64",   8, "<i8")        \
     X (BOOL,    9,  "bool",    1, "|b1")        \
     X (FLOAT16, 10, "float16", 2, "<f2")        \
-    X (FLOAT64, 11, "float64", 8, "<f8")
+    X (FLOAT64, 11, "float64", 8, "<f8")        \
+    X (BFLOAT16, 16, "bfloat16", 2, "<V2")
 
 typedef enum {
     KILN_DT_UNDEFINED = 0,
@@ -46,6 +50,9 @@ kiln_dtype_t kiln_dtype_from_name (const char *name);
 kiln_dtype_t kiln_dtype_from_npy_descr (const char *descr);
 /* True for a value in KILN_DTYPES. */
 bool kiln_dtype_valid (int value);
+/* True for float16 and bfloat16: stored in 2 bytes, computed in float32
+ * (common/kiln_half.h). */
+bool kiln_dtype_is_half (kiln_dtype_t dt);
 
 typedef struct kiln_shape {
     int rank;                        /* 0..KILN_MAX_RANK; -1 when unknown */

@@ -219,6 +219,17 @@ kiln_file_exists (const char *path)
     return stat (path, &st) == 0;
 }
 
+bool
+kiln_file_unchanged (const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino
+           && a->st_size == b->st_size
+           && a->st_mtim.tv_sec == b->st_mtim.tv_sec
+           && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec
+           && a->st_ctim.tv_sec == b->st_ctim.tv_sec
+           && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
 int
 kiln_config_dir (char *buf, size_t size, kiln_err_t *err)
 {

@@ -43,6 +43,12 @@ int kiln_rm_rf (const char *path);
 
 bool kiln_file_exists (const char *path);
 
+struct stat;
+/* True when two fstat results describe the same file with the same
+ * contents as far as the kernel tells: device, inode, size, mtime and
+ * ctime all equal (any write or truncation moves ctime). */
+bool kiln_file_unchanged (const struct stat *a, const struct stat *b);
+
 /* The user's kiln config directory: $KILN_CONFIG_DIR, else
  * $XDG_CONFIG_HOME/kiln, else $HOME/.config/kiln.  Written into buf. */
 int kiln_config_dir (char *buf, size_t size, kiln_err_t *err);

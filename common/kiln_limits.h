@@ -37,5 +37,22 @@
 #define KILN_MAX_RELEASE_BYTES   (4u << 10)   /* a signed release record file */
 #define KILN_MAX_MODEL_NAME      64           /* a released model's name */
 #define KILN_MAX_RELEASE_SECONDS (365LL * 86400) /* a release record's lifetime */
+#define KILN_MAX_DOWNLOADS       64           /* GETs a broker answers at once */
+#define KILN_MAX_CLIENT_DOWNLOADS 8           /* GETs one connection has at once */
+#define KILN_MAX_DOWNLOAD_CHUNKS 128          /* chunks of all GETs ZeroMQ holds at once */
+#define KILN_MAX_PINS            65536        /* artifacts pinned in one store */
+#define KILN_MAX_FOLD_BYTES      (256u << 20) /* bytes constant folding materialises per graph */
+#define KILN_MAX_COMPILE_FILE_BYTES (2 * KILN_MAX_ARTIFACT_BYTES) /* one file a compile writes */
+#define KILN_MAX_COMPILE_TMP_BYTES (256u << 20) /* the fresh /tmp of a compile's sandbox */
+#define KILN_SERVE_MAX_MODELS    256          /* models in one kiln-serve repository */
+#define KILN_SERVE_MAX_REPO_ENTRIES 4096      /* directory entries a repository scan reads */
+#define KILN_SERVE_MAX_REPLICAS  64           /* kiln-serve --replicas */
+#define KILN_SERVE_MAX_BATCH     1024         /* rows in one request or server-side batch */
+#define KILN_SERVE_MAX_QUEUE     65536        /* kiln-serve --max-queue */
+#define KILN_SERVE_MAX_BODY      (1ULL << 30) /* kiln-serve --max-body */
+#define KILN_SERVE_MAX_CONNECTIONS 4096       /* kiln-serve --max-connections */
+#define KILN_SERVE_MAX_RESPONSE  (1ULL << 32) /* one HTTP response body */
+#define KILN_SERVE_MAX_METRICS_BYTES (16u << 20) /* one /metrics page */
+#define KILN_SERVE_MAX_REQUEST_ID 256         /* an inference request's "id" */
 
 #endif

@@ -79,6 +79,20 @@ kiln_pack_b (const float *b, int64_t k, int64_t n, int64_t rs, int64_t cs,
 }
 
 void
+kiln_pack_b_u16 (const uint16_t *b, int64_t k, int64_t n, int64_t rs, int64_t cs,
+                 uint16_t *out)
+{
+    for (int64_t q = 0; q * KILN_PACK_NR < n; q++) {
+        uint16_t *panel = out + q * KILN_PACK_NR * k;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t c = 0; c < KILN_PACK_NR; c++) {
+                int64_t j = q * KILN_PACK_NR + c;
+                panel[kk * KILN_PACK_NR + c] = j < n ? b[kk * rs + j * cs] : 0;
+            }
+    }
+}
+
+void
 kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
                 int64_t group, float *out)
 {

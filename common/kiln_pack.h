@@ -84,6 +84,11 @@ void kiln_pack_a (const float *a, int64_t m, int64_t k, int64_t rs, int64_t cs,
 /* Pack B[k, n], element (kk, j) at b[kk·rs + j·cs], into out (B packed). */
 void kiln_pack_b (const float *b, int64_t k, int64_t n, int64_t rs, int64_t cs,
                   float *out);
+/* The same for a B of 2-byte elements (float16 or bfloat16 bits): the
+ * B-packed layout with 2-byte elements, columns past n zero (+0 in both
+ * types).  The matrix engine widens it a panel at a time. */
+void kiln_pack_b_u16 (const uint16_t *b, int64_t k, int64_t n, int64_t rs,
+                      int64_t cs, uint16_t *out);
 /* Pack conv weights w[m, cg, kh, kw] (ONNX layout, all groups) into out. */
 void kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh,
                      int64_t kw, int64_t group, float *out);

@@ -102,6 +102,7 @@
     X (CLIP,               "clip",               1, 3, 1)          \
     X (NOT,                "not",                1, 1, 1)          \
     X (CAST,               "cast",               1, 1, 1)          \
+    X (ROUND_HALF,         "round_half",         1, 1, 1)          \
     X (POW,                "pow",                2, 2, 1)          \
     X (PRELU,              "prelu",              2, 2, 1)          \
     X (MAX,                "max",                1, 8, 1)          \

@@ -375,26 +375,43 @@ kiln_msg_put_artifact (kiln_msg_t *self, const void *data, size_t len,
     return s_add_frames (self, data, len, err);
 }
 
-/* The bytes a CHUNK with this blob_size and offset carries. */
+/* True for the payloads that are one chunk of something bigger. */
+static bool
+s_is_chunk (kiln_payload_t payload)
+{
+    return payload == KILN_PAYLOAD_CHUNK || payload == KILN_PAYLOAD_PART;
+}
+
+/* The size of what a CHUNK (a blob, blob_size) or a PART (an artifact,
+ * artifact_size) is a chunk of. */
+static uint64_t
+s_whole_size (const kiln_msg_t *self)
+{
+    return kiln_cmd_payload (self->cmd) == KILN_PAYLOAD_PART ? self->artifact_size
+                                                             : self->blob_size;
+}
+
+/* The bytes a CHUNK or PART with this size and offset carries. */
 static uint64_t
 s_chunk_len (const kiln_msg_t *self)
 {
-    if (self->offset >= self->blob_size)
+    uint64_t whole = s_whole_size (self);
+    if (self->offset >= whole)
         return 0;
-    uint64_t left = self->blob_size - self->offset;
+    uint64_t left = whole - self->offset;
     return left < KILN_CHUNK_BYTES ? left : KILN_CHUNK_BYTES;
 }
 
 static int
 s_check_chunk_put (kiln_msg_t *self, size_t len, kiln_err_t *err)
 {
-    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_CHUNK || self->n_frames)
+    if (!s_is_chunk (kiln_cmd_payload (self->cmd)) || self->n_frames)
         return kiln_error (err, KILN_EINVAL, "%s: chunk payload set twice or not allowed",
                            kiln_cmd_name (self->cmd));
     if (len != s_chunk_len (self))
-        return kiln_error (err, KILN_EINVAL, "chunk at offset %llu of a %llu-byte blob "
+        return kiln_error (err, KILN_EINVAL, "chunk at offset %llu of %llu bytes "
                            "must be %llu bytes, not %zu", (unsigned long long) self->offset,
-                           (unsigned long long) self->blob_size,
+                           (unsigned long long) s_whole_size (self),
                            (unsigned long long) s_chunk_len (self), len);
     return 0;
 }
@@ -435,6 +452,7 @@ s_part_count (const kiln_msg_t *self)
     }
     case KILN_PAYLOAD_ARTIFACT:
     case KILN_PAYLOAD_CHUNK:
+    case KILN_PAYLOAD_PART:
         return 1;
     default:
         return 0;
@@ -446,7 +464,8 @@ s_part_size (const kiln_msg_t *self, size_t part)
 {
     switch (kiln_cmd_payload (self->cmd)) {
     case KILN_PAYLOAD_ARTIFACT: return self->artifact_size;
-    case KILN_PAYLOAD_CHUNK:    return s_chunk_len (self);
+    case KILN_PAYLOAD_CHUNK:
+    case KILN_PAYLOAD_PART:     return s_chunk_len (self);
     default:                    break;
     }
     if (part == 0)
@@ -557,7 +576,7 @@ kiln_msg_blob_part (const kiln_msg_t *self, uint32_t index, uint8_t **data,
 zframe_t *
 kiln_msg_chunk_frame (const kiln_msg_t *self)
 {
-    if (kiln_cmd_payload (self->cmd) != KILN_PAYLOAD_CHUNK || self->n_frames != 1)
+    if (!s_is_chunk (kiln_cmd_payload (self->cmd)) || self->n_frames != 1)
         return NULL;
     return self->frames[0];
 }
@@ -1093,12 +1112,14 @@ kiln_msg_decode (zmsg_t **raw_p, uint64_t *req_id, kiln_err_t *err)
         }
         msg->frames[msg->n_frames++] = f;
     }
-    if (spec->payload == KILN_PAYLOAD_CHUNK
+    if (s_is_chunk (spec->payload)
         && (msg->offset % KILN_CHUNK_BYTES != 0
-            || (msg->offset >= msg->blob_size && !(msg->offset == 0 && msg->blob_size == 0)))) {
+            || (msg->offset >= s_whole_size (msg)
+                && !(msg->offset == 0 && s_whole_size (msg) == 0)))) {
         kiln_error (err, KILN_EPROTO, "%s: offset %llu is not a chunk boundary inside a "
-                    "%llu-byte blob", spec->name, (unsigned long long) msg->offset,
-                    (unsigned long long) msg->blob_size);
+                    "%llu-byte %s", spec->name, (unsigned long long) msg->offset,
+                    (unsigned long long) s_whole_size (msg),
+                    spec->payload == KILN_PAYLOAD_PART ? "artifact" : "blob");
         goto fail;
     }
     if (s_check_layout (msg, err) != 0)

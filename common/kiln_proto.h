@@ -72,12 +72,15 @@
  *   ARTIFACT  the artifact archive (artifact_size bytes; 0 = no frames)
  *   CHUNK     bytes offset .. offset + min(KILN_CHUNK_BYTES, blob_size -
  *             offset) of the blob `digest` (one frame; none for a blob of
- *             0 bytes); offset is a multiple of KILN_CHUNK_BYTES */
+ *             0 bytes); offset is a multiple of KILN_CHUNK_BYTES
+ *   PART      the same for the artifact archive of artifact_size bytes
+ *             that a GET asked for */
 #define KILN_PAYLOADS(X)                                                   \
     X (NONE,     "none")                                                   \
     X (GRAPH,    "graph structure, then each blob marked inline")          \
     X (ARTIFACT, "artifact archive (artifact_size bytes)")                 \
-    X (CHUNK,    "one chunk of a blob: offset .. offset + 1 MiB")
+    X (CHUNK,    "one chunk of a blob: offset .. offset + 1 MiB")          \
+    X (PART,     "one chunk of an artifact: offset .. offset + 1 MiB")
 
 typedef enum {
 #define KILN_PAYLOAD_ENUM(name, doc) KILN_PAYLOAD_##name,
@@ -117,12 +120,12 @@ typedef enum {
     X (timeout_ms,       U64,   KILN_PROTO_MAX_TIMEOUT_MS,  "compile timeout; 0 = the farm's default")          \
     X (retry_failed,     BOOL,  1,                          "build again even if this action failed before")    \
     X (client,           STR,   KILN_PROTO_MAX_NAME,        "client's name for fair share (when not authenticated)") \
-    X (digest,           HEX,   64,                         "SHA-256 of one blob")                              \
+    X (digest,           HEX,   64,                         "SHA-256 of one blob (in a GET's last PART: of the whole archive file)") \
     X (blob_size,        U64,   KILN_MAX_BLOB_BYTES,        "bytes of that blob")                               \
-    X (offset,           U64,   KILN_MAX_BLOB_BYTES,        "byte offset of a chunk in its blob")               \
+    X (offset,           U64,   KILN_MAX_ARTIFACT_BYTES,    "byte offset of a chunk in its blob or artifact")   \
     X (count,            U64,   KILN_PROTO_MAX_CREDIT,      "chunks asked for")                                 \
     X (credit,           U64,   KILN_PROTO_MAX_CREDIT,      "more chunks the peer may send")                    \
-    X (artifact_size,    U64,   KILN_MAX_ARTIFACT_BYTES,    "bytes of the artifact part")                       \
+    X (artifact_size,    U64,   KILN_MAX_ARTIFACT_BYTES,    "bytes of the artifact archive")                    \
     X (cached,           BOOL,  1,                          "served from the action (or failure) cache")        \
     X (worker,           STR,   KILN_PROTO_MAX_NAME,        "name of the worker that built it")                 \
     X (ok,               BOOL,  1,                          "the compile succeeded")                            \
@@ -137,7 +140,9 @@ typedef enum {
     X (workers,          U64,   UINT64_MAX,                 "workers registered")                               \
     X (idle_slots,       U64,   UINT64_MAX,                 "free job slots over all workers")                  \
     X (queued,           U64,   UINT64_MAX,                 "jobs waiting for a worker")                        \
-    X (running,          U64,   UINT64_MAX,                 "jobs on a worker")
+    X (running,          U64,   UINT64_MAX,                 "jobs on a worker")                                 \
+    X (pinned,           BOOL,  1,                          "the artifact is pinned: eviction never removes it") \
+    X (changed,          BOOL,  1,                          "the request changed the pin (false: it was so already)")
 
 /*  name        from               to                  payload    meaning \
  *              fields */
@@ -160,9 +165,10 @@ typedef enum {
        KILN_PEER_BROKER | KILN_PEER_WORKER, CHUNK,                                    \
        "one chunk of a blob (client upload, or broker answer to FETCH)",              \
        OPT (job_id) REQ (digest) REQ (blob_size) REQ (offset))                        \
-    C (CREDIT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
-       "the client may send `credit` more chunks; `digest`: that blob is stored",     \
-       REQ (credit) OPT (digest) OPT (epoch))                                         \
+    C (CREDIT,  KILN_PEER_BROKER | KILN_PEER_CLIENT,                                  \
+       KILN_PEER_CLIENT | KILN_PEER_BROKER, NONE,                                     \
+       "the peer may send `credit` more chunks: broker to client for uploads (`digest`: that blob is stored), client to broker for the GET `req_id`", \
+       REQ (credit) OPT (req_id) OPT (digest) OPT (epoch))                            \
     C (RESULT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, ARTIFACT,                         \
        "the signed artifact for a COMPILE",                                           \
        REQ (req_id) REQ (artifact) REQ (action_key) REQ (graph_digest) REQ (cached)   \
@@ -173,7 +179,7 @@ typedef enum {
        OPT (digest) OPT (epoch))                                                      \
     C (CANCEL,  KILN_PEER_CLIENT | KILN_PEER_BROKER,                                  \
        KILN_PEER_BROKER | KILN_PEER_WORKER, NONE,                                     \
-       "client: forget request req_id; broker: stop job job_id (no DONE follows)",    \
+       "client: forget request req_id (a COMPILE or a GET); broker: stop job job_id (no DONE follows)", \
        OPT (req_id) OPT (job_id))                                                     \
     C (PING,    KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
        "ask the broker how it is; answered by PONG",                                  \
@@ -188,6 +194,21 @@ typedef enum {
     C (REPORT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
        "workers, queues per client, cache and job counters as JSON",                  \
        REQ (req_id) REQ (report))                                                     \
+    C (GET,     KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
+       "fetch a stored artifact by its content hash; answered by PARTs, `credit` at a time, or ERROR ENOTFOUND", \
+       REQ (req_id) REQ (artifact) REQ (credit))                                      \
+    C (PART,    KILN_PEER_BROKER, KILN_PEER_CLIENT, PART,                             \
+       "one chunk of the artifact a GET asked for, in order; the last carries `digest`", \
+       REQ (req_id) REQ (artifact) REQ (artifact_size) REQ (offset) OPT (digest))     \
+    C (PIN,     KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
+       "keep a stored artifact: eviction never removes it; answered by PINNED",       \
+       REQ (req_id) REQ (artifact))                                                   \
+    C (UNPIN,   KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
+       "let eviction remove a pinned artifact again; answered by PINNED",             \
+       REQ (req_id) REQ (artifact))                                                   \
+    C (PINNED,  KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
+       "whether the artifact is pinned now, and whether the request changed that",    \
+       REQ (req_id) REQ (artifact) REQ (pinned) REQ (changed))                        \
     C (READY,   KILN_PEER_WORKER, KILN_PEER_BROKER, NONE,                             \
        "a worker registers (again) with all its slots free and the blobs it holds",   \
        REQ (name) REQ (slots) REQ (toolchains) OPT (blobs) OPT (session))             \
@@ -304,7 +325,8 @@ int kiln_msg_set_error (kiln_msg_t *self, int code, const char *message,
  * kiln_msg_add_blob_ref lists one by reference only, kiln_msg_put_blob
  * lists one and carries its bytes ("inline").  ARTIFACT: put the artifact
  * once.  CHUNK: put the chunk once, after setting digest, blob_size and
- * offset.  The bytes are copied into frames of at most KILN_CHUNK_BYTES. */
+ * offset (PART: artifact_size and offset).  The bytes are copied into
+ * frames of at most KILN_CHUNK_BYTES. */
 int kiln_msg_put_structure (kiln_msg_t *self, const void *data, size_t len,
                             kiln_err_t *err);
 int kiln_msg_add_blob_ref (kiln_msg_t *self, const uint8_t digest[KILN_DIGEST_LEN],
@@ -332,8 +354,8 @@ int kiln_msg_part (const kiln_msg_t *self, size_t part, uint8_t **data,
  * when that blob is not inline. */
 int kiln_msg_blob_part (const kiln_msg_t *self, uint32_t index, uint8_t **data,
                         size_t *len, kiln_err_t *err);
-/* The single frame of a CHUNK (NULL for an empty blob); owned by the
- * message. */
+/* The single frame of a CHUNK or a PART (NULL for an empty blob); owned
+ * by the message. */
 zframe_t *kiln_msg_chunk_frame (const kiln_msg_t *self);
 /* The same, taken out of the message: caller owns it (NULL for an empty
  * blob, or when taken already). */

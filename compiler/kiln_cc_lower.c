@@ -48,15 +48,17 @@ kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
     cx->opts = *opts;
     cx->prog = kiln_program_new ();
     cx->tmap = malloc ((size_t) (g->n_tensors + 1) * sizeof *cx->tmap);
+    cx->hmap = malloc ((size_t) (g->n_tensors + 1) * sizeof *cx->hmap);
     cx->producer = malloc ((size_t) (g->n_tensors + 1) * sizeof *cx->producer);
     cx->skip = calloc ((size_t) g->n_nodes + 1, 1);
     cx->fusion = calloc ((size_t) g->n_nodes + 1, sizeof *cx->fusion);
-    if (!cx->prog || !cx->tmap || !cx->producer || !cx->skip || !cx->fusion) {
+    if (!cx->prog || !cx->tmap || !cx->hmap || !cx->producer || !cx->skip
+        || !cx->fusion) {
         kiln_cc_ctx_release (cx);
         return kiln_error (err, KILN_ENOMEM, "out of memory");
     }
     for (int i = 0; i < g->n_tensors; i++)
-        cx->tmap[i] = cx->producer[i] = -1;
+        cx->tmap[i] = cx->hmap[i] = cx->producer[i] = -1;
     for (int i = 0; i < g->n_nodes; i++)
         for (int o = 0; o < g->nodes[i].n_outputs; o++) {
             int t = g->nodes[i].outputs[o];
@@ -73,6 +75,7 @@ kiln_cc_ctx_release (kiln_cc_ctx_t *cx)
     for (int i = 0; i < cx->n_st; i++)
         free (cx->st[i].data);
     free (cx->tmap);
+    free (cx->hmap);
     free (cx->producer);
     free (cx->skip);
     free (cx->fusion);
@@ -142,16 +145,30 @@ s_weight_storage (kiln_cc_ctx_t *cx, int w, kiln_err_t *err)
     return s_storage_new (cx, true, w, gw->size, -1, err);
 }
 
-/* The program tensor for graph tensor `gt` read by the node being lowered:
- * a graph input, a weight, or a tensor an earlier node produced. */
-static int
-s_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+static int s_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins, int n_in,
+                   const int *outs, int n_out, kiln_err_t *err);
+
+static bool
+s_half (const kiln_cc_ctx_t *cx, int gt)
 {
-    if (gt < 0 || gt >= cx->g->n_tensors)
-        return s_fail (cx, KILN_ECOMPILE, err, "input tensor index %d is "
-                       "invalid", gt);
-    if (cx->tmap[gt] >= 0)
-        return cx->tmap[gt];
+    return kiln_dtype_is_half (cx->g->tensors[gt].dtype);
+}
+
+/* The dtype the program computes graph tensor gt in. */
+static kiln_dtype_t
+s_dtype (const kiln_cc_ctx_t *cx, int gt)
+{
+    return s_half (cx, gt) ? KILN_DT_FLOAT32 : cx->g->tensors[gt].dtype;
+}
+
+/* The weights.bin tensor of graph weight tensor `gt`, in its own dtype
+ * (a half weight's goes to hmap, any other's to tmap). */
+static int
+s_weight_tensor (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+{
+    int *map = s_half (cx, gt) ? cx->hmap : cx->tmap;
+    if (map[gt] >= 0)
+        return map[gt];
     const kiln_tensor_t *t = &cx->g->tensors[gt];
     if (t->weight < 0 || t->weight >= cx->g->n_weights)
         return s_fail (cx, KILN_ECOMPILE, err, "tensor '%s' is read before any "
@@ -174,8 +191,51 @@ s_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
     int pt = s_ptensor (cx, t->dtype, &t->shape, KILN_TK_WEIGHT, s, err);
     if (pt < 0)
         return pt;
+    map[gt] = pt;
+    return pt;
+}
+
+/* Half graph tensor gt, stored in 2 bytes as program tensor `src` (an
+ * input or a weight), widened to a new float32 arena tensor by a `cast`
+ * emitted now, before the op that reads it: tmap[gt].  The arena holds
+ * the float32 copy from here to its last reader only. */
+static int
+s_widen (kiln_cc_ctx_t *cx, int gt, int src, kiln_err_t *err)
+{
+    const kiln_tensor_t *t = &cx->g->tensors[gt];
+    uint64_t bytes;
+    int rc = kiln_shape_bytes (&t->shape, KILN_DT_FLOAT32, s_tname (cx, gt),
+                               &bytes, err);
+    if (rc)
+        return rc;
+    int s = s_storage_new (cx, false, -1, bytes, cx->prog->n_ops, err);
+    if (s < 0)
+        return s;
+    int pt = s_ptensor (cx, KILN_DT_FLOAT32, &t->shape, KILN_TK_TEMP, s, err);
+    if (pt < 0)
+        return pt;
+    int op = s_emit (cx, KILN_K_CAST, &src, 1, &pt, 1, err);
+    if (op < 0)
+        return op;
     cx->tmap[gt] = pt;
     return pt;
+}
+
+/* The program tensor for graph tensor `gt` read by the node being lowered:
+ * a graph input, a weight, or a tensor an earlier node produced; float32
+ * for a half one (widened here when it is a weight). */
+static int
+s_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+{
+    if (gt < 0 || gt >= cx->g->n_tensors)
+        return s_fail (cx, KILN_ECOMPILE, err, "input tensor index %d is "
+                       "invalid", gt);
+    if (cx->tmap[gt] >= 0)
+        return cx->tmap[gt];
+    int pt = s_weight_tensor (cx, gt, err);
+    if (pt < 0 || !s_half (cx, gt))
+        return pt;
+    return s_widen (cx, gt, pt, err);
 }
 
 /* A new arena tensor for graph tensor `gt`, written by the next op. */
@@ -190,13 +250,14 @@ s_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
                        s_tname (cx, gt));
     const kiln_tensor_t *t = &cx->g->tensors[gt];
     uint64_t bytes;
-    int rc = kiln_shape_bytes (&t->shape, t->dtype, s_tname (cx, gt), &bytes, err);
+    int rc = kiln_shape_bytes (&t->shape, s_dtype (cx, gt), s_tname (cx, gt), &bytes,
+                               err);
     if (rc)
         return rc;
     int s = s_storage_new (cx, false, -1, bytes, cx->prog->n_ops, err);
     if (s < 0)
         return s;
-    int pt = s_ptensor (cx, t->dtype, &t->shape, KILN_TK_TEMP, s, err);
+    int pt = s_ptensor (cx, s_dtype (cx, gt), &t->shape, KILN_TK_TEMP, s, err);
     if (pt < 0)
         return pt;
     cx->tmap[gt] = pt;
@@ -253,7 +314,8 @@ s_in (const kiln_node_t *node, int i)
     return i < node->n_inputs ? node->inputs[i] : -1;
 }
 
-/* Every listed tensor must be float32: the kernels compute in float32. */
+/* Every listed tensor must be computed in float32 (float32 or a half
+ * type): the kernels compute in float32. */
 static int
 s_need_f32 (kiln_cc_ctx_t *cx, const int *gts, int n, kiln_err_t *err)
 {
@@ -261,9 +323,10 @@ s_need_f32 (kiln_cc_ctx_t *cx, const int *gts, int n, kiln_err_t *err)
         if (gts[i] < 0)
             continue;
         const kiln_tensor_t *t = s_gt (cx, gts[i]);
-        if (t->dtype != KILN_DT_FLOAT32)
+        if (s_dtype (cx, gts[i]) != KILN_DT_FLOAT32)
             return s_fail (cx, KILN_EUNSUPPORTED, err, "tensor '%s' is %s; the "
-                           "builtin compiler computes in float32 only",
+                           "builtin compiler computes in float32 only (float16 and "
+                           "bfloat16 through float32)",
                            s_tname (cx, gts[i]), kiln_dtype_name (t->dtype));
         if (t->shape.rank < 0)
             return s_fail (cx, KILN_ECOMPILE, err, "tensor '%s' has no inferred "
@@ -395,11 +458,11 @@ kiln_cc_temp (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
 }
 
 int
-kiln_cc_made_weight (kiln_cc_ctx_t *cx, const kiln_shape_t *shape, float **data,
-                     kiln_err_t *err)
+kiln_cc_made_weight_dt (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
+                        void **data, kiln_err_t *err)
 {
     uint64_t bytes;
-    int rc = kiln_shape_bytes (shape, KILN_DT_FLOAT32, "folded weight", &bytes, err);
+    int rc = kiln_shape_bytes (shape, dt, "folded weight", &bytes, err);
     if (rc)
         return rc;
     if (bytes > KILN_MAX_BLOB_BYTES)
@@ -414,10 +477,21 @@ kiln_cc_made_weight (kiln_cc_ctx_t *cx, const kiln_shape_t *shape, float **data,
         return st;
     }
     cx->st[st].data = buf;
-    int pt = s_ptensor (cx, KILN_DT_FLOAT32, shape, KILN_TK_WEIGHT, st, err);
+    int pt = s_ptensor (cx, dt, shape, KILN_TK_WEIGHT, st, err);
     if (pt < 0)
         return pt;
-    *data = (float *) buf;
+    *data = buf;
+    return pt;
+}
+
+int
+kiln_cc_made_weight (kiln_cc_ctx_t *cx, const kiln_shape_t *shape, float **data,
+                     kiln_err_t *err)
+{
+    void *d = NULL;
+    int pt = kiln_cc_made_weight_dt (cx, KILN_DT_FLOAT32, shape, &d, err);
+    if (pt >= 0)
+        *data = d;
     return pt;
 }
 
@@ -435,6 +509,52 @@ kiln_cc_const_f32 (const kiln_cc_ctx_t *cx, int gt)
     if (!w->data || w->size < bytes)
         return NULL;
     return (const float *) w->data;
+}
+
+const uint16_t *
+kiln_cc_const_half (const kiln_cc_ctx_t *cx, int gt, kiln_dtype_t *dt)
+{
+    if (gt < 0 || gt >= cx->g->n_tensors)
+        return NULL;
+    const kiln_tensor_t *t = &cx->g->tensors[gt];
+    if (!kiln_dtype_is_half (t->dtype) || t->weight < 0
+        || t->weight >= cx->g->n_weights || t->shape.rank < 0)
+        return NULL;
+    const kiln_weight_t *w = &cx->g->weights[t->weight];
+    uint64_t bytes = (uint64_t) s_numel (&t->shape) * 2;
+    if (!w->data || w->size < bytes)
+        return NULL;
+    *dt = t->dtype;
+    return (const uint16_t *) w->data;
+}
+
+kiln_dtype_t
+kiln_cc_dtype (const kiln_cc_ctx_t *cx, int gt)
+{
+    return s_dtype (cx, gt);
+}
+
+int
+kiln_cc_stored (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+{
+    if (gt < 0 || gt >= cx->g->n_tensors)
+        return s_fail (cx, KILN_ECOMPILE, err, "input tensor index %d is "
+                       "invalid", gt);
+    if (cx->hmap[gt] >= 0)
+        return cx->hmap[gt];
+    if (s_half (cx, gt) && s_gt (cx, gt)->weight >= 0)
+        return s_weight_tensor (cx, gt, err);
+    return s_operand (cx, gt, err);
+}
+
+int
+kiln_cc_round (kiln_cc_ctx_t *cx, int px, int py, kiln_dtype_t dt, kiln_err_t *err)
+{
+    int op = s_emit (cx, KILN_K_ROUND_HALF, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    int rc = kiln_prog_op_set_int (&cx->prog->ops[op], "dtype", dt, err);
+    return rc < 0 ? rc : op;
 }
 
 bool
@@ -460,7 +580,9 @@ s_lower_view (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     const kiln_tensor_t *tx = s_gt (cx, x), *ty = s_gt (cx, y);
     if (tx->shape.rank < 0 || ty->shape.rank < 0)
         return s_fail (cx, KILN_ECOMPILE, err, "shapes are not inferred");
-    if (tx->dtype != ty->dtype || s_numel (&tx->shape) != s_numel (&ty->shape))
+    /* (a Cast from a half type to float32 is a view too: both are float32
+     * in the program) */
+    if (s_dtype (cx, x) != s_dtype (cx, y) || s_numel (&tx->shape) != s_numel (&ty->shape))
         return s_fail (cx, KILN_ECOMPILE, err, "output '%s' does not hold the "
                        "same %s elements as input '%s'", s_tname (cx, y),
                        kiln_dtype_name (tx->dtype), s_tname (cx, x));
@@ -473,7 +595,7 @@ s_lower_view (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                            "twice", s_tname (cx, y));
         kiln_tensor_kind_t kind = cx->prog->tensors[px].kind == KILN_TK_WEIGHT
                                   ? KILN_TK_WEIGHT : KILN_TK_TEMP;
-        int py = s_ptensor (cx, ty->dtype, &ty->shape, kind,
+        int py = s_ptensor (cx, cx->prog->tensors[px].dtype, &ty->shape, kind,
                             cx->storage_of[px], err);
         if (py < 0)
             return py;
@@ -732,6 +854,24 @@ s_pack_weight_b (kiln_cc_ctx_t *cx, const float *b, int64_t k, int64_t n,
     return t;
 }
 
+/* The same for a float16 or bfloat16 B (`dt`): packed as it is, in panels
+ * of 2-byte elements, which the engine widens a panel at a time. */
+static int
+s_pack_weight_b_half (kiln_cc_ctx_t *cx, const uint16_t *b, kiln_dtype_t dt,
+                      int64_t k, int64_t n, int64_t rs, int64_t cs, kiln_err_t *err)
+{
+    int64_t elems = 0;
+    void *pw;
+    if (!kiln_pack_b_elems (k, n, &elems) || elems > KILN_MAX_TENSOR_ELEMS)
+        return s_fail (cx, KILN_ELIMIT, err, "packed B too large");
+    kiln_shape_t ps = { .rank = 1, .dims = { elems } };
+    int t = kiln_cc_made_weight_dt (cx, dt, &ps, &pw, err);
+    if (t < 0)
+        return t;
+    kiln_pack_b_u16 (b, k, n, rs, cs, pw);
+    return t;
+}
+
 /* Strides `os` of a MatMul operand or result of shape `sh` (from the
  * fusion pass) as the matmul op takes them: its batch dimensions padded
  * to `brank` (0 for the padding and for axes of size 1), then rows and
@@ -797,10 +937,13 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if ((rc = s_expect_shape (cx, y, &out, err)))
         return rc;
 
-    /* A constant B that is one matrix is packed for the engine from -O2. */
+    /* A constant B that is one matrix is packed for the engine from -O2; a
+     * half one as it is, in 2-byte panels. */
     const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
     const float *bdata = kiln_cc_const_f32 (cx, b);
-    bool pack = cx->opts.optlevel >= 2 && bdata && s_numel (sb) == kk * n
+    kiln_dtype_t hdt = KILN_DT_UNDEFINED;
+    const uint16_t *hdata = kiln_cc_const_half (cx, b, &hdt);
+    bool pack = cx->opts.optlevel >= 2 && (bdata || hdata) && s_numel (sb) == kk * n
                 && f->src[1] < 0;
     int ins[4], n_in = 2;
     if ((ins[0] = s_operand (cx, f->src[0] >= 0 ? f->src[0] : a, err)) < 0)
@@ -809,7 +952,9 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         if ((ins[1] = s_operand (cx, f->src[1], err)) < 0)
             return ins[1];
     } else if (pack) {
-        if ((ins[1] = s_pack_weight_b (cx, bdata, kk, n, n, 1, err)) < 0)
+        ins[1] = bdata ? s_pack_weight_b (cx, bdata, kk, n, n, 1, err)
+                       : s_pack_weight_b_half (cx, hdata, hdt, kk, n, n, 1, err);
+        if (ins[1] < 0)
             return ins[1];
     } else if ((ins[1] = s_operand (cx, b, err)) < 0) {
         return ins[1];
@@ -899,9 +1044,12 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                            "[%lld, %lld]", (long long) m, (long long) n);
     }
     bool with_c = c >= 0 && beta != 0.0;
-    /* A constant B is packed as op(B) for the engine from -O2. */
+    /* A constant B is packed as op(B) for the engine from -O2; a half one
+     * as it is, in 2-byte panels. */
     const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
     const float *bdata = kiln_cc_const_f32 (cx, b);
+    kiln_dtype_t hdt = KILN_DT_UNDEFINED;
+    const uint16_t *hdata = kiln_cc_const_half (cx, b, &hdt);
     float *bfold = NULL, *cfold = NULL;
     if (f->bn >= 0) {
         /* A BatchNormalization after it: op(B) scaled per column, C a
@@ -918,7 +1066,7 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         cdims[0] = 1;
         cdims[1] = n;
     }
-    bool pack = cx->opts.optlevel >= 2 && bdata;
+    bool pack = cx->opts.optlevel >= 2 && (bdata || hdata);
     int ins[4], n_in = with_c ? 3 : 2;
     if ((ins[0] = s_operand (cx, a, err)) < 0)
         rc = ins[0];
@@ -945,8 +1093,11 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     }
     if (bfold && !pack) {
         /* B is in ins[1] already */
-    } else if (pack) {
+    } else if (pack && bdata) {
         ins[1] = s_pack_weight_b (cx, bdata, kk, n, tb ? 1 : n, tb ? kk : 1, err);
+    } else if (pack) {
+        ins[1] = s_pack_weight_b_half (cx, hdata, hdt, kk, n, tb ? 1 : n, tb ? kk : 1,
+                                       err);
     } else {
         ins[1] = s_operand (cx, b, err);
     }
@@ -1369,95 +1520,99 @@ s_lower_gap (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
 
 /* --- the table ------------------------------------------------------ */
 
+/* op, lowering, kernel, exact (kiln_cc_lowering_t): whether a half output
+ * needs no round_half after it: views and data movement, ops that select
+ * among their inputs' values (Relu, Max, Where, MaxPool, ...), and Cast,
+ * which rounds itself.  (Clip is not: Clip-6's bounds are floats.) */
 static const kiln_cc_lowering_t s_lowerings[] = {
-    { "Add",               kiln_lower_math_arith,  KILN_K_ADD },
-    { "Sub",               kiln_lower_math_arith,  KILN_K_SUB },
-    { "Mul",               kiln_lower_math_arith,  KILN_K_MUL },
-    { "Div",               kiln_lower_math_arith,  KILN_K_DIV },
+    { "Add",               kiln_lower_math_arith,  KILN_K_ADD, false },
+    { "Sub",               kiln_lower_math_arith,  KILN_K_SUB, false },
+    { "Mul",               kiln_lower_math_arith,  KILN_K_MUL, false },
+    { "Div",               kiln_lower_math_arith,  KILN_K_DIV, false },
     /* the math ops: compiler/kiln_lower_math.c */
-    { "Neg",               kiln_lower_math_unary, KILN_K_NEG },
-    { "Abs",               kiln_lower_math_unary, KILN_K_ABS },
-    { "Sqrt",              kiln_lower_math_unary, KILN_K_SQRT },
-    { "Reciprocal",        kiln_lower_math_unary, KILN_K_RECIPROCAL },
-    { "Exp",               kiln_lower_math_unary, KILN_K_EXP },
-    { "Log",               kiln_lower_math_unary, KILN_K_LOG },
-    { "Floor",             kiln_lower_math_unary, KILN_K_FLOOR },
-    { "Ceil",              kiln_lower_math_unary, KILN_K_CEIL },
-    { "Erf",               kiln_lower_math_unary, KILN_K_ERF },
-    { "Tanh",              kiln_lower_math_unary, KILN_K_TANH },
-    { "Sigmoid",           kiln_lower_math_unary, KILN_K_SIGMOID },
-    { "Softplus",          kiln_lower_math_unary, KILN_K_SOFTPLUS },
-    { "Softsign",          kiln_lower_math_unary, KILN_K_SOFTSIGN },
-    { "HardSwish",         kiln_lower_math_unary, KILN_K_HARD_SWISH },
-    { "LeakyRelu",         kiln_lower_math_unary, KILN_K_LEAKY_RELU },
-    { "Elu",               kiln_lower_math_unary, KILN_K_ELU },
-    { "Selu",              kiln_lower_math_unary, KILN_K_SELU },
-    { "Celu",              kiln_lower_math_unary, KILN_K_CELU },
-    { "HardSigmoid",       kiln_lower_math_unary, KILN_K_HARD_SIGMOID },
-    { "Not",               kiln_lower_math_unary, KILN_K_NOT },
-    { "Cast",              kiln_lower_math_cast, KILN_K_CAST },
-    { "CastLike",          kiln_lower_math_cast, KILN_K_CAST },
-    { "PRelu",             kiln_lower_math_broadcast, KILN_K_PRELU },
-    { "Clip",              kiln_lower_math_clip, KILN_K_CLIP },
-    { "Pow",               kiln_lower_math_broadcast, KILN_K_POW },
-    { "Max",               kiln_lower_math_broadcast, KILN_K_MAX },
-    { "Min",               kiln_lower_math_broadcast, KILN_K_MIN },
-    { "Sum",               kiln_lower_math_broadcast, KILN_K_SUM },
-    { "Mean",              kiln_lower_math_broadcast, KILN_K_MEAN },
-    { "Equal",             kiln_lower_math_broadcast, KILN_K_EQUAL },
-    { "Less",              kiln_lower_math_broadcast, KILN_K_LESS },
-    { "Greater",           kiln_lower_math_broadcast, KILN_K_GREATER },
-    { "LessOrEqual",       kiln_lower_math_broadcast, KILN_K_LESS_EQUAL },
-    { "GreaterOrEqual",    kiln_lower_math_broadcast, KILN_K_GREATER_EQUAL },
-    { "And",               kiln_lower_math_broadcast, KILN_K_AND },
-    { "Or",                kiln_lower_math_broadcast, KILN_K_OR },
-    { "Xor",               kiln_lower_math_broadcast, KILN_K_XOR },
-    { "Where",             kiln_lower_math_broadcast, KILN_K_WHERE },
-    { "Softmax",           kiln_lower_math_softmax, KILN_K_SOFTMAX },
-    { "LogSoftmax",        kiln_lower_math_softmax, KILN_K_LOG_SOFTMAX },
-    { "ReduceSum",         kiln_lower_math_reduce, KILN_K_REDUCE_SUM },
-    { "ReduceMean",        kiln_lower_math_reduce, KILN_K_REDUCE_MEAN },
-    { "ReduceMax",         kiln_lower_math_reduce, KILN_K_REDUCE_MAX },
-    { "ReduceMin",         kiln_lower_math_reduce, KILN_K_REDUCE_MIN },
-    { "ReduceProd",        kiln_lower_math_reduce, KILN_K_REDUCE_PROD },
-    { "ReduceL1",          kiln_lower_math_reduce, KILN_K_REDUCE_L1 },
-    { "ReduceL2",          kiln_lower_math_reduce, KILN_K_REDUCE_L2 },
-    { "ReduceSumSquare",   kiln_lower_math_reduce, KILN_K_REDUCE_SUM_SQUARE },
-    { "ReduceLogSum",      kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM },
-    { "ReduceLogSumExp",   kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM_EXP },
-    { "ArgMax",            kiln_lower_math_arg, KILN_K_ARGMAX },
-    { "ArgMin",            kiln_lower_math_arg, KILN_K_ARGMIN },
-    { "BatchNormalization", kiln_lower_math_norm, KILN_K_BATCH_NORM },
-    { "InstanceNormalization", kiln_lower_math_norm, KILN_K_INSTANCE_NORM },
-    { "LayerNormalization", kiln_lower_math_norm, KILN_K_LAYER_NORM },
-    { "LRN",               kiln_lower_math_norm, KILN_K_LRN },
-    { "Relu",              s_lower_unary,   KILN_K_RELU },
-    { "MatMul",            s_lower_matmul,  KILN_K_MATMUL },
-    { "Gemm",              s_lower_gemm,    KILN_K_GEMM },
-    { "Conv",              s_lower_conv,    KILN_K_CONV2D },
-    { "MaxPool",           s_lower_maxpool, KILN_K_MAXPOOL2D },
-    { "GlobalAveragePool", s_lower_gap,     KILN_K_GLOBAL_AVGPOOL },
-    { "Flatten",           s_lower_view,    KILN_K_COPY },
-    { "Reshape",           s_lower_view,    KILN_K_COPY },
-    { "Identity",          s_lower_view,    KILN_K_COPY },
+    { "Neg",               kiln_lower_math_unary, KILN_K_NEG, true },
+    { "Abs",               kiln_lower_math_unary, KILN_K_ABS, true },
+    { "Sqrt",              kiln_lower_math_unary, KILN_K_SQRT, false },
+    { "Reciprocal",        kiln_lower_math_unary, KILN_K_RECIPROCAL, false },
+    { "Exp",               kiln_lower_math_unary, KILN_K_EXP, false },
+    { "Log",               kiln_lower_math_unary, KILN_K_LOG, false },
+    { "Floor",             kiln_lower_math_unary, KILN_K_FLOOR, false },
+    { "Ceil",              kiln_lower_math_unary, KILN_K_CEIL, false },
+    { "Erf",               kiln_lower_math_unary, KILN_K_ERF, false },
+    { "Tanh",              kiln_lower_math_unary, KILN_K_TANH, false },
+    { "Sigmoid",           kiln_lower_math_unary, KILN_K_SIGMOID, false },
+    { "Softplus",          kiln_lower_math_unary, KILN_K_SOFTPLUS, false },
+    { "Softsign",          kiln_lower_math_unary, KILN_K_SOFTSIGN, false },
+    { "HardSwish",         kiln_lower_math_unary, KILN_K_HARD_SWISH, false },
+    { "LeakyRelu",         kiln_lower_math_unary, KILN_K_LEAKY_RELU, false },
+    { "Elu",               kiln_lower_math_unary, KILN_K_ELU, false },
+    { "Selu",              kiln_lower_math_unary, KILN_K_SELU, false },
+    { "Celu",              kiln_lower_math_unary, KILN_K_CELU, false },
+    { "HardSigmoid",       kiln_lower_math_unary, KILN_K_HARD_SIGMOID, false },
+    { "Not",               kiln_lower_math_unary, KILN_K_NOT, false },
+    { "Cast",              kiln_lower_math_cast, KILN_K_CAST, true },
+    { "CastLike",          kiln_lower_math_cast, KILN_K_CAST, true },
+    { "PRelu",             kiln_lower_math_broadcast, KILN_K_PRELU, false },
+    { "Clip",              kiln_lower_math_clip, KILN_K_CLIP, false },
+    { "Pow",               kiln_lower_math_broadcast, KILN_K_POW, false },
+    { "Max",               kiln_lower_math_broadcast, KILN_K_MAX, true },
+    { "Min",               kiln_lower_math_broadcast, KILN_K_MIN, true },
+    { "Sum",               kiln_lower_math_broadcast, KILN_K_SUM, false },
+    { "Mean",              kiln_lower_math_broadcast, KILN_K_MEAN, false },
+    { "Equal",             kiln_lower_math_broadcast, KILN_K_EQUAL, false },
+    { "Less",              kiln_lower_math_broadcast, KILN_K_LESS, false },
+    { "Greater",           kiln_lower_math_broadcast, KILN_K_GREATER, false },
+    { "LessOrEqual",       kiln_lower_math_broadcast, KILN_K_LESS_EQUAL, false },
+    { "GreaterOrEqual",    kiln_lower_math_broadcast, KILN_K_GREATER_EQUAL, false },
+    { "And",               kiln_lower_math_broadcast, KILN_K_AND, false },
+    { "Or",                kiln_lower_math_broadcast, KILN_K_OR, false },
+    { "Xor",               kiln_lower_math_broadcast, KILN_K_XOR, false },
+    { "Where",             kiln_lower_math_broadcast, KILN_K_WHERE, true },
+    { "Softmax",           kiln_lower_math_softmax, KILN_K_SOFTMAX, false },
+    { "LogSoftmax",        kiln_lower_math_softmax, KILN_K_LOG_SOFTMAX, false },
+    { "ReduceSum",         kiln_lower_math_reduce, KILN_K_REDUCE_SUM, false },
+    { "ReduceMean",        kiln_lower_math_reduce, KILN_K_REDUCE_MEAN, false },
+    { "ReduceMax",         kiln_lower_math_reduce, KILN_K_REDUCE_MAX, true },
+    { "ReduceMin",         kiln_lower_math_reduce, KILN_K_REDUCE_MIN, true },
+    { "ReduceProd",        kiln_lower_math_reduce, KILN_K_REDUCE_PROD, false },
+    { "ReduceL1",          kiln_lower_math_reduce, KILN_K_REDUCE_L1, false },
+    { "ReduceL2",          kiln_lower_math_reduce, KILN_K_REDUCE_L2, false },
+    { "ReduceSumSquare",   kiln_lower_math_reduce, KILN_K_REDUCE_SUM_SQUARE, false },
+    { "ReduceLogSum",      kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM, false },
+    { "ReduceLogSumExp",   kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM_EXP, false },
+    { "ArgMax",            kiln_lower_math_arg, KILN_K_ARGMAX, false },
+    { "ArgMin",            kiln_lower_math_arg, KILN_K_ARGMIN, false },
+    { "BatchNormalization", kiln_lower_math_norm, KILN_K_BATCH_NORM, false },
+    { "InstanceNormalization", kiln_lower_math_norm, KILN_K_INSTANCE_NORM, false },
+    { "LayerNormalization", kiln_lower_math_norm, KILN_K_LAYER_NORM, false },
+    { "LRN",               kiln_lower_math_norm, KILN_K_LRN, false },
+    { "Relu",              s_lower_unary,   KILN_K_RELU, true },
+    { "MatMul",            s_lower_matmul,  KILN_K_MATMUL, false },
+    { "Gemm",              s_lower_gemm,    KILN_K_GEMM, false },
+    { "Conv",              s_lower_conv,    KILN_K_CONV2D, false },
+    { "MaxPool",           s_lower_maxpool, KILN_K_MAXPOOL2D, true },
+    { "GlobalAveragePool", s_lower_gap,     KILN_K_GLOBAL_AVGPOOL, false },
+    { "Flatten",           s_lower_view,    KILN_K_COPY, true },
+    { "Reshape",           s_lower_view,    KILN_K_COPY, true },
+    { "Identity",          s_lower_view,    KILN_K_COPY, true },
     /* shape, data movement and windows: compiler/kiln_lower_shape.c */
-    { "Squeeze",           s_lower_view,    KILN_K_COPY },
-    { "Unsqueeze",         s_lower_view,    KILN_K_COPY },
-    { "Transpose",         kiln_lower_shape_strided, KILN_K_STRIDED },
-    { "Slice",             kiln_lower_shape_strided, KILN_K_STRIDED },
-    { "Expand",            kiln_lower_shape_strided, KILN_K_STRIDED },
-    { "Tile",              kiln_lower_shape_strided, KILN_K_STRIDED },
-    { "DepthToSpace",      kiln_lower_shape_strided, KILN_K_STRIDED },
-    { "SpaceToDepth",      kiln_lower_shape_strided, KILN_K_STRIDED },
-    { "Split",             kiln_lower_shape_split, KILN_K_STRIDED },
-    { "Concat",            kiln_lower_shape_concat, KILN_K_CONCAT },
-    { "Gather",            kiln_lower_shape_gather, KILN_K_GATHER },
-    { "Pad",               kiln_lower_shape_pad, KILN_K_PAD },
-    { "Resize",            kiln_lower_shape_resize, KILN_K_RESIZE },
-    { "Einsum",            kiln_lower_shape_einsum, KILN_K_MATMUL },
-    { "ConvTranspose",     kiln_lower_shape_conv_transpose, KILN_K_CONV_TRANSPOSE2D },
-    { "AveragePool",       kiln_lower_shape_avgpool, KILN_K_AVGPOOL2D },
-    { "GlobalMaxPool",     kiln_lower_shape_global_pool, KILN_K_GLOBAL_MAXPOOL },
+    { "Squeeze",           s_lower_view,    KILN_K_COPY, true },
+    { "Unsqueeze",         s_lower_view,    KILN_K_COPY, true },
+    { "Transpose",         kiln_lower_shape_strided, KILN_K_STRIDED, true },
+    { "Slice",             kiln_lower_shape_strided, KILN_K_STRIDED, true },
+    { "Expand",            kiln_lower_shape_strided, KILN_K_STRIDED, true },
+    { "Tile",              kiln_lower_shape_strided, KILN_K_STRIDED, true },
+    { "DepthToSpace",      kiln_lower_shape_strided, KILN_K_STRIDED, true },
+    { "SpaceToDepth",      kiln_lower_shape_strided, KILN_K_STRIDED, true },
+    { "Split",             kiln_lower_shape_split, KILN_K_STRIDED, true },
+    { "Concat",            kiln_lower_shape_concat, KILN_K_CONCAT, true },
+    { "Gather",            kiln_lower_shape_gather, KILN_K_GATHER, true },
+    { "Pad",               kiln_lower_shape_pad, KILN_K_PAD, false },
+    { "Resize",            kiln_lower_shape_resize, KILN_K_RESIZE, false },
+    { "Einsum",            kiln_lower_shape_einsum, KILN_K_MATMUL, false },
+    { "ConvTranspose",     kiln_lower_shape_conv_transpose, KILN_K_CONV_TRANSPOSE2D, false },
+    { "AveragePool",       kiln_lower_shape_avgpool, KILN_K_AVGPOOL2D, false },
+    { "GlobalMaxPool",     kiln_lower_shape_global_pool, KILN_K_GLOBAL_MAXPOOL, true },
 };
 
 const kiln_cc_lowering_t *
@@ -1470,6 +1625,69 @@ kiln_cc_lowering_find (const char *op)
 }
 
 /* --- driver --------------------------------------------------------- */
+
+/* After node `i` (lowered by `l`, NULL for the fused layer norm): each
+ * half tensor it computed, rounded in place to its type, so that the
+ * next op reads what a half tensor holds (the rounding torch does at
+ * every op of a bfloat16 or float16 model). */
+static int
+s_round_outputs (kiln_cc_ctx_t *cx, int i, const kiln_cc_lowering_t *l,
+                 kiln_err_t *err)
+{
+    if (l && l->exact)
+        return 0;
+    const kiln_node_t *node = &cx->g->nodes[i];
+    int outs[KILN_MAX_NODE_IO + 1], n = 0;
+    for (int o = 0; o < node->n_outputs; o++)
+        outs[n++] = node->outputs[o];
+    outs[n++] = cx->fusion[i].out;
+    for (int k = 0; k < n; k++) {
+        int gt = outs[k];
+        bool seen = false;
+        for (int j = 0; j < k; j++)
+            seen = seen || outs[j] == gt;
+        if (seen || gt < 0 || gt >= cx->g->n_tensors || cx->tmap[gt] < 0
+            || !s_half (cx, gt))
+            continue;
+        int op = kiln_cc_round (cx, cx->tmap[gt], cx->tmap[gt], s_gt (cx, gt)->dtype,
+                                err);
+        if (op < 0)
+            return op;
+    }
+    return 0;
+}
+
+/* The program tensor of half graph output gt, in its 2-byte type: the
+ * stored input or weight itself, or the float32 result narrowed by a
+ * `cast` emitted now, after the last node. */
+static int
+s_half_output (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
+{
+    if (cx->hmap[gt] >= 0)
+        return cx->hmap[gt];
+    const kiln_tensor_t *t = s_gt (cx, gt);
+    if (t->weight >= 0)
+        return s_weight_tensor (cx, gt, err);
+    int src = cx->tmap[gt];
+    if (src < 0)
+        return kiln_error (err, KILN_ECOMPILE, "graph output '%s' is produced by "
+                           "no node", s_tname (cx, gt));
+    uint64_t bytes;
+    int rc = kiln_shape_bytes (&t->shape, t->dtype, s_tname (cx, gt), &bytes, err);
+    if (rc)
+        return rc;
+    int s = s_storage_new (cx, false, -1, bytes, cx->prog->n_ops, err);
+    if (s < 0)
+        return s;
+    int pt = s_ptensor (cx, t->dtype, &t->shape, KILN_TK_TEMP, s, err);
+    if (pt < 0)
+        return pt;
+    int op = s_emit (cx, KILN_K_CAST, &src, 1, &pt, 1, err);
+    if (op < 0)
+        return op;
+    cx->hmap[gt] = pt;
+    return pt;
+}
 
 int
 kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err)
@@ -1497,8 +1715,14 @@ kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err)
         if (pt < 0)
             return pt;
         cx->prog->tensors[pt].io = i;
-        cx->tmap[gt] = pt;
+        (s_half (cx, gt) ? cx->hmap : cx->tmap)[gt] = pt;
         if ((rc = kiln_program_add_io (cx->prog, false, pt, err)) < 0)
+            return rc;
+    }
+    /* Half inputs are computed in float32 from the first op on. */
+    for (int i = 0; i < g->n_inputs; i++) {
+        int gt = g->inputs[i];
+        if (s_half (cx, gt) && (rc = s_widen (cx, gt, cx->hmap[gt], err)) < 0)
             return rc;
     }
     if ((rc = kiln_cc_fuse (cx, err)))
@@ -1509,7 +1733,8 @@ kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err)
         cx->node = i;
         const kiln_node_t *node = &g->nodes[i];
         if (cx->fusion[i].ln_scale >= 0) {
-            if ((rc = s_lower_fused_ln (cx, node, err)))
+            if ((rc = s_lower_fused_ln (cx, node, err))
+                || (rc = s_round_outputs (cx, i, NULL, err)))
                 return rc;
             continue;
         }
@@ -1517,14 +1742,20 @@ kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err)
         if (!l)
             return s_fail (cx, KILN_EUNSUPPORTED, err, "operator not supported "
                            "by the builtin compiler");
-        if ((rc = l->fn (cx, node, l->kernel, err)))
+        if ((rc = l->fn (cx, node, l->kernel, err))
+            || (rc = s_round_outputs (cx, i, l, err)))
             return rc;
     }
     for (int i = 0; i < g->n_outputs; i++) {
         int gt = g->outputs[i];
         int pt = gt >= 0 && gt < g->n_tensors ? cx->tmap[gt] : -1;
-        if (pt < 0 && gt >= 0 && gt < g->n_tensors && g->tensors[gt].weight >= 0) {
-            cx->node = -1;      /* errors name the graph outputs */
+        cx->node = -1;          /* errors name the graph outputs */
+        if (gt >= 0 && gt < g->n_tensors && s_half (cx, gt)) {
+            pt = s_half_output (cx, gt, err);
+            if (pt < 0)
+                return pt;
+        } else if (pt < 0 && gt >= 0 && gt < g->n_tensors
+                   && g->tensors[gt].weight >= 0) {
             pt = s_operand (cx, gt, err);
             if (pt < 0)
                 return pt;

@@ -15,9 +15,21 @@
  * the first op that writes it and the last op that reads it; the planner
  * (kiln_cc_plan) then gives each storage an offset.
  *
+ * Half precision: a float16 or bfloat16 graph tensor is computed in
+ * float32 (kiln_cc_dtype).  It is stored in 2 bytes where it enters or
+ * leaves the program: a graph input is widened by a `cast` before the
+ * first op, a weight where an op first reads it (or packed as it is, in
+ * 2-byte panels, for the matrix engine), a graph output narrowed by a
+ * `cast` after the last.  In between, every node that computes a half
+ * tensor is followed by a `round_half` of it, in place, so that it holds
+ * exactly the values a half tensor can (docs/engine.md).
+ *
  * Invariants of a kiln_cc_ctx_t after kiln_cc_lower succeeds:
  *   - tmap[g] is the program tensor of graph tensor g, or -1 when the
  *     program does not need it (a Reshape's shape input, an unused weight);
+ *     for a half tensor it is float32;
+ *   - hmap[g] is the 2-byte program tensor of a half graph tensor that has
+ *     one (an input, a weight read as stored, an output), else -1;
  *   - storage_of[t] is the storage of program tensor t;
  *   - an arena storage has def <= last; def is -1 for graph inputs and
  *     last is KILN_CC_END for graph outputs.
@@ -77,6 +89,7 @@ typedef struct kiln_cc_ctx {
     kiln_cc_options_t opts;
     kiln_program_t *prog;           /* owned until handed to the caller */
     int *tmap;                      /* graph tensor -> program tensor or -1 */
+    int *hmap;                      /* half graph tensor -> its 2-byte tensor or -1 */
     int *storage_of;                /* program tensor -> storage */
     int cap_storage_of;
     kiln_cc_storage_t *st;          /* storages */
@@ -96,6 +109,9 @@ typedef struct kiln_cc_lowering {
     const char *op;             /* ONNX op type, e.g. "Conv" */
     kiln_cc_lower_fn fn;
     kiln_kernel_t kernel;
+    bool exact;                 /* its outputs hold values of its inputs (views,
+                                 * data movement), or it rounds them itself
+                                 * (Cast): a half output is not rounded after it */
 } kiln_cc_lowering_t;
 
 /* The lowering of op type `op`, or NULL when the builtin compiler does not
@@ -135,9 +151,28 @@ int kiln_cc_temp (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
  * context, to fill before planning.  Returns the program tensor. */
 int kiln_cc_made_weight (kiln_cc_ctx_t *cx, const kiln_shape_t *shape,
                          float **data, kiln_err_t *err);
+/* The same of dtype `dt` (a half weight packed as it is). */
+int kiln_cc_made_weight_dt (kiln_cc_ctx_t *cx, kiln_dtype_t dt,
+                            const kiln_shape_t *shape, void **data,
+                            kiln_err_t *err);
 /* The float32 data of graph tensor gt when it is a constant with its
  * bytes, else NULL. */
 const float *kiln_cc_const_f32 (const kiln_cc_ctx_t *cx, int gt);
+/* The 2-byte data of graph tensor gt when it is a float16 or bfloat16
+ * constant with its bytes (*dt gets which), else NULL. */
+const uint16_t *kiln_cc_const_half (const kiln_cc_ctx_t *cx, int gt,
+                                    kiln_dtype_t *dt);
+/* The dtype the program computes graph tensor gt in: float32 for a half
+ * tensor, else its own. */
+kiln_dtype_t kiln_cc_dtype (const kiln_cc_ctx_t *cx, int gt);
+/* The program tensor holding graph tensor gt as it is stored: for a half
+ * graph input or weight its 2-byte tensor (not widened; a Gather of a
+ * half embedding table reads it so), else kiln_cc_operand's. */
+int kiln_cc_stored (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err);
+/* Emit Y = X rounded to half type `dt` (float32 X and Y, which may be the
+ * same tensor): round_half.  Returns the op. */
+int kiln_cc_round (kiln_cc_ctx_t *cx, int px, int py, kiln_dtype_t dt,
+                   kiln_err_t *err);
 /* Graph tensor gt is, or will be, computed by the time node `node` runs
  * (a graph input, a constant, or the output of an earlier node). */
 bool kiln_cc_available (const kiln_cc_ctx_t *cx, int gt, int node);

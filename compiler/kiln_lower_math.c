@@ -163,10 +163,30 @@ kiln_lower_math_cast (kiln_cc_ctx_t *cx, const kiln_node_t *node,
     int y = s_output (cx, node, &s_gt (cx, x)->shape, err);
     if (y < 0)
         return y;
-    /* A cast to the same type is a view. */
-    if (s_gt (cx, x)->dtype == s_gt (cx, y)->dtype)
+    /* A cast to the same type is a view.  Half tensors are float32 in the
+     * program (kiln_cc_lower.h): from a half type to float32 is a view
+     * too (the values are exact), and to a half type from float32 or the
+     * other half type one rounding; from any other type a cast to
+     * float32, then that rounding. */
+    kiln_dtype_t dx = s_gt (cx, x)->dtype, dy = s_gt (cx, y)->dtype;
+    bool to_half = kiln_dtype_is_half (dy);
+    if (dx == dy || (kiln_cc_dtype (cx, x) == kiln_cc_dtype (cx, y) && !to_half))
         return kiln_cc_lower_view (cx, node, KILN_K_COPY, err);
+    if (kiln_cc_dtype (cx, x) == kiln_cc_dtype (cx, y)) {
+        int px = kiln_cc_operand (cx, x, err);
+        if (px < 0)
+            return px;
+        int py = kiln_cc_result (cx, y, err);
+        if (py < 0)
+            return py;
+        int op = kiln_cc_round (cx, px, py, dy, err);
+        return op < 0 ? op : 0;
+    }
     int op = s_emit (cx, k, &x, 1, &y, 1, NULL, err);
+    if (op < 0 || !to_half)
+        return op < 0 ? op : 0;
+    int py = cx->tmap[y];
+    op = kiln_cc_round (cx, py, py, dy, err);
     return op < 0 ? op : 0;
 }
 

@@ -88,9 +88,10 @@ s_need_f32 (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_err_t *err)
 {
     for (int i = 0; i < node->n_inputs; i++) {
         int gt = node->inputs[i];
-        if (gt >= 0 && s_gt (cx, gt)->dtype != KILN_DT_FLOAT32)
+        if (gt >= 0 && kiln_cc_dtype (cx, gt) != KILN_DT_FLOAT32)
             return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "tensor '%s' is %s; this op "
-                                 "computes in float32 only", kiln_cc_tname (cx, gt),
+                                 "computes in float32 only (float16 and bfloat16 "
+                                 "through float32)", kiln_cc_tname (cx, gt),
                                  kiln_dtype_name (s_gt (cx, gt)->dtype));
     }
     return 0;
@@ -295,7 +296,7 @@ kiln_lower_shape_concat (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel
         return s_prefixed (cx, rc, err);
     if ((rc = kiln_cc_expect_shape (cx, node->outputs[0], &y, err)))
         return rc;
-    kiln_dtype_t dt = s_gt (cx, node->inputs[0])->dtype;
+    kiln_dtype_t dt = kiln_cc_dtype (cx, node->inputs[0]);
     /* At most KILN_PROG_MAX_OP_IO operands per op: each op after the first
      * takes the previous partial result and the next inputs. */
     int done = 0, prev = -1;
@@ -337,18 +338,25 @@ kiln_lower_shape_gather (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel
     if ((rc = kiln_gather_params (node, &s_gt (cx, x)->shape, &s_gt (cx, ind)->shape, &axis, &y,
                                   err)))
         return s_prefixed (cx, rc, err);
+    /* A half table that is stored (an embedding's weight, a graph input)
+     * is gathered as it is and only the rows taken are widened: the
+     * table is never float32 in the arena. */
     int ins[2];
-    if ((ins[0] = kiln_cc_operand (cx, x, err)) < 0)
+    if ((ins[0] = kiln_cc_stored (cx, x, err)) < 0)
         return ins[0];
     if ((ins[1] = kiln_cc_operand (cx, ind, err)) < 0)
         return ins[1];
+    kiln_dtype_t dt = cx->prog->tensors[ins[0]].dtype;
     int py = s_result (cx, node, 0, &y, err);
-    if (py < 0)
-        return py;
-    int op = kiln_cc_emit (cx, KILN_K_GATHER, ins, 2, &py, 1, err);
-    if (op < 0)
+    int pg = py >= 0 && kiln_dtype_is_half (dt) ? kiln_cc_temp (cx, dt, &y, err) : py;
+    if (pg < 0)
+        return pg;
+    int op = kiln_cc_emit (cx, KILN_K_GATHER, ins, 2, &pg, 1, err);
+    if (op < 0 || (rc = s_set_int (cx, op, "axis", axis, err)))
+        return op < 0 ? op : rc;
+    if (pg != py && (op = kiln_cc_emit (cx, KILN_K_CAST, &pg, 1, &py, 1, err)) < 0)
         return op;
-    return s_set_int (cx, op, "axis", axis, err);
+    return 0;
 }
 
 int
@@ -392,7 +400,7 @@ kiln_lower_shape_resize (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel
     const kiln_shape_t *xs = &s_gt (cx, x)->shape;
     kiln_resize_t rp;
     kiln_shape_t y;
-    if (s_gt (cx, x)->dtype != KILN_DT_FLOAT32)
+    if (kiln_cc_dtype (cx, x) != KILN_DT_FLOAT32)
         return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "tensor '%s' is %s; Resize computes "
                              "in float32 only", kiln_cc_tname (cx, x),
                              kiln_dtype_name (s_gt (cx, x)->dtype));

@@ -11,12 +11,19 @@
  *   - Shape and Size as soon as their input's shape is known;
  *   - any node of an op this file evaluates (the table s_fold_ops) whose
  *     inputs are all constants with their data, when each output holds
- *     at most KILN_FOLD_MAX_ELEMS elements.
+ *     at most KILN_FOLD_MAX_ELEMS elements and the pass's budget (below)
+ *     has room for them.
  * An evaluated node's outputs become weights at once, so the nodes after
  * it (a Reshape reading the folded shape, a Shape of a folded tensor) see
  * constants.  Folded nodes are then removed, so are nodes nothing uses
  * (dead code), and weights no remaining node reads; the graph is
  * validated at the end.
+ *
+ * Every folded output stays in memory until the end of the pass, so the
+ * pass counts the bytes it materialises against KILN_MAX_FOLD_BYTES
+ * (kiln_fold.h): a hostile chain of ConstantOfShape and Adds would
+ * otherwise take 4 MiB per node, gigabytes in all.  Past the budget,
+ * nodes are left to run; shape arithmetic keeps a reserve.
  *
  * The evaluator here is small and exact for what shape arithmetic needs:
  * integer and float elementwise ops with numpy broadcasting, comparisons,
@@ -28,6 +35,7 @@
  * bits as float32 arithmetic for + - * / and sqrt.
  */
 #include "graph/kiln_fold.h"
+#include "common/kiln_half.h"
 #include "graph/kiln_infer.h"
 #include "graph/kiln_shape_ops.h"
 
@@ -66,6 +74,8 @@ typedef struct {
     kiln_shape_t out_shape[S_MAX_OUT];
     uint8_t *out[S_MAX_OUT];    /* owned until handed to the graph */
     int n_out;
+    uint64_t pending;           /* bytes of out[] allocated so far */
+    uint64_t *spent;            /* bytes the pass has materialised before this node */
     kiln_err_t *err;
 } s_fold_t;
 
@@ -107,47 +117,7 @@ s_prefixed (s_fold_t *f, int rc)
 static bool
 s_is_float (kiln_dtype_t dt)
 {
-    return dt == KILN_DT_FLOAT32 || dt == KILN_DT_FLOAT64 || dt == KILN_DT_FLOAT16;
-}
-
-static float
-s_half_to_float (uint16_t h)
-{
-    uint32_t sign = (uint32_t) (h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float v;
-    if (exp == 0)
-        v = ldexpf ((float) man, -24);
-    else if (exp == 31)
-        v = man ? NAN : INFINITY;
-    else
-        v = ldexpf ((float) (man | 0x400), (int) exp - 25);
-    return sign ? -v : v;
-}
-
-static uint16_t
-s_float_to_half (float x)
-{
-    uint32_t b;
-    memcpy (&b, &x, 4);
-    uint16_t sign = (uint16_t) ((b >> 16) & 0x8000);
-    if (isnan (x))
-        return sign | 0x7e00;
-    float a = fabsf (x);
-    if (a >= 65520.0f)
-        return sign | 0x7c00;
-    if (a < ldexpf (1.0f, -14)) {
-        /* Subnormal: units of 2^-24, rounded to nearest even. */
-        float q = nearbyintf (a * ldexpf (1.0f, 24));
-        return sign | (uint16_t) q;
-    }
-    int e;
-    float m = frexpf (a, &e);               /* a = m * 2^e, m in [0.5, 1) */
-    float q = nearbyintf (m * 2048.0f);     /* 11 significant bits */
-    if (q >= 2048.0f) {
-        q /= 2.0f;
-        e++;
-    }
-    return sign | (uint16_t) (((e + 14) << 10) | ((uint16_t) q & 0x3ff));
+    return dt == KILN_DT_FLOAT32 || dt == KILN_DT_FLOAT64 || kiln_dtype_is_half (dt);
 }
 
 static size_t
@@ -163,7 +133,8 @@ s_getf (const s_val_t *v, int64_t i)
     switch (v->dt) {
     case KILN_DT_FLOAT32: { float x; memcpy (&x, p, 4); return x; }
     case KILN_DT_FLOAT64: { double x; memcpy (&x, p, 8); return x; }
-    case KILN_DT_FLOAT16: { uint16_t x; memcpy (&x, p, 2); return s_half_to_float (x); }
+    case KILN_DT_FLOAT16: { uint16_t x; memcpy (&x, p, 2); return kiln_f16_to_f32 (x); }
+    case KILN_DT_BFLOAT16: { uint16_t x; memcpy (&x, p, 2); return kiln_bf16_to_f32 (x); }
     case KILN_DT_INT64: { int64_t x; memcpy (&x, p, 8); return (double) x; }
     case KILN_DT_INT32: { int32_t x; memcpy (&x, p, 4); return x; }
     case KILN_DT_INT8: return (int8_t) *p;
@@ -202,7 +173,8 @@ s_setf (kiln_dtype_t dt, uint8_t *base, int64_t i, double x)
     switch (dt) {
     case KILN_DT_FLOAT32: { float y = (float) x; memcpy (p, &y, 4); break; }
     case KILN_DT_FLOAT64: memcpy (p, &x, 8); break;
-    case KILN_DT_FLOAT16: { uint16_t y = s_float_to_half ((float) x); memcpy (p, &y, 2); break; }
+    case KILN_DT_FLOAT16: { uint16_t y = kiln_f32_to_f16 ((float) x); memcpy (p, &y, 2); break; }
+    case KILN_DT_BFLOAT16: { uint16_t y = kiln_f32_to_bf16 ((float) x); memcpy (p, &y, 2); break; }
     case KILN_DT_BOOL: *p = x != 0.0; break;
     default: {
         s_val_t tmp = { .dt = KILN_DT_FLOAT64, .data = (const uint8_t *) &x };
@@ -239,7 +211,9 @@ s_numel (const kiln_shape_t *s)
 }
 
 /* Allocate output k of `dt` and `shape`; refuses past the fold limit
- * with S_NOT_FOLDED. */
+ * or the pass's budget with S_NOT_FOLDED, except for an op only folding
+ * knows, which cannot be left to run: that is an error naming the
+ * budget. */
 static int
 s_out (s_fold_t *f, int k, kiln_dtype_t dt, const kiln_shape_t *shape)
 {
@@ -249,6 +223,21 @@ s_out (s_fold_t *f, int k, kiln_dtype_t dt, const kiln_shape_t *shape)
         return s_prefixed (f, rc);
     if (n > KILN_FOLD_MAX_ELEMS)
         return S_NOT_FOLDED;
+    uint64_t bytes = (uint64_t) n * s_esz (dt);
+    uint64_t budget = bytes <= KILN_FOLD_SMALL_BYTES ? KILN_MAX_FOLD_BYTES
+                      : KILN_MAX_FOLD_BYTES - KILN_FOLD_RESERVE_BYTES;
+    if (*f->spent + f->pending + bytes > budget) {
+        const s_fold_op_t *fo = s_fold_find (f->node->op);
+        if (fo && fo->refusal)
+            return s_fail (f, KILN_ELIMIT, "its %llu-byte result does not fit in what is left "
+                           "of constant folding's budget (%u MiB per graph, "
+                           "KILN_MAX_FOLD_BYTES: %llu bytes already folded), and %s is "
+                           "evaluated at compile time only", (unsigned long long) bytes,
+                           KILN_MAX_FOLD_BYTES >> 20, (unsigned long long) *f->spent,
+                           f->node->op);
+        return S_NOT_FOLDED;
+    }
+    f->pending += bytes;
     f->out_dt[k] = dt;
     f->out_shape[k] = *shape;
     f->out[k] = calloc ((size_t) n * s_esz (dt) + 1, 1);
@@ -1161,6 +1150,7 @@ s_commit_output (s_fold_t *f, int k)
     int rc = kiln_graph_set_weight (g, t, &f->out[k], bytes, f->err);
     if (rc)
         return s_prefixed (f, rc);
+    *f->spent += bytes;
     f->types[t].dtype = f->out_dt[k];
     f->types[t].shape = f->out_shape[k];
     return 0;
@@ -1169,7 +1159,8 @@ s_commit_output (s_fold_t *f, int k)
 /* Fold node n when it can be: S_FOLDED, S_INFERRED, S_NOT_FOLDED or an
  * error. */
 static int
-s_fold_node (kiln_graph_t *g, int n, kiln_infer_type_t *types, kiln_err_t *err)
+s_fold_node (kiln_graph_t *g, int n, kiln_infer_type_t *types, uint64_t *spent,
+             kiln_err_t *err)
 {
     const kiln_node_t *node = &g->nodes[n];
     const s_fold_op_t *fo = s_fold_find (node->op);
@@ -1185,7 +1176,7 @@ s_fold_node (kiln_graph_t *g, int n, kiln_infer_type_t *types, kiln_err_t *err)
     char label[KILN_MAX_NAME + KILN_MAX_OP_NAME + 32];
     kiln_graph_node_label (g, n, label, sizeof label);
     s_fold_t f = { .g = g, .node_index = n, .node = node, .label = label,
-                   .n_in = node->n_inputs, .types = types, .err = err };
+                   .n_in = node->n_inputs, .types = types, .spent = spent, .err = err };
     f.in = calloc ((size_t) node->n_inputs + 1, sizeof *f.in);
     if (!f.in)
         return kiln_error (err, KILN_ENOMEM, "out of memory");
@@ -1390,6 +1381,7 @@ kiln_graph_fold (kiln_graph_t *g, kiln_err_t *err)
     bool *folded = calloc ((size_t) g->n_nodes + 1, 1);
     bool *created = calloc ((size_t) g->n_tensors + 1, 1);
     int walked = 0;
+    uint64_t spent = 0;         /* bytes folded so far, against KILN_MAX_FOLD_BYTES */
     if (!order || !producer || !types || !folded || !created) {
         rc = kiln_error (err, KILN_ENOMEM, "out of memory folding the graph");
         goto out;
@@ -1410,7 +1402,7 @@ kiln_graph_fold (kiln_graph_t *g, kiln_err_t *err)
     }
     for (int k = 0; k < g->n_nodes; k++) {
         int n = order[k];
-        rc = s_fold_node (g, n, types, err);
+        rc = s_fold_node (g, n, types, &spent, err);
         if (rc < 0)
             goto out;
         if (rc == S_FOLDED) {

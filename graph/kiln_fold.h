@@ -26,6 +26,19 @@
  * op). */
 #define KILN_FOLD_MAX_ELEMS (1 << 20)
 
+/* The budget: one kiln_graph_fold materialises at most KILN_MAX_FOLD_BYTES
+ * (common/kiln_limits.h) in all, so that a chain of folded nodes (each
+ * output within KILN_FOLD_MAX_ELEMS) cannot make import or compile take
+ * gigabytes.  Outputs larger than KILN_FOLD_SMALL_BYTES may use the budget
+ * only up to KILN_FOLD_RESERVE_BYTES before its end: the rest is kept for
+ * small ones, so that shape arithmetic still folds after big constants
+ * have used up their share.  A node past the budget is left to run, like
+ * one past KILN_FOLD_MAX_ELEMS; one only folding knows (ConstantOfShape,
+ * Range, Shape, Size) is refused with an error naming the node and the
+ * budget. */
+#define KILN_FOLD_SMALL_BYTES   (64u << 10)
+#define KILN_FOLD_RESERVE_BYTES (16u << 20)
+
 /* Fold every node whose value is known at compile time into a weight,
  * drop the nodes no graph output depends on and the weights nothing
  * reads, then validate (kiln_graph_validate).  Returns the number of

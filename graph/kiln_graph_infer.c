@@ -90,16 +90,23 @@ s_shape (const kiln_shape_t *shape, char *buf)
     return kiln_shape_str (shape, buf, S_SHAPE_MAX);
 }
 
-/* Input i must be float32: kiln's compute ops work in float32 only. */
+/* Input i must be float32, or float16 or bfloat16 (stored in 2 bytes,
+ * computed in float32): kiln's compute ops work in float32 only.  The
+ * inputs after the first must have the first one's dtype, as ONNX's
+ * type constraints say. */
 static int
 s_want_float (s_ctx_t *ctx, int i)
 {
-    const s_type_t *t = s_in (ctx, i);
-    if (t && t->dtype != KILN_DT_FLOAT32) {
-        char nb[KILN_MAX_NAME + 16];
-        return s_fail (ctx, KILN_ESHAPE, "%s is %s, expected float32",
-                       s_in_name (ctx, i, nb, sizeof nb), kiln_dtype_name (t->dtype));
-    }
+    const s_type_t *t = s_in (ctx, i), *t0 = s_in (ctx, 0);
+    char nb[KILN_MAX_NAME + 16], n0[KILN_MAX_NAME + 16];
+    if (t && t->dtype != KILN_DT_FLOAT32 && !kiln_dtype_is_half (t->dtype))
+        return s_fail (ctx, KILN_ESHAPE, "%s is %s, expected float32, float16 or "
+                       "bfloat16", s_in_name (ctx, i, nb, sizeof nb),
+                       kiln_dtype_name (t->dtype));
+    if (t && i > 0 && t0 && t->dtype != t0->dtype)
+        return s_fail (ctx, KILN_ESHAPE, "%s is %s but %s is %s",
+                       s_in_name (ctx, i, nb, sizeof nb), kiln_dtype_name (t->dtype),
+                       s_in_name (ctx, 0, n0, sizeof n0), kiln_dtype_name (t0->dtype));
     return 0;
 }
 
@@ -383,7 +390,7 @@ s_infer_matmul (s_ctx_t *ctx)
         out.dims[out.rank++] = a->shape.dims[ra - 2];
     if (rb >= 2)
         out.dims[out.rank++] = b->shape.dims[rb - 1];
-    s_out (ctx, 0)->dtype = KILN_DT_FLOAT32;
+    s_out (ctx, 0)->dtype = s_in (ctx, 0)->dtype;
     s_out (ctx, 0)->shape = out;
     return 0;
 }
@@ -431,7 +438,7 @@ s_infer_gemm (s_ctx_t *ctx)
                            s_shape (&y, sy));
         }
     }
-    s_out (ctx, 0)->dtype = KILN_DT_FLOAT32;
+    s_out (ctx, 0)->dtype = s_in (ctx, 0)->dtype;
     s_out (ctx, 0)->shape = y;
     return 0;
 }
@@ -579,7 +586,7 @@ s_infer_conv (s_ctx_t *ctx)
     int rc = s_conv_window (ctx, &w, &y);
     if (rc)
         return rc;
-    s_out (ctx, 0)->dtype = KILN_DT_FLOAT32;
+    s_out (ctx, 0)->dtype = s_in (ctx, 0)->dtype;
     s_out (ctx, 0)->shape = y;
     return 0;
 }
@@ -616,7 +623,7 @@ s_infer_maxpool (s_ctx_t *ctx)
     int rc = s_pool_window (ctx, &w, &y);
     if (rc)
         return rc;
-    s_out (ctx, 0)->dtype = KILN_DT_FLOAT32;
+    s_out (ctx, 0)->dtype = s_in (ctx, 0)->dtype;
     s_out (ctx, 0)->shape = y;
     return 0;
 }
@@ -630,7 +637,7 @@ s_infer_global_pool (s_ctx_t *ctx)
     kiln_shape_t y = s_in (ctx, 0)->shape;
     for (int i = 2; i < y.rank; i++)
         y.dims[i] = 1;
-    s_out (ctx, 0)->dtype = KILN_DT_FLOAT32;
+    s_out (ctx, 0)->dtype = s_in (ctx, 0)->dtype;
     s_out (ctx, 0)->shape = y;
     return 0;
 }

@@ -14,10 +14,13 @@
 /* --- dtype sets ------------------------------------------------------- */
 
 #define S_M(dt) (1u << KILN_DT_##dt)
-#define S_FLOATS (S_M (FLOAT32) | S_M (FLOAT64))
+/* float16 and bfloat16 are stored in 2 bytes and computed in float32
+ * (common/kiln_half.h), so they go wherever float32 does. */
+#define S_HALF (S_M (FLOAT16) | S_M (BFLOAT16))
+#define S_FLOATS (S_M (FLOAT32) | S_M (FLOAT64) | S_HALF)
 #define S_INTS (S_M (INT8) | S_M (UINT8) | S_M (INT32) | S_M (INT64))
 #define S_NUMERIC (S_FLOATS | S_INTS)
-#define S_ANY (S_NUMERIC | S_M (BOOL) | S_M (FLOAT16))
+#define S_ANY (S_NUMERIC | S_M (BOOL))
 
 /* "float32 or float64" for a set. */
 static const char *
@@ -37,9 +40,7 @@ s_set_str (unsigned set, char *buf, size_t size)
     return buf;
 }
 
-/* Input i (when present) must have a dtype in `set`.  float16 is a type
- * ONNX allows almost everywhere and kiln computes in nowhere: that is
- * unsupported, anything else a mismatch. */
+/* Input i (when present) must have a dtype in `set`. */
 static int
 s_want (kiln_infer_ctx_t *ctx, int i, unsigned set)
 {
@@ -49,9 +50,6 @@ s_want (kiln_infer_ctx_t *ctx, int i, unsigned set)
     char nb[KILN_INFER_NAME_MAX], sb[128];
     kiln_infer_in_name (ctx, i, nb, sizeof nb);
     s_set_str (set, sb, sizeof sb);
-    if (t->dtype == KILN_DT_FLOAT16)
-        return kiln_infer_fail (ctx, KILN_EUNSUPPORTED, "%s is float16; kiln "
-                                "computes %s in %s only", nb, ctx->node->op, sb);
     return kiln_infer_fail (ctx, KILN_ESHAPE, "%s is %s, expected %s", nb,
                             kiln_dtype_name (t->dtype), sb);
 }

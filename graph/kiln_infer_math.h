@@ -10,9 +10,10 @@
  * Which dtypes an op takes is what the runtime's kernels implement
  * (runtime/kiln_kernels_math.c): float32 and float64 for the float math,
  * the integer types too for arithmetic, comparisons, Clip, Max/Min and
- * Sum/Mean/Max/Min/Prod reductions, bool for logic.  A dtype ONNX allows
- * but kiln does not implement (float16 outside Cast) is KILN_EUNSUPPORTED;
- * one ONNX does not allow is KILN_ESHAPE.
+ * Sum/Mean/Max/Min/Prod reductions, bool for logic; float16 and bfloat16
+ * wherever float32 goes (the compiler computes them in float32 and rounds
+ * each result to the type: docs/engine.md).  A dtype an op does not take
+ * is KILN_ESHAPE.
  *
  * The resolvers below work out what opset-dependent attributes mean; the
  * compiler's lowering (compiler/kiln_lower_math.c) calls them too, so that

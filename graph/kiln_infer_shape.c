@@ -275,7 +275,7 @@ kiln_infer_einsum (kiln_infer_ctx_t *ctx)
     int rc = kiln_einsum_params (ctx->node, ins, ctx->n_in, &e, &y, ctx->err);
     if (rc)
         return s_prefixed (ctx, rc);
-    s_set (ctx, 0, KILN_DT_FLOAT32, &y);
+    s_set (ctx, 0, kiln_infer_in (ctx, 0)->dtype, &y);
     return 0;
 }
 
@@ -300,6 +300,6 @@ kiln_infer_conv_transpose (kiln_infer_ctx_t *ctx)
                                 kiln_infer_in_name (ctx, 2, nb, sizeof nb),
                                 kiln_infer_shape_str (&b->shape, sb), (long long) y.dims[1]);
     }
-    s_set (ctx, 0, KILN_DT_FLOAT32, &y);
+    s_set (ctx, 0, x->dtype, &y);
     return 0;
 }

@@ -27,6 +27,7 @@
 #include <czmq.h>
 
 #include "common/kiln_fs.h"
+#include "common/kiln_half.h"
 #include "common/kiln_limits.h"
 #include "graph/kiln_fold.h"
 #include "graph/kiln_onnx_external.h"
@@ -610,7 +611,8 @@ s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_onnx_external_t *ext
                            (unsigned long long) KILN_MAX_BLOB_BYTES);
 
     /* The typed field the ONNX spec assigns to each dtype: narrow integer
-     * types and float16's bit patterns travel widened in int32_data. */
+     * types and the bit patterns of float16 and bfloat16 travel widened in
+     * int32_data. */
     const void *typed = NULL;
     size_t n_typed = 0;
     const char *field = "";
@@ -680,7 +682,7 @@ s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_onnx_external_t *ext
         case KILN_DT_INT8:    lo = INT8_MIN; hi = INT8_MAX; break;
         case KILN_DT_UINT8:   lo = 0; hi = UINT8_MAX; break;
         case KILN_DT_BOOL:    lo = 0; hi = 1; break;
-        case KILN_DT_FLOAT16: lo = 0; hi = UINT16_MAX; break;
+        case KILN_DT_FLOAT16: case KILN_DT_BFLOAT16: lo = 0; hi = UINT16_MAX; break;
         default: break;
         }
         const int32_t *v = typed;
@@ -691,7 +693,7 @@ s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_onnx_external_t *ext
                                    "weight '%s': %s value %d at index %zu does not fit %s",
                                    name, field, (int) v[i], i, kiln_dtype_name (*dt));
             }
-            if (*dt == KILN_DT_FLOAT16) {
+            if (kiln_dtype_size (*dt) == 2) {
                 uint16_t bits = (uint16_t) v[i];
                 memcpy (buf + 2 * i, &bits, 2);
             }
@@ -903,6 +905,8 @@ s_add_fill_value (importer_t *imp, int n, const char *label, Onnx__TensorProto *
     switch (dt) {
     case KILN_DT_FLOAT32: { float x; memcpy (&x, data, 4); f = x; break; }
     case KILN_DT_FLOAT64: memcpy (&f, data, 8); break;
+    case KILN_DT_FLOAT16: { uint16_t x; memcpy (&x, data, 2); f = kiln_f16_to_f32 (x); break; }
+    case KILN_DT_BFLOAT16: { uint16_t x; memcpy (&x, data, 2); f = kiln_bf16_to_f32 (x); break; }
     case KILN_DT_INT64: memcpy (&i, data, 8); is_float = false; break;
     case KILN_DT_INT32: { int32_t x; memcpy (&x, data, 4); i = x; is_float = false; break; }
     case KILN_DT_INT8: i = (int8_t) data[0]; is_float = false; break;

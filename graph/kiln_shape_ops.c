@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/kiln_half.h"
+
 #define S_SHAPE_MAX 160
 
 /* --- helpers --------------------------------------------------------- */
@@ -222,6 +224,8 @@ kiln_const_floats (const kiln_graph_t *g, const kiln_node_t *node, int i,
         switch (t->dtype) {
         case KILN_DT_FLOAT32: { float x; memcpy (&x, data + 4 * k, 4); v[k] = x; break; }
         case KILN_DT_FLOAT64: memcpy (&v[k], data + 8 * k, 8); break;
+        case KILN_DT_FLOAT16: { uint16_t x; memcpy (&x, data + 2 * k, 2); v[k] = kiln_f16_to_f32 (x); break; }
+        case KILN_DT_BFLOAT16: { uint16_t x; memcpy (&x, data + 2 * k, 2); v[k] = kiln_bf16_to_f32 (x); break; }
         case KILN_DT_INT64: { int64_t x; memcpy (&x, data + 8 * k, 8); v[k] = (double) x; break; }
         case KILN_DT_INT32: { int32_t x; memcpy (&x, data + 4 * k, 4); v[k] = x; break; }
         case KILN_DT_INT8: v[k] = (int8_t) data[k]; break;

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "runtime/kiln_convert.h"
 #include "runtime/kiln_exec.h"
 #include "runtime/kiln_vmath.h"
 
@@ -1170,6 +1171,8 @@ kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
     int64_t floats = MR * NR;                           /* an edge tile */
     if (!b_packed)
         floats += kc * s_min (s_round_up (n, NR), S_NC);
+    else    /* a half B widened: one panel, or the block (s_tile) */
+        floats += kc * (a_packed ? s_min (s_round_up (n, NR), S_NC) : NR);
     if (!a_packed)
         floats += s_ablock_floats (m, kc);
     floats += s_part_floats (m, n, k, a_packed, b_packed);
@@ -1270,6 +1273,17 @@ s_micro (const kiln_gemm_t *g, s_ukr_fn *ukr, int64_t rp, int64_t kc,
     s_finish (g, tmp, i, j, mr, nr, acc, last);
 }
 
+/* Panel j (its first column) of a half B, its steps k0..k0+kc-1, widened
+ * into dst (kc × NR floats): a packed panel is k-major, so its k block
+ * is one run of kc × NR elements. */
+static void
+s_widen_panel (const kiln_gemm_t *g, int64_t j, int64_t k0, int64_t kc, float *dst)
+{
+    const uint16_t *src = (const uint16_t *) (const void *) g->b.p
+                          + (j / NR) * g->k * NR + k0 * NR;
+    kiln_convert_widen (g->b_half, src, dst, kc * NR);
+}
+
 static void
 s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
         int64_t n0, int64_t n1, float *ws)
@@ -1277,9 +1291,12 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
     /* rows of an A panel: a pre-packed A has MR, one packed here rp */
     int64_t rp = g->a.kind == KILN_GSRC_PACKED ? MR : bl->rp;
     s_ukr_fn *ukr = rp == MR ? s_ukr : s_ukr_7;
+    bool b_half = g->b.kind == KILN_GSRC_PACKED && g->b_half;
     float *tmp = ws;                                    /* MR × NR */
     float *bws = tmp + MR * NR;
-    float *aws = bws + (g->b.kind == KILN_GSRC_PACKED ? 0 : bl->kc * bl->nc);
+    float *aws = bws + (g->b.kind != KILN_GSRC_PACKED ? bl->kc * bl->nc
+                        : !b_half ? 0
+                        : bl->kc * (g->a.kind == KILN_GSRC_PACKED ? bl->nc : NR));
     /* a transposed C over several k blocks: partial sums (tile rows
      * ldp = nc apart) next to the A block */
     bool a_packed = g->a.kind == KILN_GSRC_PACKED;
@@ -1316,7 +1333,14 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
         bool last = kb == bl->nkb - 1, acc = kb > 0;
         const float *bp, *ap;
         int64_t bstride, astride;
-        if (g->b.kind == KILN_GSRC_PACKED) {
+        if (b_half) {
+            /* widened into the workspace: the panel of each j in turn
+             * (j_outer), else the tile's whole block now */
+            bp = bws;
+            bstride = kc * NR;
+            for (int64_t j = n0; !j_outer && j < n1; j += NR)
+                s_widen_panel (g, j, k0, kc, bws + (j - n0) / NR * bstride);
+        } else if (g->b.kind == KILN_GSRC_PACKED) {
             bp = g->b.p + (n0 / NR) * g->k * NR + k0 * NR;
             bstride = g->k * NR;
         } else {
@@ -1362,8 +1386,14 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
              * so that it is in cache when its turn comes (the model's
              * transformer: 12.98 against 13.13 ms, side by side). */
             int64_t pf_from = m1 - 2 * rp;
-            bool pf_on = x && g->b.kind == KILN_GSRC_PACKED && pf_from >= m0 + rp;
+            bool pf_on = x && g->b.kind == KILN_GSRC_PACKED && !b_half
+                         && pf_from >= m0 + rp;
             for (int64_t j = n0; j < n1; j += NR) {
+                const float *bj = bp + (j - n0) / NR * bstride;
+                if (b_half) {
+                    s_widen_panel (g, j, k0, kc, bws);
+                    bj = bws;
+                }
                 const char *next = NULL;
                 if (pf_on && j + NR < n1)
                     next = (const char *) (bp + (j + NR - n0) / NR * bstride);
@@ -1374,8 +1404,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
                     S_A_OF (i);
                     const char *pf = next && i >= pf_from
                                      ? next + (i - pf_from) / rp * kc * 64 : NULL;
-                    s_micro (g, ukr, rp, kc, ai, bp + (j - n0) / NR * bstride, i, j,
-                             acc, last, plain, tmp,
+                    s_micro (g, ukr, rp, kc, ai, bj, i, j, acc, last, plain, tmp,
                              part ? part + (i - m0) * ldp + (j - n0) : NULL, ldp, x,
                              xepi, ars, acs, pf);
                 }
@@ -1561,7 +1590,7 @@ kiln_gemm_strassen (const kiln_gemm_t *g)
 #if defined(__x86_64__)
     pthread_once (&s_isa_once, s_isa_init);
     return s_fin_avx512 && !g->c_trans && g->b.kind == KILN_GSRC_PACKED
-           && g->a.kind == KILN_GSRC_STRIDED && g->a.cs == 1
+           && !g->b_half && g->a.kind == KILN_GSRC_STRIDED && g->a.cs == 1
            && s_strassen_shape (g->m, g->n, g->k) && s_finish_fast (g);
 #else
     (void) g;

@@ -10,7 +10,11 @@
  * is used where it lies; any other operand is packed block by block into
  * a per-worker workspace as the product runs.  A convolution's B operand
  * (its im2col matrix) is never built: the blocks are gathered straight
- * from the input planes.  The epilogue (alpha, a bias per row or per
+ * from the input planes.  A packed weight B may hold float16 or bfloat16
+ * elements (half weights, stored in 2 bytes): each k block of a column
+ * panel is widened to float32 into the workspace (kiln_convert.h) just
+ * before the row panels that use it, so the weight is never float32 in
+ * memory as a whole.  The epilogue (alpha, a bias per row or per
  * column, a residual, an activation) is applied to each tile while it is
  * still in cache, so a fused Conv + bias + Add + Relu writes its output
  * once.
@@ -67,6 +71,10 @@ typedef struct kiln_gadd {
 typedef struct kiln_gemm {
     int64_t m, n, k;
     kiln_gsrc_t a, b;
+    kiln_dtype_t b_half;        /* with a PACKED b: KILN_DT_FLOAT16 or
+                                 * KILN_DT_BFLOAT16 when b.p holds 2-byte
+                                 * elements (cast), widened a panel at a
+                                 * time as the product runs; 0: floats */
     float *c;
     int64_t ldc;                /* C(i, j) at c[i·ldc + j], or c[j·ldc + i] */
     bool c_trans;               /* C is written transposed */

@@ -350,6 +350,28 @@ s_epilogue_after (const kiln_kplan_t *plan, void *const *data, float *y,
     kiln_act_apply (y, n, plan->epi.act, plan->epi.a, plan->epi.b);
 }
 
+/* A packed B (input 1) may be float16 or bfloat16, which the engine
+ * widens a panel at a time; every other operand is float32.  The B's
+ * dtype goes to *half (0: float32). */
+static int
+s_need_f32_packed_b (const kiln_program_t *p, const kiln_kplan_t *plan,
+                     bool packed_b, kiln_dtype_t *half, kiln_err_t *err)
+{
+    kiln_dtype_t bt = s_t (p, plan->in[1])->dtype;
+    *half = (kiln_dtype_t) 0;
+    if (!packed_b || !kiln_dtype_is_half (bt))
+        return s_need_f32 (p, plan, err);
+    for (int i = 0; i < plan->n_in; i++)
+        if (i != 1 && s_t (p, plan->in[i])->dtype != KILN_DT_FLOAT32)
+            return kiln_error (err, KILN_EFORMAT, "input %d is %s, not float32",
+                               i, kiln_dtype_name (s_t (p, plan->in[i])->dtype));
+    if (s_t (p, plan->out)->dtype != KILN_DT_FLOAT32)
+        return kiln_error (err, KILN_EFORMAT, "output is %s, not float32",
+                           kiln_dtype_name (s_t (p, plan->out)->dtype));
+    *half = bt;
+    return 0;
+}
+
 /* `packed_b` (optional, 0/1) */
 static int
 s_get_packed (kiln_prog_op_t *op, const char *name, bool *out, kiln_err_t *err)
@@ -446,13 +468,13 @@ static int
 s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                   kiln_err_t *err)
 {
-    int rc = s_need_f32 (p, plan, err);
-    if (rc)
-        return rc;
     int64_t m, n, k;
+    int rc;
     if ((rc = s_get_mnk (op, &m, &n, &k, err))
         || (rc = s_get_epilogue (p, op, plan, err))
-        || (rc = s_get_packed (op, "packed_b", &plan->u.mm.packed_b, err)))
+        || (rc = s_get_packed (op, "packed_b", &plan->u.mm.packed_b, err))
+        || (rc = s_need_f32_packed_b (p, plan, plan->u.mm.packed_b,
+                                      &plan->u.mm.b_half, err)))
         return rc;
     int64_t batch[KILN_PROG_MAX_PARAM_INTS], ba[KILN_PROG_MAX_PARAM_INTS],
         bb[KILN_PROG_MAX_PARAM_INTS];
@@ -620,6 +642,7 @@ s_mm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
         g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED,
                                (const float *) data[plan->in[1]] + ob,
                                plan->u.mm.brs, plan->u.mm.bcs, NULL };
+    g->b_half = plan->u.mm.packed_b ? plan->u.mm.b_half : (kiln_dtype_t) 0;
     g->c = y;
     g->ldc = plan->u.mm.yrs;
     g->alpha = plan->u.mm.alpha;
@@ -690,17 +713,17 @@ static int
 s_prepare_GEMM (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                 kiln_err_t *err)
 {
-    int rc = s_need_f32 (p, plan, err);
-    if (rc)
-        return rc;
     int64_t m, n, k, ta, tb, want;
     double alpha, beta = 0.0;
+    int rc;
     if ((rc = s_get_mnk (op, &m, &n, &k, err))
         || (rc = kiln_prog_op_int (op, "trans_a", &ta, err))
         || (rc = kiln_prog_op_int (op, "trans_b", &tb, err))
         || (rc = kiln_prog_op_float (op, "alpha", &alpha, err))
         || (rc = s_get_epilogue (p, op, plan, err))
-        || (rc = s_get_packed (op, "packed_b", &plan->u.gemm.packed_b, err)))
+        || (rc = s_get_packed (op, "packed_b", &plan->u.gemm.packed_b, err))
+        || (rc = s_need_f32_packed_b (p, plan, plan->u.gemm.packed_b,
+                                      &plan->u.gemm.b_half, err)))
         return rc;
     if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1))
         return kiln_error (err, KILN_EFORMAT, "trans_a and trans_b must be 0 or 1");
@@ -766,6 +789,7 @@ s_gemm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
         g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[1]], 1, k, NULL };
     else
         g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[1]], n, 1, NULL };
+    g->b_half = plan->u.gemm.packed_b ? plan->u.gemm.b_half : (kiln_dtype_t) 0;
     g->c = data[plan->out];
     g->ldc = n;
     g->alpha = plan->u.gemm.alpha;

@@ -11,7 +11,8 @@
  * range.  The table in kiln_kernels.c is built from KILN_KERNELS, so a
  * kernel added to the format without an implementation does not compile.
  *
- * The compute kernels here are float32.  A convolution, gemm or matmul
+ * The compute kernels here are float32 (a packed weight B of matmul and
+ * gemm may be float16 or bfloat16).  A convolution, gemm or matmul
  * whose weights the compiler packed, or that carries a fused epilogue,
  * runs on the matrix engine (kiln_gemm.h) or, for `winograd`
  * convolutions, on kiln_winograd.h; a depthwise convolution on direct
@@ -75,6 +76,7 @@ typedef struct kiln_kplan {
             bool flat;              /* B shared: one sgemm over all rows */
             bool engine;            /* kiln_gemm (packed B or an epilogue) */
             bool packed_b;          /* B is the weight, packed */
+            kiln_dtype_t b_half;    /* its 2-byte dtype, or 0 for float32 */
             int bias;               /* operand index of the bias or -1 */
         } mm;
         struct {                    /* gemm */
@@ -85,6 +87,7 @@ typedef struct kiln_kplan {
             int64_t c0, c1;         /* C's shape broadcast to [m, n] */
             bool engine;            /* kiln_gemm (packed B or an epilogue) */
             bool packed_b;          /* op(B) is the weight, packed */
+            kiln_dtype_t b_half;    /* its 2-byte dtype, or 0 for float32 */
         } gemm;
         struct {                    /* conv2d */
             int64_t n, c, h, w, m, oh, ow;

@@ -9,7 +9,9 @@
  * expression serves both.
  */
 #include "runtime/kiln_kernels.h"
+#include "runtime/kiln_convert.h"
 #include "runtime/kiln_vmath.h"
+#include "common/kiln_half.h"
 
 #include <float.h>
 #include <limits.h>
@@ -20,7 +22,7 @@
 /* --- element types --------------------------------------------------- */
 
 /* Index of a dtype in the per-operation tables. */
-enum { S_F32, S_F64, S_I8, S_U8, S_I32, S_I64, S_BOOL, S_F16, S_NT };
+enum { S_F32, S_F64, S_I8, S_U8, S_I32, S_I64, S_BOOL, S_F16, S_BF16, S_NT };
 
 static int
 s_ti (kiln_dtype_t dt)
@@ -34,6 +36,7 @@ s_ti (kiln_dtype_t dt)
     case KILN_DT_INT64: return S_I64;
     case KILN_DT_BOOL: return S_BOOL;
     case KILN_DT_FLOAT16: return S_F16;
+    case KILN_DT_BFLOAT16: return S_BF16;
     default: return -1;
     }
 }
@@ -144,55 +147,12 @@ s_float_param (kiln_prog_op_t *op, const char *name, double *out,
     return 0;
 }
 
-/* --- half precision (Cast only) --------------------------------------- */
+/* --- half precision (common/kiln_half.h) ------------------------------ */
 
-/* float -> IEEE binary16, round to nearest even; NaN stays NaN. */
-static uint16_t
-s_f2h (float f)
-{
-    uint32_t x;
-    memcpy (&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000u, ex = (x >> 23) & 0xffu;
-    uint32_t man = x & 0x7fffffu;
-    if (ex == 0xffu)
-        return (uint16_t) (sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
-    int e = (int) ex - 127 + 15;
-    if (e >= 31)
-        return (uint16_t) (sign | 0x7c00u);
-    if (e <= 0) {
-        if (e < -10)
-            return (uint16_t) sign;
-        man |= 0x800000u;
-        int shift = 14 - e;
-        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1);
-        uint32_t mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (h & 1u)))
-            h++;
-        return (uint16_t) (sign | h);
-    }
-    uint32_t h = sign | ((uint32_t) e << 10) | (man >> 13);
-    uint32_t rem = man & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
-        h++;                    /* a carry into the exponent is right */
-    return (uint16_t) h;
-}
-
-static float
-s_h2f (uint16_t h)
-{
-    uint32_t sign = (uint32_t) (h & 0x8000u) << 16;
-    uint32_t ex = (h >> 10) & 0x1fu, man = h & 0x3ffu, x;
-    if (ex == 0x1fu)
-        x = sign | 0x7f800000u | (man << 13);
-    else if (ex == 0) {
-        float f = ldexp ((float) man, -24);
-        return sign ? -f : f;
-    } else
-        x = sign | ((ex + 112) << 23) | (man << 13);
-    float f;
-    memcpy (&f, &x, sizeof f);
-    return f;
-}
+#define s_f2h kiln_f32_to_f16
+#define s_h2f kiln_f16_to_f32
+#define s_f2bf kiln_f32_to_bf16
+#define s_bf2f kiln_bf16_to_f32
 
 /* Float to integer conversions saturate; NaN gives 0 (C leaves both
  * undefined). */
@@ -365,27 +325,38 @@ s_run_unary (const kiln_kplan_t *plan, void *const *data)
 
 /* --- Cast --------------------------------------------------------------- */
 
-/* Conversions by destination kind (F float, I integer, B bool, H half)
- * and source kind. */
+/* Conversions by destination kind (F float, I integer, B bool, H
+ * float16, R bfloat16) and source kind; between the two half types
+ * through float32 (exact), so each rounds once. */
 #define S_CV_KF_KF(DTN, DT, v) ((DT) (v))
 #define S_CV_KF_KI(DTN, DT, v) ((DT) (v))
 #define S_CV_KF_KB(DTN, DT, v) ((DT) ((v) != 0))
 #define S_CV_KF_KH(DTN, DT, v) ((DT) s_h2f (v))
+#define S_CV_KF_KR(DTN, DT, v) ((DT) s_bf2f (v))
 #define S_CV_KI_KF(DTN, DT, v) s_sat_##DTN ((double) (v))
 #define S_CV_KI_KI(DTN, DT, v) ((DT) (v))
 #define S_CV_KI_KB(DTN, DT, v) ((DT) ((v) != 0))
 #define S_CV_KI_KH(DTN, DT, v) s_sat_##DTN ((double) s_h2f (v))
+#define S_CV_KI_KR(DTN, DT, v) s_sat_##DTN ((double) s_bf2f (v))
 #define S_CV_KB_KF(DTN, DT, v) ((DT) ((v) != 0))
 #define S_CV_KB_KI(DTN, DT, v) ((DT) ((v) != 0))
 #define S_CV_KB_KB(DTN, DT, v) ((DT) ((v) != 0))
 #define S_CV_KB_KH(DTN, DT, v) ((DT) (((v) & 0x7fffu) != 0))
+#define S_CV_KB_KR(DTN, DT, v) ((DT) (((v) & 0x7fffu) != 0))
 #define S_CV_KH_KF(DTN, DT, v) s_f2h ((float) (v))
 #define S_CV_KH_KI(DTN, DT, v) s_f2h ((float) (v))
 #define S_CV_KH_KB(DTN, DT, v) s_f2h ((v) != 0 ? 1.0f : 0.0f)
 #define S_CV_KH_KH(DTN, DT, v) ((DT) (v))
+#define S_CV_KH_KR(DTN, DT, v) s_f2h (s_bf2f (v))
+#define S_CV_KR_KF(DTN, DT, v) s_f2bf ((float) (v))
+#define S_CV_KR_KI(DTN, DT, v) s_f2bf ((float) (v))
+#define S_CV_KR_KB(DTN, DT, v) s_f2bf ((v) != 0 ? 1.0f : 0.0f)
+#define S_CV_KR_KH(DTN, DT, v) s_f2bf (s_h2f (v))
+#define S_CV_KR_KR(DTN, DT, v) ((DT) (v))
 
+/* (unused: float32 <-> half, which the vector rows below do) */
 #define S_CAST_ONE(STN, ST, SK, DTN, DT, DK)                                  \
-    static void                                                               \
+    __attribute__ ((unused)) static void                                      \
     s_cast_##STN##_##DTN (int64_t n, const void *x_, void *y_,                \
                           const kiln_kmath_plan_t *mp)                        \
     {                                                                         \
@@ -403,7 +374,8 @@ s_run_unary (const kiln_kplan_t *plan, void *const *data)
     S_CAST_ONE (STN, ST, SK, i32, int32_t, KI)                                 \
     S_CAST_ONE (STN, ST, SK, i64, int64_t, KI)                                 \
     S_CAST_ONE (STN, ST, SK, b, uint8_t, KB)                                   \
-    S_CAST_ONE (STN, ST, SK, f16, uint16_t, KH)
+    S_CAST_ONE (STN, ST, SK, f16, uint16_t, KH)                                \
+    S_CAST_ONE (STN, ST, SK, bf16, uint16_t, KR)
 
 S_CAST_FROM (f32, float, KF)
 S_CAST_FROM (f64, double, KF)
@@ -413,18 +385,64 @@ S_CAST_FROM (i32, int32_t, KI)
 S_CAST_FROM (i64, int64_t, KI)
 S_CAST_FROM (b, uint8_t, KB)
 S_CAST_FROM (f16, uint16_t, KH)
+S_CAST_FROM (bf16, uint16_t, KR)
 
-#define S_CAST_ROW(STN)                                                       \
+/* float32 to and from the half types, the same bits as the loops above
+ * a vector at a time (kiln_convert.h): a half model's inputs and outputs
+ * go through these. */
+static void
+s_cast_f32_f16v (int64_t n, const void *x, void *y, const kiln_kmath_plan_t *mp)
+{
+    kiln_convert_narrow (KILN_DT_FLOAT16, x, y, n);
+}
+
+static void
+s_cast_f32_bf16v (int64_t n, const void *x, void *y, const kiln_kmath_plan_t *mp)
+{
+    kiln_convert_narrow (KILN_DT_BFLOAT16, x, y, n);
+}
+
+static void
+s_cast_f16_f32v (int64_t n, const void *x, void *y, const kiln_kmath_plan_t *mp)
+{
+    kiln_convert_widen (KILN_DT_FLOAT16, x, y, n);
+}
+
+static void
+s_cast_bf16_f32v (int64_t n, const void *x, void *y, const kiln_kmath_plan_t *mp)
+{
+    kiln_convert_widen (KILN_DT_BFLOAT16, x, y, n);
+}
+
+#define S_CAST_ROW7(STN)                                                      \
     [S_F32] = (s_fn_t) s_cast_##STN##_f32, [S_F64] = (s_fn_t) s_cast_##STN##_f64, \
     [S_I8] = (s_fn_t) s_cast_##STN##_i8, [S_U8] = (s_fn_t) s_cast_##STN##_u8, \
     [S_I32] = (s_fn_t) s_cast_##STN##_i32, [S_I64] = (s_fn_t) s_cast_##STN##_i64, \
-    [S_BOOL] = (s_fn_t) s_cast_##STN##_b, [S_F16] = (s_fn_t) s_cast_##STN##_f16
+    [S_BOOL] = (s_fn_t) s_cast_##STN##_b
+#define S_CAST_ROW(STN)                                                       \
+    S_CAST_ROW7 (STN), [S_F16] = (s_fn_t) s_cast_##STN##_f16,                 \
+    [S_BF16] = (s_fn_t) s_cast_##STN##_bf16
 
 static const s_tab_t s_tab_cast[S_NT] = {
-    [S_F32] = { S_CAST_ROW (f32) }, [S_F64] = { S_CAST_ROW (f64) },
+    [S_F32] = { [S_F32] = (s_fn_t) s_cast_f32_f32, [S_F64] = (s_fn_t) s_cast_f32_f64,
+                [S_I8] = (s_fn_t) s_cast_f32_i8, [S_U8] = (s_fn_t) s_cast_f32_u8,
+                [S_I32] = (s_fn_t) s_cast_f32_i32, [S_I64] = (s_fn_t) s_cast_f32_i64,
+                [S_BOOL] = (s_fn_t) s_cast_f32_b, [S_F16] = (s_fn_t) s_cast_f32_f16v,
+                [S_BF16] = (s_fn_t) s_cast_f32_bf16v },
+    [S_F64] = { S_CAST_ROW (f64) },
     [S_I8] = { S_CAST_ROW (i8) },   [S_U8] = { S_CAST_ROW (u8) },
     [S_I32] = { S_CAST_ROW (i32) }, [S_I64] = { S_CAST_ROW (i64) },
-    [S_BOOL] = { S_CAST_ROW (b) },  [S_F16] = { S_CAST_ROW (f16) },
+    [S_BOOL] = { S_CAST_ROW (b) },
+    [S_F16] = { [S_F32] = (s_fn_t) s_cast_f16_f32v, [S_F64] = (s_fn_t) s_cast_f16_f64,
+                [S_I8] = (s_fn_t) s_cast_f16_i8, [S_U8] = (s_fn_t) s_cast_f16_u8,
+                [S_I32] = (s_fn_t) s_cast_f16_i32, [S_I64] = (s_fn_t) s_cast_f16_i64,
+                [S_BOOL] = (s_fn_t) s_cast_f16_b, [S_F16] = (s_fn_t) s_cast_f16_f16,
+                [S_BF16] = (s_fn_t) s_cast_f16_bf16 },
+    [S_BF16] = { [S_F32] = (s_fn_t) s_cast_bf16_f32v, [S_F64] = (s_fn_t) s_cast_bf16_f64,
+                 [S_I8] = (s_fn_t) s_cast_bf16_i8, [S_U8] = (s_fn_t) s_cast_bf16_u8,
+                 [S_I32] = (s_fn_t) s_cast_bf16_i32, [S_I64] = (s_fn_t) s_cast_bf16_i64,
+                 [S_BOOL] = (s_fn_t) s_cast_bf16_b, [S_F16] = (s_fn_t) s_cast_bf16_f16,
+                 [S_BF16] = (s_fn_t) s_cast_bf16_bf16 },
 };
 
 /* --- Clip ----------------------------------------------------------- */
@@ -1393,6 +1411,41 @@ s_prep_cast (kiln_program_t *p, kiln_kplan_t *plan, kiln_err_t *err)
     return 0;
 }
 
+/* round_half: float32 X rounded to the half type `dtype` (10 float16, 16
+ * bfloat16) and back, into float32 Y (which may be X): how the compiler
+ * makes a half tensor, computed in float32, hold what that type can. */
+static void
+s_run_round_half (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kmath_plan_t *mp = &plan->u.math;
+    kiln_convert_round (mp->dt2, data[plan->in[0]], data[plan->out], mp->len);
+}
+
+static int
+s_prep_round_half (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                   kiln_err_t *err)
+{
+    kiln_kmath_plan_t *mp = &plan->u.math;
+    int64_t dt;
+    int rc;
+    if ((rc = kiln_prog_op_int (op, "dtype", &dt, err)))
+        return rc;
+    if (dt != KILN_DT_FLOAT16 && dt != KILN_DT_BFLOAT16)
+        return kiln_error (err, KILN_EFORMAT, "dtype %lld is not a half type "
+                           "(%d float16, %d bfloat16)", (long long) dt,
+                           KILN_DT_FLOAT16, KILN_DT_BFLOAT16);
+    if ((rc = s_need_dtype (p, plan->in[0], KILN_DT_FLOAT32, "input 0", err))
+        || (rc = s_need_dtype (p, plan->out, KILN_DT_FLOAT32, "the output", err))
+        || (rc = s_need_numel (p, plan->out, s_numel (s_t (p, plan->in[0])),
+                               "the output", err)))
+        return rc;
+    mp->dt = KILN_DT_FLOAT32;
+    mp->dt2 = (kiln_dtype_t) dt;
+    mp->len = s_numel (s_t (p, plan->in[0]));
+    plan->run = s_run_round_half;
+    return 0;
+}
+
 /* Clip: X, then the inputs named by min_input / max_input; a bound may
  * instead be a float parameter min / max, or absent. */
 static int
@@ -1508,7 +1561,7 @@ s_prep_pow (kiln_program_t *p, kiln_kplan_t *plan, kiln_err_t *err)
         return kiln_error (err, KILN_EFORMAT, "input 0 is %s, which pow does "
                            "not take", s_dtn (dt));
     int ei = s_ti (de);
-    if (ei < 0 || ei == S_BOOL || ei == S_F16)
+    if (ei < 0 || ei == S_BOOL || ei == S_F16 || ei == S_BF16)
         return kiln_error (err, KILN_EFORMAT, "input 1 is %s, which pow does "
                            "not take", s_dtn (de));
     int rc;
@@ -1814,6 +1867,7 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_HARD_SIGMOID: return s_prep_unary (p, op, plan, s_tab_hard_sigmoid, err);
     case KILN_K_NOT: return s_prep_unary (p, op, plan, s_tab_not, err);
     case KILN_K_CAST: return s_prep_cast (p, plan, err);
+    case KILN_K_ROUND_HALF: return s_prep_round_half (p, op, plan, err);
     case KILN_K_CLIP: return s_prep_clip (p, op, plan, err);
     case KILN_K_POW: return s_prep_pow (p, plan, err);
     case KILN_K_PRELU: return s_prep_binary (p, plan, s_tab_prelu, false, err);

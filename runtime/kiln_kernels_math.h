@@ -1,7 +1,7 @@
 /*
  * kiln_kernels_math — the runtime's math kernels: elementwise arithmetic,
- * activations, comparisons, logic, Where, Cast, reductions, ArgMax/ArgMin,
- * softmax and the normalisations.  Internal to libkilnrt.
+ * activations, comparisons, logic, Where, Cast and round_half, reductions,
+ * ArgMax/ArgMin, softmax and the normalisations.  Internal to libkilnrt.
  *
  * Unlike the first kernels (float32 only), these look at the dtypes of
  * their operands: a prepare step checks them and picks a typed inner loop
@@ -42,7 +42,8 @@ struct kiln_kplan;
     X (NEG) X (ABS) X (SQRT) X (RECIPROCAL) X (EXP) X (LOG) X (FLOOR)      \
     X (CEIL) X (ERF) X (TANH) X (SIGMOID) X (SOFTPLUS) X (SOFTSIGN)        \
     X (HARD_SWISH) X (LEAKY_RELU) X (ELU) X (SELU) X (CELU)                \
-    X (HARD_SIGMOID) X (CLIP) X (NOT) X (CAST) X (POW) X (PRELU)           \
+    X (HARD_SIGMOID) X (CLIP) X (NOT) X (CAST) X (ROUND_HALF) X (POW)     \
+    X (PRELU)                                                              \
     X (MAX) X (MIN)                                                        \
     X (SUM) X (MEAN) X (EQUAL) X (LESS) X (GREATER) X (LESS_EQUAL)         \
     X (GREATER_EQUAL) X (AND) X (OR) X (XOR) X (WHERE)                     \

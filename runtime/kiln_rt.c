@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/kiln_program.h"
+#include "runtime/kiln_artcache.h"
 #include "runtime/kiln_cores.h"
 #include "runtime/kiln_exec.h"
 #include "runtime/kiln_kernels.h"
@@ -17,6 +18,7 @@
 struct kiln_rt {
     _Atomic unsigned n_loaded;      /* models placed round-robin so far */
     kiln_cores_t *cores;            /* execution cores (kiln_cores.h) */
+    kiln_artcache_t *cache;         /* loaded artifacts, shared by replicas */
     _Atomic int refs;               /* the creator's, plus one per model */
     bool shared;                    /* kiln_rt_shared's: never destroyed */
 };
@@ -26,12 +28,14 @@ static kiln_rt_t *_Atomic s_shared;
 static pthread_mutex_t s_shared_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct kiln_model {
-    kiln_artifact_t *art;           /* verified artifact: manifest, members */
+    kiln_artifact_t *art;           /* verified artifact: manifest, members;
+                                       shared through rt->cache, read-only */
     kiln_program_t *prog;           /* decoded and checked program */
     kiln_kplan_t *plans;            /* one per op */
     kiln_exec_t *exec;              /* workspace, profile (kiln_exec.h) */
     uint8_t *arena;                 /* 64-byte aligned, prog->arena_size */
-    const uint8_t *weights;         /* weights.bin, in art or weights_copy */
+    const uint8_t *weights;         /* weights.bin, in art (mapped or read)
+                                       or weights_copy */
     uint8_t *weights_copy;          /* aligned copy when the member is not */
     void **data;                    /* address of each tensor */
     pthread_mutex_t lock;           /* one run at a time: the arena is shared */
@@ -53,6 +57,14 @@ kiln_rt_new (kiln_err_t *err)
         free (self);
         return NULL;
     }
+    const char *mmap_env = getenv ("KILN_RT_MMAP");
+    self->cache = kiln_artcache_new (!mmap_env || strcmp (mmap_env, "0") != 0);
+    if (!self->cache) {
+        kiln_cores_destroy (&self->cores);
+        free (self);
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        return NULL;
+    }
     atomic_init (&self->n_loaded, 0);
     atomic_init (&self->refs, 1);
     return self;
@@ -64,6 +76,7 @@ s_rt_unref (kiln_rt_t *self)
 {
     if (self && atomic_fetch_sub (&self->refs, 1) == 1) {
         kiln_cores_destroy (&self->cores);
+        kiln_artcache_destroy (&self->cache);
         free (self);
     }
 }
@@ -137,7 +150,8 @@ kiln_model_destroy (kiln_model_t **self_p)
     free (m->arena);
     free (m->weights_copy);
     kiln_program_destroy (&m->prog);
-    kiln_artifact_destroy (&m->art);
+    if (m->rt)
+        kiln_artcache_put (m->rt->cache, &m->art);
     s_rt_unref (m->rt);
     free (m);
     *self_p = NULL;
@@ -229,10 +243,13 @@ s_prepare (kiln_model_t *m, kiln_err_t *err)
     if (!(m->exec = kiln_exec_new (p, m->plans, err)))
         return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
 
-    /* Weights are used where they lie when malloc-aligned (every weight's
-     * offset is a multiple of 64, and no kernel needs more than 16 bytes
-     * of alignment today), which saves a copy of what may be most of the
-     * artifact; otherwise they are copied to a 64-byte aligned buffer. */
+    /* Weights are used where they lie — pages mapped from the artifact
+     * file (page-aligned) or the artifact's malloc'd copy (16-byte
+     * aligned), in both cases shared with the replicas loaded from the
+     * same file — since every weight's offset is a multiple of 64 and no
+     * kernel needs more than 16 bytes of alignment today.  Only bytes that
+     * are not so aligned (never, from a file) are copied, per model, to a
+     * 64-byte aligned buffer. */
     m->weights = wbytes;
     if ((uintptr_t) wbytes % _Alignof (max_align_t) != 0) {
         m->weights_copy = s_aligned_zalloc (wlen);
@@ -276,19 +293,22 @@ kiln_rt_load_on (kiln_rt_t *rt, const char *path, const char *keyring_dir,
                     core, kiln_rt_num_cores (rt), kiln_rt_num_cores (rt) - 1);
         return NULL;
     }
-    /* Nothing of the artifact is looked at before its signature and every
-     * member digest have been checked. */
-    kiln_artifact_t *art = kiln_artifact_open_verified (path, keyring_dir, err);
-    if (!art)
-        return NULL;
     kiln_model_t *m = calloc (1, sizeof *m);
     if (!m) {
-        kiln_artifact_destroy (&art);
         kiln_error (err, KILN_ENOMEM, "out of memory");
         return NULL;
     }
-    m->art = art;
     pthread_mutex_init (&m->lock, NULL);
+    m->rt = rt;
+    atomic_fetch_add (&rt->refs, 1);
+    /* Nothing of the artifact is looked at before its signature and every
+     * member digest have been checked; replicas of a model loaded before
+     * share its artifact, weights included (kiln_artcache.h). */
+    m->art = kiln_artcache_get (rt->cache, path, keyring_dir, err);
+    if (!m->art) {
+        kiln_model_destroy (&m);
+        return NULL;
+    }
     if (s_prepare (m, err)) {
         kiln_error_prefix (err, "%s", path);
         kiln_model_destroy (&m);
@@ -299,9 +319,20 @@ kiln_rt_load_on (kiln_rt_t *rt, const char *path, const char *keyring_dir,
     m->core = core >= 0 ? core
                         : (int) (atomic_fetch_add (&rt->n_loaded, 1)
                                  % (unsigned) kiln_rt_num_cores (rt));
-    m->rt = rt;
-    atomic_fetch_add (&rt->refs, 1);
     return m;
+}
+
+const void *
+kiln_model_weights_ptr (const kiln_model_t *m)
+{
+    return m ? m->weights : NULL;
+}
+
+int
+kiln_model_weights_mapped (const kiln_model_t *m)
+{
+    return m && !m->weights_copy
+           && kiln_artifact_member_mapped (m->art, KILN_WEIGHTS_MEMBER);
 }
 
 const kiln_manifest_t *

@@ -3,7 +3,8 @@
  *
  * A model is loaded only after its artifact's signature has been checked
  * against a keyring and every member's digest against the manifest
- * (kiln_artifact_open_verified); a tampered artifact is never run.  The
+ * (kiln_artifact_read_fd, then kiln_artifact_verify: runtime/
+ * kiln_artcache.h); a tampered artifact is never run.  The
  * runtime links neither the graph IR nor the compiler: it reads the
  * program the compiler emitted (docs/program-format.md) and runs it with
  * its own CPU kernels.
@@ -58,7 +59,18 @@ int kiln_rt_num_cores (const kiln_rt_t *rt);
 int kiln_rt_core_cpu (const kiln_rt_t *rt, int core);
 
 /* Verify the artifact at `path` against `keyring_dir` and load it.
- * Caller owns the model. */
+ * Caller owns the model.
+ *
+ * The weights are not copied: they are pages mapped read-only from the
+ * artifact file (whose members the archive lays out page-aligned), hashed
+ * as they are mapped, and every model a runtime loads from the same
+ * unchanged file — replicas for dynamic batching, DataParallel, kiln-serve
+ * --replicas — shares that one mapping, so N replicas hold the weights
+ * once.  A file that users other than this process's and root may
+ * change, one written before members were aligned, or any file when
+ * KILN_RT_MMAP=0 is read into memory instead (one copy, shared the same
+ * way).  What holds when the file is changed while loaded:
+ * docs/artifact-format.md, "Mapped members". */
 kiln_model_t *kiln_rt_load (kiln_rt_t *rt, const char *path,
                             const char *keyring_dir, kiln_err_t *err);
 void kiln_model_destroy (kiln_model_t **self_p);
@@ -121,6 +133,14 @@ int kiln_model_io (const kiln_model_t *m, int output, int i,
  * tensors): the manifest's io_structure, JSON text written by kiln.trace,
  * or NULL when the artifact has none.  Owned by the model. */
 const char *kiln_model_io_structure (const kiln_model_t *m);
+/* Introspection, for tests and diagnostics: the address of the model's
+ * weights (the first byte of its weights.bin; replicas sharing them give
+ * the same address), and 1 when they are pages mapped from the artifact
+ * file, 0 when they were read into memory.  Owned by the model (and the
+ * replicas sharing them); read-only. */
+const void *kiln_model_weights_ptr (const kiln_model_t *m);
+int kiln_model_weights_mapped (const kiln_model_t *m);
+
 /* sizeof (kiln_rt_tensor_t) and sizeof (kiln_err_t), for bindings to
  * check their copies of the layouts against. */
 size_t kiln_rt_tensor_sizeof (void);

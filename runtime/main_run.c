@@ -34,9 +34,12 @@ static const char s_usage[] =
     "                   core round-robin (default: one per core, at most one\n"
     "                   per chunk)\n"
     "  --bench N        after a warm-up, run N more times and print the latency\n"
-    "                   per inference (min, median, p99, mean) and the peak\n"
-    "                   RSS; --output-dir is then optional.  Intra-op threads:\n"
-    "                   KILN_RT_THREADS; per-kernel times: KILN_RT_PROFILE=1\n"
+    "                   per inference (min, median, p99, mean), the peak RSS\n"
+    "                   and whether the weights are mapped from the artifact\n"
+    "                   and shared by the replicas; --output-dir is then\n"
+    "                   optional.  Intra-op threads: KILN_RT_THREADS;\n"
+    "                   per-kernel times: KILN_RT_PROFILE=1; weights read\n"
+    "                   into memory instead of mapped: KILN_RT_MMAP=0\n"
     "  --json           with --bench: print one JSON object instead\n";
 
 #define S_MAX_BENCH 1000000
@@ -309,18 +312,29 @@ main (int argc, char **argv)
         long p99 = (long) ((double) bench * 0.99 + 0.999999) - 1;
         long rss_kib = s_peak_rss_kib ();
         const char *thr = getenv ("KILN_RT_THREADS");
+        /* Whether the weights are the artifact's pages, and how many of
+         * the replicas share them, so that the peak RSS can be read. */
+        int mapped = kiln_model_weights_mapped (model), sharing = 1;
+        for (int r = 1; r < n_replicas; r++)
+            sharing += kiln_model_weights_ptr (replicas[r])
+                       == kiln_model_weights_ptr (model);
         if (json)
             printf ("{\"runs\":%ld,\"warmup\":%ld,\"min_ms\":%.4f,\"median_ms\":"
-                    "%.4f,\"p99_ms\":%.4f,\"mean_ms\":%.4f,\"peak_rss_kib\":%ld}\n",
+                    "%.4f,\"p99_ms\":%.4f,\"mean_ms\":%.4f,\"peak_rss_kib\":%ld,"
+                    "\"weights_mapped\":%s,\"replicas_sharing_weights\":%d}\n",
                     bench, warmup, times[0], times[bench / 2],
-                    times[p99 < 0 ? 0 : p99], sum / (double) bench, rss_kib);
+                    times[p99 < 0 ? 0 : p99], sum / (double) bench, rss_kib,
+                    mapped ? "true" : "false", sharing);
         else
             printf ("%ld runs after %ld warm-up (KILN_RT_THREADS=%s)\n"
                     "latency per inference: min %.3f ms, median %.3f ms, "
-                    "p99 %.3f ms, mean %.3f ms\npeak RSS: %.1f MiB\n", bench,
+                    "p99 %.3f ms, mean %.3f ms\npeak RSS: %.1f MiB\n"
+                    "weights: %s, one copy for %d model%s\n", bench,
                     warmup, thr ? thr : "default", times[0], times[bench / 2],
                     times[p99 < 0 ? 0 : p99], sum / (double) bench,
-                    (double) rss_kib / 1024.0);
+                    (double) rss_kib / 1024.0,
+                    mapped ? "mapped from the artifact" : "read into memory",
+                    sharing, sharing == 1 ? "" : "s");
     }
     free (times);
     if (!outdir) {

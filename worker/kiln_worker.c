@@ -27,6 +27,7 @@
 #include "common/kiln_proto.h"
 #include "compiler/kiln_compiler.h"
 #include "worker/kiln_blobcache.h"
+#include "worker/kiln_sandbox.h"
 #include "worker/kiln_toolchain.h"
 
 #define S_TICK_MS        25      /* how often children are looked at anyway */
@@ -58,6 +59,7 @@ typedef struct {
 /* One job: fetching its blobs, then running in a child process. */
 typedef struct {
     uint64_t id;                         /* the broker's job id */
+    int slot;                            /* its index in runs[] */
     char action_key[KILN_HEX_LEN];
     char graph_digest[KILN_HEX_LEN];
     const kiln_toolchain_t *tc;          /* one of the worker's */
@@ -97,6 +99,7 @@ struct kiln_worker {
     char *cache_dir;                     /* owned */
     bool own_cache;                      /* remove it at exit */
     kiln_blobcache_t *cache;
+    kiln_sandbox_t *sandbox;             /* how children run (kiln_sandbox.h) */
     zsock_t *dealer;                     /* to the broker; NULL when down */
     zactor_t *monitor;                   /* zmonitor on dealer: refused handshakes */
     zloop_t *loop;
@@ -410,9 +413,21 @@ s_run_spawn (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
         argv[argc++] = "--";
         argv[argc] = NULL;
     }
-    int rc = 0;
+    /* The child runs in the sandbox, under the job's limits; what it
+     * runs is prepared here. */
+    kiln_sandbox_cmd_t sb;
+    int64_t left_ms = run->phase == S_WRAPPING ? run->deadline - zclock_mono ()
+                                               : (int64_t) run->timeout_ms;
+    char *cc_file[] = { self->cc };
+    bool tool = run->phase == S_RUNNING && !run->tc->builtin;
+    int rc = kiln_sandbox_prepare (self->sandbox, run->slot, run->workdir, argv,
+                                   tool ? run->tc->words : cc_file,
+                                   tool ? run->tc->n_words : run->tc->builtin ? 1 : 0,
+                                   left_ms > 0 ? (uint64_t) left_ms : 1, &sb, err);
     int fds[2] = { -1, -1 };
     int devnull = -1;
+    if (rc != 0)
+        goto done;
     if (pipe2 (fds, O_CLOEXEC) != 0) {
         rc = kiln_error (err, KILN_ESYS, "pipe: %s", strerror (errno));
         goto done;
@@ -430,19 +445,16 @@ s_run_spawn (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
     }
     if (pid == 0) {
         /* The child: its own process group (so a timeout kills what it
-         * starts too), dies with the worker, output into the pipe. */
+         * starts too), dies with the worker, output into the pipe, then
+         * the sandbox and the limits (kiln_sandbox_exec does not
+         * return). */
         setpgid (0, 0);
         prctl (PR_SET_PDEATHSIG, SIGKILL);
         if (getppid () != parent)
             _exit (S_EXIT_EXEC);
-        if (dup2 (devnull, 0) < 0 || dup2 (fds[1], 1) < 0 || dup2 (fds[1], 2) < 0
-            || chdir (run->workdir) != 0)
+        if (dup2 (devnull, 0) < 0 || dup2 (fds[1], 1) < 0 || dup2 (fds[1], 2) < 0)
             _exit (S_EXIT_EXEC);
-        execvp (argv[0], argv);
-        static const char msg[] = "kiln-worker: could not execute the toolchain\n";
-        ssize_t ignored = write (2, msg, sizeof msg - 1);
-        (void) ignored;
-        _exit (S_EXIT_EXEC);
+        kiln_sandbox_exec (&sb);
     }
     setpgid (pid, pid);      /* also here, so that a kill before the child ran works */
     int flags = fcntl (fds[0], F_GETFL);
@@ -468,6 +480,7 @@ done:
         close (fds[1]);
     if (devnull >= 0)
         close (devnull);
+    kiln_sandbox_cmd_release (&sb);
     kiln_toolchain_argv_free (command);
     return rc;
 }
@@ -614,12 +627,18 @@ s_run_finish (kiln_worker_t *self, int slot)
                  && WEXITSTATUS (run->status) == S_EXIT_WRAP)
             snprintf (text, sizeof text, "the output of toolchain '%s' could not be made into "
                       "an artifact", run->tc->id.id);
-        else if (WIFEXITED (run->status))
-            snprintf (text, sizeof text, "compiler exited with status %d",
-                      WEXITSTATUS (run->status));
+        else if (strncmp (log, "bwrap: ", 7) == 0) {
+            /* The sandbox itself failed to set up (bwrap says so first):
+             * another worker may do better. */
+            snprintf (text, sizeof text, "the compile sandbox failed: %.*s",
+                      (int) strcspn (log + 7, "\n"), log + 7);
+            code = KILN_ESYS;
+        }
         else
-            snprintf (text, sizeof text, "compiler killed by signal %d",
-                      WTERMSIG (run->status));
+            /* A limit (memory, CPU time, file size, processes), a signal,
+             * or the compiler's own failure: only the last is a property
+             * of the job (KILN_ECOMPILE, which the broker caches). */
+            code = kiln_sandbox_explain (self->sandbox, run->status, log, text, sizeof text);
         kiln_log_warn ("job %llu action %.12s: %s after %lld ms",
                        (unsigned long long) run->id, run->action_key, text, ms);
         s_send_failure (self, run->id, code, text, log);
@@ -888,6 +907,7 @@ s_on_job (kiln_worker_t *self, kiln_msg_t *msg)
     run->received = zclock_mono ();
     memcpy (run->action_key, msg->action_key, KILN_HEX_LEN);
     memcpy (run->graph_digest, msg->graph_digest, KILN_HEX_LEN);
+    run->slot = slot;
     uint64_t max_ms = (uint64_t) self->cfg.timeout_s * 1000;
     run->timeout_ms = msg->timeout_ms && msg->timeout_ms < max_ms ? msg->timeout_ms : max_ms;
     self->runs[slot] = run;
@@ -1119,6 +1139,31 @@ s_connect (kiln_worker_t *self, kiln_err_t *err)
     return 0;
 }
 
+/* The sandbox children run in: it hides the job directories' parent,
+ * the blob cache and the certificate's directory (kiln_sandbox.h). */
+static int
+s_sandbox_new (kiln_worker_t *self, const kiln_worker_config_t *cfg, kiln_err_t *err)
+{
+    kiln_sandbox_config_t sc = { .kind = cfg->sandbox, .max_memory = cfg->max_memory,
+                                 .max_procs = cfg->max_procs, .uid_base = cfg->sandbox_uid,
+                                 .slots = self->cfg.slots, .helper = self->self_exe };
+    const char *tmp = getenv ("TMPDIR");
+    sc.jobs_dir = tmp && *tmp ? tmp : "/tmp";
+    char cert_dir[PATH_MAX];
+    sc.hide[sc.n_hide++] = self->cache_dir;
+    if (cfg->cert_path) {
+        snprintf (cert_dir, sizeof cert_dir, "%s", cfg->cert_path);
+        char *slash = strrchr (cert_dir, '/');
+        if (!slash)
+            snprintf (cert_dir, sizeof cert_dir, ".");
+        else
+            slash[slash == cert_dir ? 1 : 0] = '\0';
+        sc.hide[sc.n_hide++] = cert_dir;
+    }
+    self->sandbox = kiln_sandbox_new (&sc, err);
+    return self->sandbox ? 0 : -err->code;
+}
+
 kiln_worker_t *
 kiln_worker_new (const kiln_worker_config_t *cfg, kiln_err_t *err)
 {
@@ -1232,6 +1277,8 @@ kiln_worker_new (const kiln_worker_config_t *cfg, kiln_err_t *err)
     }
     if (!(self->cache = kiln_blobcache_new (self->cache_dir, self->cfg.cache_max_bytes, err)))
         goto fail;
+    if (s_sandbox_new (self, cfg, err) != 0)
+        goto fail;
     self->endpoint = strdup (cfg->endpoint);
     self->runs = calloc ((size_t) self->cfg.slots, sizeof *self->runs);
     self->fetches = zhashx_new ();
@@ -1277,6 +1324,7 @@ kiln_worker_destroy (kiln_worker_t **self_p)
         s_disconnect (self);
     zloop_destroy (&self->loop);
     kiln_blobcache_destroy (&self->cache);
+    kiln_sandbox_destroy (&self->sandbox);
     if (self->own_cache && self->cache_dir)
         kiln_rm_rf (self->cache_dir);
     free (self->cache_dir);
@@ -1299,6 +1347,9 @@ kiln_worker_run (kiln_worker_t *self)
                      kiln_toolchain_format (&self->toolchains[0].id, tc, sizeof tc),
                      self->n_toolchains > 1 ? ", ..." : "", self->cache_dir,
                      kiln_blobcache_count (self->cache), self->endpoint);
+    char sandbox[PATH_MAX + 160];
+    kiln_log_notice ("worker %s: %s", self->name,
+                     kiln_sandbox_describe (self->sandbox, sandbox, sizeof sandbox));
     /* One pass per connection: the loop ends on a signal, or when the
      * broker has been silent too long and the worker starts afresh. */
     while (!zsys_interrupted) {

@@ -9,7 +9,8 @@
  * the broker in 1 MiB chunks (at most `window` in flight, asking for more
  * as they arrive), checking each blob against its digest, then writes
  * WORKDIR/model.kgraph in a fresh private directory and runs the
- * toolchain in a child process: stdin from /dev/null, stdout and stderr
+ * toolchain in a child process, in the compile sandbox and under the
+ * job's resource limits (kiln_sandbox.h): stdin from /dev/null, stdout and stderr
  * captured into the job's log (at most KILN_MAX_LOG_BYTES kept; new
  * output goes to the broker as LOG every second, so a job that takes
  * the worker down still leaves its output), in its own process group,
@@ -33,6 +34,7 @@
 #include <stdint.h>
 
 #include "common/kiln_error.h"
+#include "worker/kiln_sandbox.h"
 
 #define KILN_WORKER_MAX_TOOLCHAINS 63          /* --toolchain options */
 
@@ -55,6 +57,10 @@ typedef struct kiln_worker_config {
     int window;                  /* FETCH chunks in flight; 0 = 16 */
     const char *cert_path;       /* CurveZMQ: this worker's certificate */
     const char *broker_cert;     /* CurveZMQ: the broker's public certificate */
+    kiln_sandbox_kind_t sandbox; /* --sandbox bwrap (default) | none */
+    uint64_t max_memory;         /* --max-memory per compile; 0 = 3/4 of RAM / slots */
+    int max_procs;               /* --max-procs per compile; 0 = 512 */
+    unsigned sandbox_uid;        /* --sandbox-uid: a root worker's first compile uid; 0 = 65536 */
 } kiln_worker_config_t;
 
 /* Check the configuration, find the compiler, open the cache.  Caller

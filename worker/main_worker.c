@@ -6,6 +6,7 @@
 
 #include "common/kiln_fs.h"
 #include "common/kiln_log.h"
+#include "worker/kiln_sandbox.h"
 #include "worker/kiln_toolchain.h"
 #include "worker/kiln_worker.h"
 
@@ -30,6 +31,15 @@ static const char *s_usage =
     "  --cache DIR                   keep weight blobs here between jobs and restarts\n"
     "                                (default: a private directory removed at exit)\n"
     "  --cache-max-bytes N[KMG]      cap on the blob cache (default 16G)\n"
+    "  --sandbox bwrap|none          run each compile in a bubblewrap sandbox (default:\n"
+    "                                bwrap; the worker refuses to start when it does not\n"
+    "                                work) or, with none, as a plain child process\n"
+    "  --max-memory N[KMG]           address space of one compile (default: 3/4 of the\n"
+    "                                RAM divided by --slots, at least 1G)\n"
+    "  --max-procs N                 processes and threads of one compile (default 512;\n"
+    "                                bwrap only)\n"
+    "  --sandbox-uid UID             as root: compiles run as uid/gid UID + slot (default\n"
+    "                                65536; give each worker on a host its own range)\n"
     "  --cert FILE                   CurveZMQ: this worker's certificate (kiln cert)\n"
     "  --broker-cert FILE            CurveZMQ: the broker's public certificate\n"
     "  --heartbeat-ms MS             heartbeat interval (default 1000)\n"
@@ -43,13 +53,17 @@ main (int argc, char **argv)
     /* The job wrapper for external toolchains (see kiln_toolchain.h). */
     if (argc > 1 && strcmp (argv[1], "--wrap") == 0)
         return kiln_toolchain_wrap_main (argc, argv);
+    /* The first process of a job inside the sandbox (kiln_sandbox.h). */
+    if (argc > 1 && strcmp (argv[1], "--sandbox-exec") == 0)
+        return kiln_sandbox_exec_main (argc, argv);
 
     kiln_worker_config_t cfg;
     memset (&cfg, 0, sizeof cfg);
     int verbose = 0;
     enum { OPT_BROKER = 256, OPT_NAME, OPT_SLOTS, OPT_TIMEOUT, OPT_CC, OPT_TOOLCHAIN,
            OPT_TARGET, OPT_NO_BUILTIN, OPT_CACHE, OPT_CACHE_MAX, OPT_CERT, OPT_BROKER_CERT,
-           OPT_HEARTBEAT, OPT_LIVENESS };
+           OPT_HEARTBEAT, OPT_LIVENESS, OPT_SANDBOX, OPT_MAX_MEMORY, OPT_MAX_PROCS,
+           OPT_SANDBOX_UID };
     static const struct option opts[] = {
         { "broker", required_argument, NULL, OPT_BROKER },
         { "name", required_argument, NULL, OPT_NAME },
@@ -65,6 +79,10 @@ main (int argc, char **argv)
         { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
         { "heartbeat-ms", required_argument, NULL, OPT_HEARTBEAT },
         { "liveness-ms", required_argument, NULL, OPT_LIVENESS },
+        { "sandbox", required_argument, NULL, OPT_SANDBOX },
+        { "max-memory", required_argument, NULL, OPT_MAX_MEMORY },
+        { "max-procs", required_argument, NULL, OPT_MAX_PROCS },
+        { "sandbox-uid", required_argument, NULL, OPT_SANDBOX_UID },
         { "verbose", no_argument, NULL, 'v' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
@@ -113,6 +131,32 @@ main (int argc, char **argv)
             if ((v = kiln_parse_number (optarg, 100, 3600000)) < 0)
                 goto bad_number;
             cfg.liveness_ms = (int) v;
+            break;
+        case OPT_SANDBOX:
+            if (strcmp (optarg, "bwrap") == 0)
+                cfg.sandbox = KILN_SANDBOX_BWRAP;
+            else if (strcmp (optarg, "none") == 0)
+                cfg.sandbox = KILN_SANDBOX_NONE;
+            else {
+                fprintf (stderr, "kiln-worker: --sandbox is 'bwrap' or 'none', not '%s'\n%s",
+                         optarg, s_usage);
+                return 2;
+            }
+            break;
+        case OPT_MAX_MEMORY:
+            if ((v = kiln_parse_number (optarg, KILN_SANDBOX_MIN_MEMORY, 1LL << 50)) < 0)
+                goto bad_number;
+            cfg.max_memory = (uint64_t) v;
+            break;
+        case OPT_MAX_PROCS:
+            if ((v = kiln_parse_number (optarg, 8, KILN_SANDBOX_MAX_PROCS)) < 0)
+                goto bad_number;
+            cfg.max_procs = (int) v;
+            break;
+        case OPT_SANDBOX_UID:
+            if ((v = kiln_parse_number (optarg, 1, 0x7fff0000LL)) < 0)
+                goto bad_number;
+            cfg.sandbox_uid = (unsigned) v;
             break;
         case 'v': verbose++; break;
         case 'h': fputs (s_usage, stdout); return 0;

@@ -22,7 +22,7 @@ IOSpec.__doc__ = "An input or output: name, torch dtype and shape (a tuple)."
 # kiln dtype codes (ONNX's) <-> torch dtypes (common/kiln_dtype.h).
 _KILN_TO_TORCH = {
     1: torch.float32, 2: torch.uint8, 3: torch.int8, 6: torch.int32,
-    7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64,
+    7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16,
 }
 _TORCH_TO_KILN = {v: k for k, v in _KILN_TO_TORCH.items()}
 

@@ -27,6 +27,9 @@ KILN_TO_NUMPY = {
     9: np.dtype(np.bool_),
     10: np.dtype(np.float16),
     11: np.dtype(np.float64),
+    # numpy has no bfloat16: onnx's numpy_helper carries its bits as
+    # uint16 (which is not a kiln dtype), and so does the harness.
+    16: np.dtype(np.uint16),
 }
 NUMPY_TO_KILN = {v: k for k, v in KILN_TO_NUMPY.items()}
 

@@ -2,7 +2,8 @@
 the real programs: torch model -> ONNX -> `kiln import` -> `kiln-cc`
 (signed with a key made by stock openssl) -> `kiln-run` on .npy inputs,
 compared with eager torch.  Also the command-line contracts of kiln-cc and
-kiln-run: --json, determinism, refusals with a message naming the culprit.
+kiln-run: --json, determinism, refusals with a message naming the culprit;
+and replicas of a model sharing one mapping of its weights (peak RSS).
 """
 
 import json
@@ -257,3 +258,50 @@ def test_kiln_run_single_input_without_name_and_unsafe_output_names(tmp_path, ke
     assert written == ["_._evil_out_0.npy"]
     np.testing.assert_array_equal(np.load(out / written[0]), np.maximum(data, 0))
     assert not (tmp_path / "evil").exists()
+
+
+class WideMLP(nn.Module):
+    """64 MiB of float32 weights: enough that a second copy would show in
+    the peak RSS above everything else kiln-run holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(4)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_replicas_share_the_mapped_weights_and_match_torch(tmp_path, keys):
+    key, ring = keys
+    torch.manual_seed(3)
+    module = WideMLP().eval()
+    kgraph, names, _, _ = _import(module, (torch.rand(1, 2048),), tmp_path, "wide")
+    info = _compile(kgraph, tmp_path / "m.kar", key)
+    x = torch.rand(4, 2048)
+    np.save(tmp_path / "x4.npy", x.numpy())
+    with torch.no_grad():
+        want = module(x).numpy()
+    weights = sum(p.numel() * 4 for p in module.parameters())
+
+    def bench(replicas, outdir):
+        proc = run(["kiln-run", tmp_path / "m.kar", "--keyring", ring, "--input",
+                    f"{names[0]}={tmp_path / 'x4.npy'}", "--dynamic-batch",
+                    "--replicas", str(replicas), "--bench", "2", "--json",
+                    "--output-dir", outdir], timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[0])
+
+    one, two = bench(1, tmp_path / "one"), bench(2, tmp_path / "two")
+    assert one["weights_mapped"] and two["weights_mapped"], info
+    assert two["replicas_sharing_weights"] == 2
+    # The second replica adds its arena and workspace, not the weights
+    # again (before the weights were mapped and shared it added all of
+    # them: 2x in all).
+    extra = (two["peak_rss_kib"] - one["peak_rss_kib"]) * 1024
+    assert extra < weights // 4, (one, two, weights)
+    assert two["peak_rss_kib"] * 1024 < 1.5 * weights + 256 * 2**20, (two, weights)
+    got_one = np.load(tmp_path / "one" / "output.npy")
+    got_two = np.load(tmp_path / "two" / "output.npy")
+    np.testing.assert_array_equal(got_one, got_two)
+    np.testing.assert_allclose(got_two, want, rtol=1e-4, atol=1e-4)

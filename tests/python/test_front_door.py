@@ -277,15 +277,16 @@ def test_torch_jit_save_and_load_of_a_whole_model_and_tampering(tmp_path, kiln_e
     import zipfile
     with zipfile.ZipFile(pt) as z:
         entries = [(i, z.read(i.filename)) for i in z.infolist()]
-    # The tar header of the weights member (its name NUL-padded), then a
-    # byte of the weights themselves, 512 bytes on.
+    # The tar header of the weights member (its name NUL-padded; the last
+    # such name, after any pax header naming it), then a byte of the
+    # weights themselves, 512 bytes on.
     marker = b"weights.bin\x00"
     bad = tmp_path / "bad.pt"
     done = False
     with zipfile.ZipFile(bad, "w") as out:
         for info, data in entries:
             if not done and marker in data:
-                pos = data.index(marker) + 512 + 100
+                pos = data.rindex(marker) + 512 + 100
                 data = data[:pos] + bytes([data[pos] ^ 0x55]) + data[pos + 1:]
                 done = True
             out.writestr(info, data)

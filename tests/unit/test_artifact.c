@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -28,6 +29,7 @@
 
 #define PROGRAM_MARKER "KILNPROGRAM-MARKER-0123456789"
 #define WEIGHTS_MARKER "KILNWEIGHTS-MARKER-9876543210"
+#define EXTRA_MARKER   "KILNEXTRA-MARKER-5555555555"
 #define PROVENANCE     "{\"builder\": \"worker-1\", \"broker\": \"tcp://farm:5555\", \"built_at\": \"2026-11-20T10:00:00Z\"}"
 
 static char *s_dir;           /* per-test temporary directory */
@@ -1055,6 +1057,193 @@ START_TEST (test_artifact_add_member_rejects_bad_names)
 }
 END_TEST
 
+/* --- page-aligned members and mapping ------------------------------ */
+
+/* Run `cmd` and return its standard output (at most 64 KiB; caller frees)
+ * after checking that it exited 0. */
+static char *
+s_output (const char *cmd)
+{
+    FILE *p = popen (cmd, "r");
+    ck_assert_ptr_nonnull (p);
+    size_t cap = 64 << 10, len = 0;
+    char *out = malloc (cap);
+    size_t n;
+    while ((n = fread (out + len, 1, cap - 1 - len, p)) > 0)
+        len += n;
+    out[len] = '\0';
+    int st = pclose (p);
+    ck_assert_msg (WIFEXITED (st) && WEXITSTATUS (st) == 0, "'%s' failed", cmd);
+    return out;
+}
+
+/* Every payload member of at least 4096 bytes starts its data at a
+ * multiple of 4096 in the file, whatever the members before it hold, and
+ * the archive stays one that stock tar lists and extracts member for
+ * member.  An extra member of 512·k + 1 bytes moves what follows by k
+ * blocks, so the loop meets every place the weights could land. */
+START_TEST (test_artifact_large_members_start_page_aligned_and_tar_lists_them)
+{
+    kiln_err_t err;
+    for (int k = 0; k < 9; k++) {
+        kiln_artifact_t *a = s_sample (false);
+        size_t xlen = 512 * (size_t) k + 1;
+        uint8_t *extra = calloc (1, xlen + sizeof EXTRA_MARKER);
+        memcpy (extra, EXTRA_MARKER, sizeof EXTRA_MARKER - 1);
+        xlen = xlen < sizeof EXTRA_MARKER ? sizeof EXTRA_MARKER : xlen;
+        ck_assert (kiln_artifact_take_member (a, "extra.bin", &extra, xlen, &err) == 0);
+        ck_assert_msg (kiln_artifact_sign (a, s_key, k % 2 ? PROVENANCE : NULL, &err) == 0,
+                       "%s", err.msg);
+        const char *path = s_path ("aligned.kar");
+        ck_assert_msg (kiln_artifact_write (a, path, &err) == 0, "%s", err.msg);
+        kiln_artifact_destroy (&a);
+
+        size_t len;
+        uint8_t *data = s_slurp (path, &len);
+        long w = s_find (data, len, WEIGHTS_MARKER);
+        long x = s_find (data, len, EXTRA_MARKER);
+        ck_assert_msg (w > 0 && w % KILN_ARTIFACT_ALIGN == 0,
+                       "k %d: weights.bin's data is at %ld", k, w);
+        if (xlen >= KILN_ARTIFACT_ALIGN)
+            ck_assert_msg (x % KILN_ARTIFACT_ALIGN == 0,
+                           "k %d: extra.bin (%zu bytes) is at %ld", k, xlen, x);
+        //  The padding is not a member: kiln reads the same artifact back.
+        a = kiln_artifact_read_mem (data, len, &err);
+        ck_assert_msg (a, "%s", err.msg);
+        size_t got;
+        ck_assert (kiln_artifact_member (a, "weights.bin", &got) && got == 5000);
+        ck_assert_int_eq (kiln_artifact_member_count (a), 3);
+        kiln_artifact_destroy (&a);
+        free (data);
+
+        char cmd[PATH_MAX + 64];
+        snprintf (cmd, sizeof cmd, "TZ=UTC tar tvf '%s' 2>&1", path);
+        char *list = s_output (cmd);
+        const char *names[] = { "manifest.json", "manifest.sig", "signature.json",
+                                "extra.bin", "program.kbin", "weights.bin" };
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+            ck_assert_msg (strstr (list, names[i]), "k %d: tar does not list %s:\n%s",
+                           k, names[i], list);
+        ck_assert_msg (!strstr (list, "PaxHeader") && !strstr (list, "comment"),
+                       "k %d: tar shows the padding:\n%s", k, list);
+        int lines = 0;
+        for (const char *c = list; *c; c++)
+            lines += *c == '\n';
+        ck_assert_int_eq (lines, k % 2 ? 8 : 6);
+        free (list);
+    }
+    //  Extracted by stock tar, weights.bin is exactly the member.
+    const char *path = s_path ("aligned.kar");
+    char x[PATH_MAX];
+    snprintf (x, sizeof x, "%s/x", s_dir);
+    ck_assert (mkdir (x, 0700) == 0);
+    ck_assert_int_eq (s_system ("tar xf '%s' -C '%s'", path, x), 0);
+    char wpath[PATH_MAX + 16];
+    snprintf (wpath, sizeof wpath, "%s/weights.bin", x);
+    size_t wlen, elen;
+    uint8_t *want = s_weights (&wlen);
+    uint8_t *got = s_slurp (wpath, &elen);
+    ck_assert (elen == wlen && memcmp (want, got, wlen) == 0);
+    /* the last one has no provenance: six members, no padding file */
+    ck_assert_int_eq (s_system ("test \"$(ls -A '%s' | wc -l)\" = 6", x), 0);
+    free (want);
+    free (got);
+}
+END_TEST
+
+/* kiln_artifact_read_fd for `path` with `flags`; the fd is closed before
+ * returning, which the mappings do not need. */
+static kiln_artifact_t *
+s_read_fd (const char *path, unsigned flags, kiln_err_t *err)
+{
+    int fd = open (path, O_RDONLY | O_CLOEXEC);
+    ck_assert (fd >= 0);
+    kiln_artifact_t *a = kiln_artifact_read_fd (fd, path, flags, err);
+    close (fd);
+    return a;
+}
+
+START_TEST (test_artifact_read_fd_maps_aligned_members_and_hashes_the_mapped_pages)
+{
+    kiln_err_t err = { 0 };
+    const char *path = s_path ("model.kar");
+    s_write_signed (path);
+    size_t wlen, got;
+    uint8_t *want = s_weights (&wlen);
+
+    kiln_artifact_t *a = s_read_fd (path, KILN_ARTIFACT_MAP, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    ck_assert (kiln_artifact_member_mapped (a, "weights.bin"));
+    ck_assert (!kiln_artifact_member_mapped (a, "program.kbin"));   /* 1000 bytes */
+    ck_assert (!kiln_artifact_member_mapped (a, "absent.bin"));
+    const uint8_t *w = kiln_artifact_member (a, "weights.bin", &got);
+    ck_assert (got == wlen && memcmp (w, want, wlen) == 0);
+    ck_assert_uint_eq ((uintptr_t) w % KILN_ARTIFACT_ALIGN, 0);
+    ck_assert_msg (kiln_artifact_verify (a, s_keys, &err) == 0, "%s", err.msg);
+    kiln_artifact_destroy (&a);
+
+    //  Without the flag, the same bytes, read.
+    a = s_read_fd (path, 0, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    ck_assert (!kiln_artifact_member_mapped (a, "weights.bin"));
+    w = kiln_artifact_member (a, "weights.bin", &got);
+    ck_assert (got == wlen && memcmp (w, want, wlen) == 0);
+    kiln_artifact_destroy (&a);
+
+    //  A file others may write is read, not mapped.
+    ck_assert (chmod (path, 0664) == 0);
+    a = s_read_fd (path, KILN_ARTIFACT_MAP, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    ck_assert (!kiln_artifact_member_mapped (a, "weights.bin"));
+    kiln_artifact_destroy (&a);
+    ck_assert (chmod (path, 0644) == 0);
+
+    //  A flipped byte in the mapped member is refused, naming it.
+    s_patch_file (path, "WEIGHTS-MARKER", "WEIGHTS-MARKEr");
+    a = s_read_fd (path, KILN_ARTIFACT_MAP, &err);
+    ck_assert_ptr_null (a);
+    ck_assert_int_eq (err.code, KILN_EVERIFY);
+    ck_assert_msg (strstr (err.msg, "member 'weights.bin': sha256 mismatch")
+                   && strstr (err.msg, path), "%s", err.msg);
+
+    //  Cut inside the member: refused, never mapped past the end.
+    s_write_signed (path);
+    size_t len;
+    uint8_t *data = s_slurp (path, &len);
+    long at = s_find (data, len, WEIGHTS_MARKER);
+    s_spit (s_path ("cut.kar"), data, (size_t) at + 4000);
+    a = s_read_fd (s_path ("cut.kar"), KILN_ARTIFACT_MAP, &err);
+    ck_assert_ptr_null (a);
+    ck_assert_msg (strstr (err.msg, "weights.bin"), "%s", err.msg);
+    free (data);
+
+    //  An archive whose members are not aligned (as kiln wrote them
+    //  before) is read, with the same bytes.
+    char *manifest = s_manifest_with (NULL, NULL);
+    size_t plen;
+    uint8_t *program = s_program (&plen);
+    s_entry_t entries[] = {
+        { "manifest.json", manifest, strlen (manifest), 0 },
+        { "program.kbin", program, plen, 0 },
+        { "weights.bin", want, wlen, 0 },
+    };
+    uint8_t *tar = s_tar (entries, 3, &len);
+    at = s_find (tar, len, WEIGHTS_MARKER);
+    ck_assert (at > 0 && at % KILN_ARTIFACT_ALIGN != 0);
+    s_spit (s_path ("old.kar"), tar, len);
+    a = s_read_fd (s_path ("old.kar"), KILN_ARTIFACT_MAP, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    ck_assert (!kiln_artifact_member_mapped (a, "weights.bin"));
+    w = kiln_artifact_member (a, "weights.bin", &got);
+    ck_assert (got == wlen && memcmp (w, want, wlen) == 0);
+    kiln_artifact_destroy (&a);
+    free (tar);
+    free (program);
+    free (manifest);
+    free (want);
+}
+END_TEST
+
 /* --- stock tools ----------------------------------------------------- */
 
 START_TEST (test_stock_tar_lists_members)
@@ -1148,6 +1337,8 @@ s_suite (void)
     tcase_add_test (tc, test_manifest_io_structure_is_optional_and_round_trips);
     tcase_add_test (tc, test_manifest_io_structure_is_bounded_and_strict);
     tcase_add_test (tc, test_artifact_add_member_rejects_bad_names);
+    tcase_add_test (tc, test_artifact_large_members_start_page_aligned_and_tar_lists_them);
+    tcase_add_test (tc, test_artifact_read_fd_maps_aligned_members_and_hashes_the_mapped_pages);
     tcase_add_test (tc, test_stock_tar_lists_members);
     tcase_add_test (tc, test_stock_openssl_verifies_manifest_signature);
     suite_add_tcase (s, tc);

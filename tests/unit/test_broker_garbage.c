@@ -108,6 +108,13 @@ s_ping (zsock_t *dealer, uint64_t req_id, int timeout_ms)
     m->req_id = req_id;
     zmsg_t *raw = kiln_msg_encode (&m, &err);
     kiln_msg_t *reply = s_exchange (dealer, &raw, timeout_ms, &err);
+    /* PINGs sent while the broker was still starting were queued by the
+     * dealer and are answered first, in order: skip their PONGs. */
+    for (int i = 0; i < 64 && reply && reply->cmd == KILN_CMD_PONG && reply->req_id != req_id;
+         i++) {
+        kiln_msg_destroy (&reply);
+        reply = kiln_msg_recv (dealer, NULL, NULL, &err);
+    }
     bool ok = reply && reply->cmd == KILN_CMD_PONG && reply->req_id == req_id;
     kiln_msg_destroy (&reply);
     return ok;

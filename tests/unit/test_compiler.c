@@ -284,16 +284,19 @@ END_TEST
 START_TEST (test_compile_refuses_what_the_kernels_cannot_run)
 {
     kiln_err_t err = { 0 };
-    /* float16 arithmetic: no kernel computes in float16. */
+    /* MaxPool's Indices: no kernel computes them. */
     kiln_graph_t *g = kiln_graph_new ();
-    int a = testlib_input_dt (g, "a", KILN_DT_FLOAT16, SH (4));
-    int b = testlib_input_dt (g, "b", KILN_DT_FLOAT16, SH (4));
-    int y = testlib_tensor (g, "y");
-    testlib_node (g, "Add", "hadd", (int[]) { a, b }, 2, y);
+    int a = testlib_input_dt (g, "a", KILN_DT_FLOAT32, SH (1, 1, 4, 4));
+    int y = testlib_tensor (g, "y"), ind = testlib_tensor (g, "ind");
+    int n = kiln_graph_add_node (g, "MaxPool", "pool", &a, 1, (int[]) { y, ind }, 2,
+                                 &err);
+    ck_assert_msg (n >= 0, "%s", err.msg);
+    testlib_ints (g, n, "kernel_shape", 2, 2, 2);
     testlib_output (g, y);
+    testlib_output (g, ind);
     ck_assert (kiln_cc_compile (g, NULL, &err) == NULL);
     ck_assert_int_eq (err.code, KILN_EUNSUPPORTED);
-    ck_assert_msg (strstr (err.msg, "'hadd'") && strstr (err.msg, "float16"), "%s", err.msg);
+    ck_assert_msg (strstr (err.msg, "'pool'") && strstr (err.msg, "Indices"), "%s", err.msg);
     kiln_graph_destroy (&g);
 
     /* 3-D convolution. */

@@ -436,6 +436,104 @@ START_TEST (test_pad_and_resize_kernels_refuse_inconsistent_shapes)
 }
 END_TEST
 
+/* --- the budget ------------------------------------------------------ */
+
+/* A float32 scalar constant. */
+static int
+s_const_f32 (kiln_graph_t *g, const char *name, float v)
+{
+    kiln_err_t err;
+    kiln_shape_t s = { .rank = 0 };
+    int t = kiln_graph_add_tensor (g, name, KILN_DT_FLOAT32, &s, &err);
+    ck_assert_msg (t >= 0, "%s", err.msg);
+    uint8_t *data = malloc (5);
+    memcpy (data, &v, 4);
+    ck_assert_msg (kiln_graph_set_weight (g, t, &data, 4, &err) == 0, "%s", err.msg);
+    return t;
+}
+
+/* The hostile chain of issue 14: c = ConstantOfShape ([2^20]) of float32
+ * (4 MiB), then a_k = a_(k-1) + 1 for k = 1..n, each 4 MiB more if
+ * folded; returns a_n.  `x` is a graph input of the same shape. */
+static int
+s_fill_and_add_chain (kiln_graph_t *g, int n, int *x)
+{
+    kiln_err_t err;
+    char name[32];
+    *x = s_input (g, "x", KILN_DT_FLOAT32, 1, (int64_t[]) { 1 << 20 });
+    int dims = s_const_i64 (g, "dims", (int64_t[]) { 1 << 20 }, 1, false);
+    int one = s_const_f32 (g, "one", 1.0f);
+    int cur = s_value (g, "c");
+    int cs = s_node (g, "ConstantOfShape", "fill", &dims, 1, cur);
+    ck_assert_int_eq (kiln_node_set_int (g, cs, "value_dtype", KILN_DT_FLOAT32, &err), 0);
+    for (int k = 1; k <= n; k++) {
+        snprintf (name, sizeof name, "a%d", k);
+        int next = s_value (g, name);
+        snprintf (name, sizeof name, "add%d", k);
+        s_node (g, "Add", name, (int[]) { cur, one }, 2, next);
+        cur = next;
+    }
+    return cur;
+}
+
+static uint64_t
+s_weight_bytes (const kiln_graph_t *g)
+{
+    uint64_t sum = 0;
+    for (int w = 0; w < g->n_weights; w++)
+        sum += g->weights[w].size;
+    return sum;
+}
+
+START_TEST (test_fold_stops_at_its_budget_and_leaves_the_rest_to_run)
+{
+    /* 100 Adds of 4 MiB would materialise 400 MiB: past the budget they
+     * stay in the graph as nodes, and shape arithmetic after them (a
+     * Shape of the last one, feeding a Reshape) still folds. */
+    kiln_graph_t *g = kiln_graph_new ();
+    kiln_err_t err;
+    int x, n = 100;
+    int last = s_fill_and_add_chain (g, n, &x);
+    int sum = s_value (g, "sum"), shape = s_value (g, "shape"), y = s_value (g, "y");
+    s_node (g, "Add", "use", (int[]) { x, last }, 2, sum);
+    s_node (g, "Shape", "shape_of_last", &last, 1, shape);
+    s_node (g, "Reshape", "reshape", (int[]) { sum, shape }, 2, y);
+    ck_assert_int_eq (kiln_graph_add_output (g, y, &err), 0);
+    int removed = kiln_graph_fold (g, &err);
+    ck_assert_msg (removed > 0, "fold failed: %s", err.msg);
+    int adds = s_count_op (g, "Add");
+    /* Some folded (the budget holds about 60 of them), not all. */
+    ck_assert_msg (adds > 1 && adds < n + 1, "%d Adds left of %d", adds, n + 1);
+    ck_assert_int_eq (s_count_op (g, "ConstantOfShape"), 0);
+    ck_assert_int_eq (s_count_op (g, "Shape"), 0);
+    ck_assert_int_eq (s_count_op (g, "Reshape"), 1);
+    ck_assert_uint_le (s_weight_bytes (g), (uint64_t) KILN_MAX_FOLD_BYTES);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_fold_refuses_a_compile_time_op_past_its_budget_naming_node_and_budget)
+{
+    /* After the chain has used the budget, a ConstantOfShape (which only
+     * folding can evaluate) of 4 MiB more cannot be left to run. */
+    kiln_graph_t *g = kiln_graph_new ();
+    kiln_err_t err;
+    int x;
+    int last = s_fill_and_add_chain (g, 80, &x);
+    int shape = s_value (g, "shape"), late = s_value (g, "late"), y = s_value (g, "y");
+    s_node (g, "Shape", "shape_of_last", &last, 1, shape);
+    int cs = s_node (g, "ConstantOfShape", "late_fill", &shape, 1, late);
+    ck_assert_int_eq (kiln_node_set_int (g, cs, "value_dtype", KILN_DT_FLOAT32, &err), 0);
+    s_node (g, "Add", "use", (int[]) { x, late }, 2, y);
+    ck_assert_int_eq (kiln_graph_add_output (g, y, &err), 0);
+    ck_assert_int_lt (kiln_graph_fold (g, &err), 0);
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+    ck_assert_msg (strstr (err.msg, "late_fill") && strstr (err.msg, "KILN_MAX_FOLD_BYTES")
+                   && strstr (err.msg, "256 MiB"), "message: %s", err.msg);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
 static Suite *
 s_suite (void)
 {
@@ -455,6 +553,14 @@ s_suite (void)
     tcase_add_test (tc, test_strided_kernel_reverses_and_strides);
     tcase_add_test (tc, test_pad_and_resize_kernels_refuse_inconsistent_shapes);
     suite_add_tcase (s, tc);
+    /* These fold a few hundred MiB to reach the budget: seconds, more on a
+     * loaded machine. */
+    TCase *budget = tcase_create ("budget");
+    tcase_set_timeout (budget, 120);
+    tcase_add_test (budget, test_fold_stops_at_its_budget_and_leaves_the_rest_to_run);
+    tcase_add_test (budget,
+        test_fold_refuses_a_compile_time_op_past_its_budget_naming_node_and_budget);
+    suite_add_tcase (s, budget);
     return s;
 }
 

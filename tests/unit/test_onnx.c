@@ -732,6 +732,57 @@ START_TEST (test_onnx_typed_values_that_do_not_fit_the_dtype_are_refused)
 }
 END_TEST
 
+START_TEST (test_onnx_half_weights_and_io_import_as_two_byte_values)
+{
+    /* A bfloat16 Add: input, output and weight keep their type, and the
+     * weight its 2-byte bits, from raw_data or widened in int32_data (as
+     * the ONNX spec stores float16 and bfloat16 there). */
+    const uint16_t bits[3] = { 0x3f80, 0xc049, 0x7f80 };   /* 1, -3.140625, inf */
+    const int64_t dims[] = { 3 };
+    for (int form = 0; form < 2; form++) {
+        mini_t m;
+        s_mini_init (&m, "Add");
+        m.tensor_type.elem_type = ONNX__TENSOR_PROTO__DATA_TYPE__BFLOAT16;
+        s_mini_weight (&m, "w", dims, 1);
+        m.init.data_type = ONNX__TENSOR_PROTO__DATA_TYPE__BFLOAT16;
+        int32_t wide[3] = { bits[0], bits[1], bits[2] };
+        if (form == 0) {
+            m.init.has_raw_data = 1;
+            m.init.raw_data.len = sizeof bits;
+            m.init.raw_data.data = (uint8_t *) bits;
+        } else {
+            m.init.n_int32_data = 3;
+            m.init.int32_data = wide;
+        }
+        kiln_err_t err;
+        kiln_graph_t *g = s_mini_import (&m, &err);
+        ck_assert_msg (g != NULL, "%s", err.msg);
+        ck_assert_int_eq (g->tensors[g->inputs[0]].dtype, KILN_DT_BFLOAT16);
+        ck_assert_int_eq (g->tensors[g->outputs[0]].dtype, KILN_DT_BFLOAT16);
+        int w = kiln_graph_find_tensor (g, "w");
+        ck_assert_int_ge (w, 0);
+        const kiln_weight_t *wt = &g->weights[g->tensors[w].weight];
+        ck_assert_uint_eq (wt->size, 6);
+        ck_assert_int_eq (memcmp (wt->data, bits, 6), 0);
+        kiln_graph_destroy (&g);
+    }
+    /* a value that does not fit 16 bits is refused, naming the weight */
+    mini_t m;
+    s_mini_init (&m, "Add");
+    m.tensor_type.elem_type = ONNX__TENSOR_PROTO__DATA_TYPE__BFLOAT16;
+    s_mini_weight (&m, "w", dims, 1);
+    m.init.data_type = ONNX__TENSOR_PROTO__DATA_TYPE__BFLOAT16;
+    int32_t wide[3] = { 0x3f80, 70000, 0 };
+    m.init.n_int32_data = 3;
+    m.init.int32_data = wide;
+    kiln_err_t err;
+    ck_assert_ptr_null (s_mini_import (&m, &err));
+    ck_assert_int_eq (err.code, KILN_EFORMAT);
+    ck_assert_msg (strstr (err.msg, "'w'") && strstr (err.msg, "70000")
+                   && strstr (err.msg, "bfloat16"), "message: %s", err.msg);
+}
+END_TEST
+
 START_TEST (test_onnx_typed_value_count_must_match_the_shape)
 {
     mini_t m;
@@ -1238,6 +1289,7 @@ s_suite (void)
     tcase_add_test (tc, test_onnx_long_names_are_refused);
     tcase_add_test (tc, test_onnx_many_unsupported_ops_still_give_a_bounded_message);
     tcase_add_test (tc, test_onnx_io_structure_metadata_is_kept_and_other_keys_ignored);
+    tcase_add_test (tc, test_onnx_half_weights_and_io_import_as_two_byte_values);
     tcase_add_test (tc, test_onnx_bad_io_structure_is_refused_naming_the_key);
     suite_add_tcase (s, tc);
     return s;

@@ -775,6 +775,97 @@ START_TEST (test_chunks_round_trip_and_must_sit_on_chunk_boundaries)
 }
 END_TEST
 
+START_TEST (test_artifact_parts_round_trip_past_4_gib_and_get_and_pin_carry_their_fields)
+{
+    kiln_err_t err = { 0 };
+    /* a part deep into an artifact bigger than any blob may be */
+    uint64_t size = 5ULL << 30;
+    uint8_t *buf = calloc (1, KILN_CHUNK_BYTES);
+    buf[0] = 7;
+    kiln_msg_t *m = kiln_msg_new (KILN_CMD_PART);
+    m->req_id = 3;
+    strcpy (m->artifact, HEX_A);
+    m->artifact_size = size;
+    m->offset = size - 5;
+    ck_assert_int_lt (kiln_msg_put_chunk (m, buf, KILN_CHUNK_BYTES, &err), 0);   /* off a boundary */
+    m->offset = (size / KILN_CHUNK_BYTES - 1) * KILN_CHUNK_BYTES;
+    ck_assert_int_eq (kiln_msg_put_chunk (m, buf, KILN_CHUNK_BYTES, &err), 0);
+    strcpy (m->digest, HEX_B);
+    kiln_msg_t *b = s_round_trip (m);
+    ck_assert_int_eq (b->cmd, KILN_CMD_PART);
+    ck_assert_uint_eq (b->artifact_size, size);
+    ck_assert_uint_eq (b->offset, size - KILN_CHUNK_BYTES);
+    ck_assert_str_eq (b->digest, HEX_B);
+    ck_assert_uint_eq (zframe_size (kiln_msg_chunk_frame (b)), KILN_CHUNK_BYTES);
+    ck_assert_int_eq (zframe_data (kiln_msg_chunk_frame (b))[0], 7);
+    kiln_msg_destroy (&b);
+    /* the last, short part of a small artifact */
+    m = kiln_msg_new (KILN_CMD_PART);
+    m->req_id = 3;
+    strcpy (m->artifact, HEX_A);
+    m->artifact_size = KILN_CHUNK_BYTES + 10;
+    m->offset = KILN_CHUNK_BYTES;
+    ck_assert_int_eq (kiln_msg_put_chunk (m, buf, 10, &err), 0);
+    b = s_round_trip (m);
+    ck_assert_uint_eq (zframe_size (kiln_msg_chunk_frame (b)), 10);
+    kiln_msg_destroy (&b);
+    /* a part past the end of its artifact, or of the wrong size: refused */
+    uint64_t bad_offsets[] = { KILN_CHUNK_BYTES * 2, 3 };
+    for (size_t i = 0; i < 2; i++) {
+        s_hdr_t h;
+        s_hdr_begin (&h, 7);
+        kiln_mpk_pack_kv_i64 (&h.pk, "v", KILN_PROTO_VERSION);
+        kiln_mpk_pack_kv_str (&h.pk, "cmd", "PART");
+        kiln_mpk_pack_kv_i64 (&h.pk, "frames", 1);
+        kiln_mpk_pack_kv_i64 (&h.pk, "req_id", 3);
+        kiln_mpk_pack_kv_str (&h.pk, "artifact", HEX_A);
+        kiln_mpk_pack_kv_i64 (&h.pk, "artifact_size", KILN_CHUNK_BYTES + 10);
+        kiln_mpk_pack_kv_i64 (&h.pk, "offset", (int64_t) bad_offsets[i]);
+        size_t ten = 10;
+        ck_assert_int_eq (s_decode_raw (h.sbuf.data, h.sbuf.size, &ten, 1, &err, NULL),
+                          KILN_EPROTO);
+        ck_assert_ptr_nonnull (strstr (err.msg, "offset"));
+        s_hdr_end (&h);
+    }
+    free (buf);
+    /* GET, CREDIT with a req_id, PIN and its answer */
+    m = kiln_msg_new (KILN_CMD_GET);
+    m->req_id = 4;
+    strcpy (m->artifact, HEX_B);
+    m->credit = 32;
+    b = s_round_trip (m);
+    ck_assert_int_eq (b->cmd, KILN_CMD_GET);
+    ck_assert_str_eq (b->artifact, HEX_B);
+    ck_assert_uint_eq (b->credit, 32);
+    kiln_msg_destroy (&b);
+    m = kiln_msg_new (KILN_CMD_GET);
+    m->req_id = 4;
+    strcpy (m->artifact, HEX_B);
+    m->credit = KILN_PROTO_MAX_CREDIT + 1;
+    ck_assert_ptr_null (kiln_msg_encode (&m, &err));
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+    m = kiln_msg_new (KILN_CMD_CREDIT);
+    m->req_id = 4;
+    m->credit = 8;
+    b = s_round_trip (m);
+    ck_assert_uint_eq (b->req_id, 4);
+    ck_assert_uint_eq (b->credit, 8);
+    ck_assert (kiln_cmd_senders (KILN_CMD_CREDIT) & KILN_PEER_CLIENT);
+    ck_assert (kiln_cmd_receivers (KILN_CMD_CREDIT) & KILN_PEER_BROKER);
+    kiln_msg_destroy (&b);
+    m = kiln_msg_new (KILN_CMD_PINNED);
+    m->req_id = 5;
+    strcpy (m->artifact, HEX_A);
+    m->pinned = false;
+    m->changed = true;
+    b = s_round_trip (m);
+    ck_assert (!b->pinned && b->changed);
+    kiln_msg_destroy (&b);
+    ck_assert_int_eq (kiln_cmd_senders (KILN_CMD_PIN), KILN_PEER_CLIENT);
+    ck_assert_int_eq (kiln_cmd_senders (KILN_CMD_PART), KILN_PEER_BROKER);
+}
+END_TEST
+
 START_TEST (test_string_lists_are_bounded_and_toolchains_parse)
 {
     kiln_err_t err = { 0 };
@@ -833,6 +924,7 @@ main (void)
     tcase_add_test (tc, test_docs_hold_the_tables_generated_from_the_x_macro);
     tcase_add_test (tc, test_blob_refs_and_inline_blobs_mix_in_one_graph_payload);
     tcase_add_test (tc, test_chunks_round_trip_and_must_sit_on_chunk_boundaries);
+    tcase_add_test (tc, test_artifact_parts_round_trip_past_4_gib_and_get_and_pin_carry_their_fields);
     tcase_add_test (tc, test_string_lists_are_bounded_and_toolchains_parse);
     suite_add_tcase (s, tc);
     SRunner *sr = srunner_create (s);

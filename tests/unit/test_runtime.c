@@ -5,14 +5,16 @@
  * with a straightforward reference computed here in double precision
  * (a direct 7-loop convolution, a naive matrix product, ...).  Also: the
  * refusals (wrong input shape or dtype, a tampered or unsigned artifact,
- * malformed programs under a valid signature) and a mutation fuzz of the
- * program that must never crash the loader or the kernels.
+ * malformed programs under a valid signature), a mutation fuzz of the
+ * program that must never crash the loader or the kernels, and the
+ * weights mapped from the artifact file and shared by replicas.
  *
  * Every test gets a fresh temporary directory holding a key pair in
  * DIR/keys (which is also the keyring) and removes it afterwards.
  */
 #include <check.h>
 
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -20,6 +22,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <archive.h>
+#include <archive_entry.h>
 
 #include "artifact/kiln_artifact.h"
 #include "common/kiln_fs.h"
@@ -870,6 +878,318 @@ START_TEST (test_concurrent_runs_of_one_model_agree)
 }
 END_TEST
 
+/* --- weights mapped from the artifact ------------------------------ */
+
+/* Find `needle` in `hay`; the offset or -1. */
+static long
+s_find (const uint8_t *hay, size_t n, const uint8_t *needle, size_t m)
+{
+    for (size_t i = 0; m <= n && i + m <= n; i++)
+        if (memcmp (hay + i, needle, m) == 0)
+            return (long) i;
+    return -1;
+}
+
+/* Compile `g` at -O2, sign it (with `provenance` when not NULL) and write
+ * it to `path`; the artifact's weights.bin is copied to *weights (caller
+ * frees) when `weights` is not NULL. */
+static void
+s_write_model (kiln_graph_t *g, const char *path, const char *provenance,
+               uint8_t **weights, size_t *wlen)
+{
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_cc_compile (g, "--optlevel 2", &err);
+    ck_assert_msg (art, "%s", err.msg);
+    if (weights) {
+        const uint8_t *w = kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, wlen);
+        ck_assert (w && *wlen >= 4096);
+        *weights = malloc (*wlen);
+        memcpy (*weights, w, *wlen);
+    }
+    ck_assert_msg (kiln_artifact_sign (art, s_key, provenance, &err) == 0, "%s", err.msg);
+    ck_assert_msg (kiln_artifact_write (art, path, &err) == 0, "%s", err.msg);
+    kiln_artifact_destroy (&art);
+}
+
+/* Where `w` (the weights, `wlen` bytes) lies in the file at `path`. */
+static long
+s_weights_offset (const char *path, const uint8_t *w, size_t wlen)
+{
+    uint8_t *file;
+    size_t flen;
+    kiln_err_t err;
+    ck_assert (kiln_read_file (path, 1 << 26, &file, &flen, &err) == 0);
+    long at = s_find (file, flen, w, wlen);
+    free (file);
+    ck_assert_msg (at >= 0, "weights.bin not found in %s", path);
+    return at;
+}
+
+/* Copy the archive at `src` to `dst` member for member with libarchive's
+ * own pax writer and nothing between the members: the layout kiln wrote
+ * before it aligned them. */
+static void
+s_write_unaligned (const char *src, const char *dst)
+{
+    struct archive *in = archive_read_new (), *out = archive_write_new ();
+    ck_assert_int_eq (archive_read_support_format_tar (in), ARCHIVE_OK);
+    ck_assert_int_eq (archive_read_open_filename (in, src, 1 << 16), ARCHIVE_OK);
+    ck_assert_int_eq (archive_write_set_format_pax_restricted (out), ARCHIVE_OK);
+    ck_assert_int_eq (archive_write_open_filename (out, dst), ARCHIVE_OK);
+    struct archive_entry *e;
+    char buf[1 << 16];
+    while (archive_read_next_header (in, &e) == ARCHIVE_OK) {
+        ck_assert_int_eq (archive_write_header (out, e), ARCHIVE_OK);
+        la_ssize_t n;
+        while ((n = archive_read_data (in, buf, sizeof buf)) > 0)
+            ck_assert_int_eq (archive_write_data (out, buf, (size_t) n), n);
+    }
+    ck_assert_int_eq (archive_write_close (out), ARCHIVE_OK);
+    archive_write_free (out);
+    archive_read_free (in);
+}
+
+/* The small CNN's -O2 artifact read into memory, as every load did before
+ * the weights were mapped: the outputs mapped replicas must reproduce. */
+static float *
+s_run_read_into_memory (const char *path, const float *x)
+{
+    kiln_err_t err = { 0 };
+    setenv ("KILN_RT_MMAP", "0", 1);
+    kiln_rt_t *rt = kiln_rt_new (&err);
+    unsetenv ("KILN_RT_MMAP");
+    ck_assert_msg (rt, "%s", err.msg);
+    kiln_model_t *m = kiln_rt_load (rt, path, s_keys, &err);
+    ck_assert_msg (m, "%s", err.msg);
+    ck_assert_int_eq (kiln_model_weights_mapped (m), 0);
+    float *y = s_run1 (m, x, SH (2, 10));
+    kiln_model_destroy (&m);
+    kiln_rt_destroy (&rt);
+    return y;
+}
+
+START_TEST (test_replicas_share_one_mapping_of_the_weights_with_the_same_outputs)
+{
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    float *x = testlib_rand (2 * 3 * 16 * 16), *x2 = testlib_rand (2 * 3 * 16 * 16);
+    double ref[20];
+    ref_small_cnn (g, x, w1, b1, w2, b2, wl, bl, ref);
+    const char *path = s_path ("cnn.kar");
+    uint8_t *weights;
+    size_t wlen;
+    s_write_model (g, path, NULL, &weights, &wlen);
+    ck_assert_int_eq (s_weights_offset (path, weights, wlen) % 4096, 0);
+    float *want = s_run_read_into_memory (path, x);
+    float *want2 = s_run_read_into_memory (path, x2);
+    s_assert_close (want, ref, 20, "small cnn read into memory");
+
+    kiln_err_t err = { 0 };
+    kiln_model_t *a = kiln_rt_load_on (s_rt, path, s_keys, 0, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    kiln_model_t *b = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (b, "%s", err.msg);
+    ck_assert_int_eq (kiln_model_weights_mapped (a), 1);
+    ck_assert_int_eq (kiln_model_weights_mapped (b), 1);
+    const uint8_t *pa = kiln_model_weights_ptr (a), *pb = kiln_model_weights_ptr (b);
+    ck_assert_ptr_eq (pa, pb);
+    ck_assert_uint_eq ((uintptr_t) pa % 4096, 0);
+    ck_assert (memcmp (pa, weights, wlen) == 0);
+
+    float *ya = s_run1 (a, x, SH (2, 10)), *yb = s_run1 (b, x, SH (2, 10));
+    ck_assert (memcmp (ya, want, 20 * sizeof *ya) == 0);
+    ck_assert (memcmp (yb, want, 20 * sizeof *yb) == 0);
+
+    /* A batch of 4 split over both replicas, one chunk each. */
+    float *x4 = malloc (2 * sizeof (float) * 2 * 3 * 16 * 16), y4[40];
+    memcpy (x4, x, sizeof (float) * 2 * 3 * 16 * 16);
+    memcpy (x4 + 2 * 3 * 16 * 16, x2, sizeof (float) * 2 * 3 * 16 * 16);
+    kiln_model_t *reps[2] = { a, b };
+    kiln_rt_tensor_t in = { KILN_DT_FLOAT32, SH (4, 3, 16, 16), x4 };
+    kiln_rt_tensor_t out = { .data = y4 };
+    ck_assert_msg (kiln_model_run_batched (reps, 2, &in, 1, &out, 1, &err) == 0,
+                   "%s", err.msg);
+    ck_assert (memcmp (y4, want, 20 * sizeof *y4) == 0);
+    ck_assert (memcmp (y4 + 20, want2, 20 * sizeof *y4) == 0);
+
+    /* The mapping lives while any replica holds it, and comes back. */
+    kiln_model_destroy (&a);
+    float *yb2 = s_run1 (b, x, SH (2, 10));
+    ck_assert (memcmp (yb2, want, 20 * sizeof *yb2) == 0);
+    kiln_model_destroy (&b);
+    kiln_model_t *c = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (c, "%s", err.msg);
+    ck_assert_int_eq (kiln_model_weights_mapped (c), 1);
+    float *yc = s_run1 (c, x, SH (2, 10));
+    ck_assert (memcmp (yc, want, 20 * sizeof *yc) == 0);
+    kiln_model_destroy (&c);
+
+    /* Each load checks the signature against its own keyring, shared
+     * weights or not. */
+    kiln_model_t *d = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (d, "%s", err.msg);
+    char empty[PATH_MAX];
+    snprintf (empty, sizeof empty, "%s/empty-ring", s_dir);
+    ck_assert (mkdir (empty, 0700) == 0);
+    ck_assert_ptr_null (kiln_rt_load (s_rt, path, empty, &err));
+    ck_assert_int_eq (err.code, KILN_EVERIFY);
+    ck_assert_msg (strstr (err.msg, "not in keyring"), "%s", err.msg);
+    kiln_model_destroy (&d);
+
+    free (ya);
+    free (yb);
+    free (yb2);
+    free (yc);
+    free (x4);
+    free (want);
+    free (want2);
+    free (weights);
+    free (x);
+    free (x2);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_unaligned_artifact_is_read_shared_and_gives_the_same_outputs)
+{
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    float *x = testlib_rand (2 * 3 * 16 * 16);
+    const char *path = s_path ("cnn.kar"), *old = s_path ("old.kar");
+    uint8_t *weights;
+    size_t wlen;
+    /* A provenance of another length moves the old layout's weights by
+     * blocks; one of the first few leaves them off a page boundary. */
+    long at = 0;
+    for (int i = 0; i < 8 && at % 4096 == 0; i++) {
+        char prov[4096];
+        snprintf (prov, sizeof prov, "{\"pad\":\"%0*d\"}", 1 + 500 * i, 0);
+        s_write_model (g, path, prov, &weights, &wlen);
+        s_write_unaligned (path, old);
+        at = s_weights_offset (old, weights, wlen);
+        if (at % 4096 == 0)
+            free (weights);
+    }
+    ck_assert_msg (at % 4096 != 0, "no unaligned layout found");
+    float *want = s_run_read_into_memory (path, x);
+
+    kiln_err_t err = { 0 };
+    kiln_model_t *a = kiln_rt_load (s_rt, old, s_keys, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    kiln_model_t *b = kiln_rt_load (s_rt, old, s_keys, &err);
+    ck_assert_msg (b, "%s", err.msg);
+    ck_assert_int_eq (kiln_model_weights_mapped (a), 0);
+    ck_assert_ptr_eq (kiln_model_weights_ptr (a), kiln_model_weights_ptr (b));
+    float *ya = s_run1 (a, x, SH (2, 10)), *yb = s_run1 (b, x, SH (2, 10));
+    ck_assert (memcmp (ya, want, 20 * sizeof *ya) == 0);
+    ck_assert (memcmp (yb, want, 20 * sizeof *yb) == 0);
+    kiln_model_destroy (&a);
+    kiln_model_destroy (&b);
+
+    /* A file that others may write is read too, not mapped. */
+    ck_assert (chmod (path, 0664) == 0);
+    a = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    ck_assert_int_eq (kiln_model_weights_mapped (a), 0);
+    float *yg = s_run1 (a, x, SH (2, 10));
+    ck_assert (memcmp (yg, want, 20 * sizeof *yg) == 0);
+    kiln_model_destroy (&a);
+
+    free (ya);
+    free (yb);
+    free (yg);
+    free (want);
+    free (weights);
+    free (x);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_load_refuses_a_tampered_weights_byte_also_written_in_place)
+{
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    const char *path = s_path ("cnn.kar"), *bad = s_path ("bad.kar");
+    uint8_t *weights;
+    size_t wlen;
+    s_write_model (g, path, NULL, &weights, &wlen);
+    long at = s_weights_offset (path, weights, wlen) + (long) wlen / 2;
+
+    uint8_t *file;
+    size_t flen;
+    kiln_err_t err = { 0 };
+    ck_assert (kiln_read_file (path, 1 << 26, &file, &flen, &err) == 0);
+    file[at] ^= 0x01;
+    ck_assert (kiln_write_file_atomic (bad, file, flen, 0644, &err) == 0);
+    free (file);
+    ck_assert_ptr_null (kiln_rt_load (s_rt, bad, s_keys, &err));
+    ck_assert_int_eq (err.code, KILN_EVERIFY);
+    ck_assert_msg (strstr (err.msg, "member 'weights.bin': sha256 mismatch")
+                   && strstr (err.msg, "bad.kar"), "%s", err.msg);
+
+    /* Written in place while a model has it mapped: the next load reads
+     * the file afresh and refuses it instead of sharing the mapping.  An
+     * mtime in the past makes sure the write moves it, whatever the
+     * grain of the file system's clock. */
+    struct timespec past[2] = { { .tv_sec = time (NULL) - 3600 },
+                                { .tv_sec = time (NULL) - 3600 } };
+    ck_assert (utimensat (AT_FDCWD, path, past, 0) == 0);
+    kiln_model_t *m = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (m, "%s", err.msg);
+    ck_assert_int_eq (kiln_model_weights_mapped (m), 1);
+    const uint8_t *pm = kiln_model_weights_ptr (m);
+    uint8_t flipped = (uint8_t) (weights[wlen / 2] ^ 0x01);
+    int fd = open (path, O_WRONLY);
+    ck_assert (fd >= 0);
+    ck_assert (pwrite (fd, &flipped, 1, at) == 1);
+    close (fd);
+    ck_assert_ptr_null (kiln_rt_load (s_rt, path, s_keys, &err));
+    ck_assert_int_eq (err.code, KILN_EVERIFY);
+    ck_assert_msg (strstr (err.msg, "member 'weights.bin': sha256 mismatch"), "%s", err.msg);
+    /* What docs/artifact-format.md says kiln does not protect against:
+     * the owner writing the file in place reaches the model already
+     * loaded from it (its pages are the file's). */
+    ck_assert_uint_eq (pm[wlen / 2], flipped);
+    kiln_model_destroy (&m);
+    free (weights);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+START_TEST (test_replaced_artifact_is_loaded_afresh_and_old_models_keep_theirs)
+{
+    int w1, b1, w2, b2, wl, bl;
+    kiln_graph_t *g = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    testlib_seed (777);
+    kiln_graph_t *h = s_small_cnn (&w1, &b1, &w2, &b2, &wl, &bl);
+    float *x = testlib_rand (2 * 3 * 16 * 16);
+    const char *path = s_path ("cnn.kar");
+    s_write_model (g, path, NULL, NULL, NULL);
+    kiln_err_t err = { 0 };
+    kiln_model_t *old = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (old, "%s", err.msg);
+    float *y_old = s_run1 (old, x, SH (2, 10));
+
+    /* Replaced the way kiln writes files (a new file renamed over it). */
+    s_write_model (h, path, NULL, NULL, NULL);
+    kiln_model_t *new = kiln_rt_load (s_rt, path, s_keys, &err);
+    ck_assert_msg (new, "%s", err.msg);
+    ck_assert_ptr_ne (kiln_model_weights_ptr (new), kiln_model_weights_ptr (old));
+    float *y_new = s_run1 (new, x, SH (2, 10));
+    float *y_again = s_run1 (old, x, SH (2, 10));
+    ck_assert (memcmp (y_new, y_old, 20 * sizeof *y_new) != 0);
+    ck_assert (memcmp (y_again, y_old, 20 * sizeof *y_old) == 0);
+    kiln_model_destroy (&old);
+    kiln_model_destroy (&new);
+    free (y_old);
+    free (y_new);
+    free (y_again);
+    free (x);
+    kiln_graph_destroy (&g);
+    kiln_graph_destroy (&h);
+}
+END_TEST
+
 /* --- refusals ------------------------------------------------------- */
 
 START_TEST (test_run_refuses_wrong_input_shape_and_dtype_naming_the_input)
@@ -901,16 +1221,6 @@ START_TEST (test_run_refuses_wrong_input_shape_and_dtype_naming_the_input)
     kiln_graph_destroy (&g);
 }
 END_TEST
-
-/* Find `needle` in `hay`; the offset or -1. */
-static long
-s_find (const uint8_t *hay, size_t n, const uint8_t *needle, size_t m)
-{
-    for (size_t i = 0; m <= n && i + m <= n; i++)
-        if (memcmp (hay + i, needle, m) == 0)
-            return (long) i;
-    return -1;
-}
 
 START_TEST (test_load_refuses_tampered_program_naming_the_member)
 {
@@ -1199,6 +1509,10 @@ s_suite (void)
     tcase_add_test (tc, test_seed_function_two_x_plus_y);
     tcase_add_test (tc, test_model_io_structure_is_the_manifests_or_null);
     tcase_add_test (tc, test_concurrent_runs_of_one_model_agree);
+    tcase_add_test (tc, test_replicas_share_one_mapping_of_the_weights_with_the_same_outputs);
+    tcase_add_test (tc, test_unaligned_artifact_is_read_shared_and_gives_the_same_outputs);
+    tcase_add_test (tc, test_load_refuses_a_tampered_weights_byte_also_written_in_place);
+    tcase_add_test (tc, test_replaced_artifact_is_loaded_afresh_and_old_models_keep_theirs);
     tcase_add_test (tc, test_run_refuses_wrong_input_shape_and_dtype_naming_the_input);
     tcase_add_test (tc, test_load_refuses_tampered_program_naming_the_member);
     tcase_add_test (tc, test_load_refuses_malformed_programs_under_a_valid_signature);

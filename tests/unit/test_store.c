@@ -1,7 +1,9 @@
 /* Unit tests of the broker's store: staged writes appear only at commit,
  * cache hits are checked, failures are remembered and forgotten, blob
  * uploads are checked against their digest, the size cap evicts the least
- * recently used unpinned entries, and the integrity check finds damage. */
+ * recently used unpinned entries, artifacts open by content hash, pinned
+ * artifacts are never evicted and uploads that do not fit beside them are
+ * refused, and the integrity check finds damage. */
 #include <check.h>
 #include <limits.h>
 #include <poll.h>
@@ -322,6 +324,183 @@ START_TEST (test_the_cap_evicts_least_recently_used_unpinned_entries)
 }
 END_TEST
 
+/* A payload of `size` bytes of text that `fill` makes distinct; caller frees. */
+static char *
+s_payload (size_t size, char fill)
+{
+    char *text = malloc (size + 1);
+    for (size_t i = 0; i < size; i++)
+        text[i] = (char) (fill + (char) (i % 7));
+    text[size] = '\0';
+    return text;
+}
+
+/* Stage and commit a signed artifact with a payload of `size` bytes. */
+static size_t
+s_stored_artifact (kiln_store_t *st, const char *action_key, size_t size, char fill,
+                   char digest[KILN_HEX_LEN])
+{
+    kiln_err_t err = { 0 };
+    char *payload = s_payload (size, fill);
+    size_t len = 0;
+    uint8_t *bytes = s_artifact (action_key, payload, digest, &len);
+    ck_assert_int_eq (kiln_store_put_artifact (st, digest, bytes, len, &err), 0);
+    ck_assert_int_eq (kiln_store_commit (st, &err), 1);
+    free (bytes);
+    free (payload);
+    return len;
+}
+
+START_TEST (test_stored_artifacts_open_by_content_hash_and_absent_ones_are_not_found)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 0, &err);
+    char digest[KILN_HEX_LEN];
+    size_t len = 0;
+    uint8_t *bytes = s_artifact (KEY1, "served by hash", digest, &len);
+    ck_assert_int_eq (kiln_store_put_artifact (st, digest, bytes, len, &err), 0);
+    uint64_t size = 0;
+    /* staged is not stored */
+    ck_assert_int_eq (kiln_store_artifact_open (st, digest, &size, &err), -KILN_ENOTFOUND);
+    ck_assert_int_eq (kiln_store_commit (st, &err), 1);
+    int fd = kiln_store_artifact_open (st, digest, &size, &err);
+    ck_assert_msg (fd >= 0, "%s", err.msg);
+    ck_assert_uint_eq (size, len);
+    uint8_t *back = malloc (len);
+    ck_assert_int_eq (pread (fd, back, len, 0), (ssize_t) len);
+    ck_assert_mem_eq (back, bytes, len);
+    close (fd);
+    free (back);
+    /* absent: not found, naming it; not a digest: refused */
+    const char *absent = "abababababababababababababababababababababababababababababababab";
+    ck_assert_int_eq (kiln_store_artifact_open (st, absent, &size, &err), -KILN_ENOTFOUND);
+    ck_assert_ptr_nonnull (strstr (err.msg, absent));
+    ck_assert_int_eq (kiln_store_artifact_open (st, "../../etc/passwd", &size, &err),
+                      -KILN_EINVAL);
+    /* gone from under the store: a miss, and no longer counted */
+    char path[PATH_MAX];
+    snprintf (path, sizeof path, "%s/cas/sha256/%.2s/%s", s_dir, digest, digest);
+    ck_assert_int_eq (unlink (path), 0);
+    ck_assert_int_eq (kiln_store_artifact_open (st, digest, &size, &err), -KILN_ENOTFOUND);
+    kiln_store_stats_t stats;
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.artifacts, 0);
+    ck_assert_uint_eq (stats.bytes, 0);
+    free (bytes);
+    kiln_store_destroy (&st);
+}
+END_TEST
+
+START_TEST (test_pinned_artifacts_are_never_evicted_and_pins_survive_a_restart)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 1 << 20, &err);
+    char a[KILN_HEX_LEN], b[KILN_HEX_LEN];
+    size_t len_a = s_stored_artifact (st, KEY1, 300 << 10, 'a', a);
+    s_stored_artifact (st, KEY2, 300 << 10, 'b', b);
+    bool changed = false;
+    ck_assert_int_eq (kiln_store_pin (st, a, &changed, &err), 0);
+    ck_assert (changed);
+    ck_assert_int_eq (kiln_store_pin (st, a, &changed, &err), 0);    /* twice: no change */
+    ck_assert (!changed);
+    ck_assert (kiln_store_is_pinned (st, a));
+    ck_assert (!kiln_store_is_pinned (st, b));
+    kiln_store_stats_t stats;
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.pinned, 1);
+    ck_assert_uint_eq (stats.pinned_bytes, len_a);
+    /* what is not stored cannot be pinned */
+    const char *absent = "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd";
+    ck_assert_int_eq (kiln_store_pin (st, absent, &changed, &err), -KILN_ENOTFOUND);
+    ck_assert (!kiln_store_is_pinned (st, absent));
+    /* pressure: a is the least recently used, yet b goes, then the blobs */
+    uint8_t c[KILN_DIGEST_LEN], d[KILN_DIGEST_LEN];
+    s_blob (st, 'c', 300 << 10, c);
+    s_blob (st, 'd', 300 << 10, d);
+    uint64_t size = 0;
+    int fd = kiln_store_artifact_open (st, a, &size, &err);
+    ck_assert_msg (fd >= 0, "%s", err.msg);
+    close (fd);
+    ck_assert_int_eq (kiln_store_artifact_open (st, b, &size, &err), -KILN_ENOTFOUND);
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_le (stats.bytes, 1 << 20);
+    ck_assert_uint_ge (stats.evicted, 1);
+    kiln_store_destroy (&st);
+    /* the pin is on disk, and holds after a restart */
+    char path[PATH_MAX];
+    snprintf (path, sizeof path, "%s/pins/%s", s_dir, a);
+    ck_assert (kiln_file_exists (path));
+    st = kiln_store_new (s_dir, 1 << 20, &err);
+    ck_assert (kiln_store_is_pinned (st, a));
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.pinned, 1);
+    ck_assert_uint_eq (stats.pinned_bytes, len_a);
+    /* unpinned, it is an ordinary entry: eviction may take it */
+    ck_assert_int_eq (kiln_store_unpin (st, a, &changed, &err), 0);
+    ck_assert (changed);
+    ck_assert_int_eq (kiln_store_unpin (st, a, &changed, &err), 0);
+    ck_assert (!changed);
+    ck_assert (!kiln_file_exists (path));
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.pinned, 0);
+    ck_assert_uint_eq (stats.pinned_bytes, 0);
+    uint8_t e[KILN_DIGEST_LEN], f[KILN_DIGEST_LEN];
+    s_blob (st, 'e', 400 << 10, e);
+    s_blob (st, 'f', 400 << 10, f);
+    ck_assert_int_eq (kiln_store_artifact_open (st, a, &size, &err), -KILN_ENOTFOUND);
+    kiln_store_destroy (&st);
+}
+END_TEST
+
+START_TEST (test_uploads_that_do_not_fit_beside_the_pins_are_refused)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 1 << 20, &err);
+    char a[KILN_HEX_LEN];
+    size_t len_a = s_stored_artifact (st, KEY1, 600 << 10, 'a', a);
+    ck_assert_int_eq (kiln_store_pin (st, a, NULL, &err), 0);
+    size_t size = 500 << 10;
+    uint8_t *data = calloc (1, size);
+    uint8_t digest[KILN_DIGEST_LEN];
+    kiln_sha256 (data, size, digest);
+    /* 600 KiB pinned + 500 KiB > 1 MiB: refused, whichever way it comes */
+    ck_assert_ptr_null (kiln_store_blob_begin (st, digest, size, 0, NULL, &err));
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+    ck_assert_ptr_nonnull (strstr (err.msg, "pinned"));
+    ck_assert_ptr_nonnull (strstr (err.msg, "kiln unpin"));
+    ck_assert_int_eq (kiln_store_put_blob (st, digest, data, size, &err), -KILN_ELIMIT);
+    ck_assert_uint_eq (kiln_store_staged (st), 0);
+    /* what fits beside the pin is taken */
+    uint8_t small[KILN_DIGEST_LEN];
+    s_blob (st, 's', 300 << 10, small);
+    ck_assert (kiln_store_has_blob (st, small));
+    /* a cap lowered below the pins: the pinned artifact stays, over the cap */
+    kiln_store_destroy (&st);
+    st = kiln_store_new (s_dir, 1 << 19, &err);
+    uint64_t got = 0;
+    int fd = kiln_store_artifact_open (st, a, &got, &err);
+    ck_assert_msg (fd >= 0, "%s", err.msg);
+    close (fd);
+    kiln_store_stats_t stats;
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.pinned_bytes, len_a);
+    ck_assert_uint_eq (stats.bytes, len_a);        /* everything else evicted */
+    ck_assert_uint_gt (stats.bytes, stats.max_bytes);
+    ck_assert (!kiln_store_has_blob (st, small));
+    kiln_store_destroy (&st);
+    /* unpinned, there is room again */
+    st = kiln_store_new (s_dir, 1 << 20, &err);
+    ck_assert_int_eq (kiln_store_unpin (st, a, NULL, &err), 0);
+    kiln_blob_writer_t *w = kiln_store_blob_begin (st, digest, size, 0, NULL, &err);
+    ck_assert_msg (w != NULL, "%s", err.msg);
+    ck_assert_int_eq (kiln_blob_writer_write (w, data, size, &err), 0);
+    ck_assert_int_eq (kiln_store_blob_finish (st, &w, &err), 0);
+    ck_assert (kiln_store_has_blob (st, digest));
+    free (data);
+    kiln_store_destroy (&st);
+}
+END_TEST
+
 START_TEST (test_the_integrity_check_finds_and_repairs_damage)
 {
     kiln_err_t err = { 0 };
@@ -379,6 +558,9 @@ main (void)
     tcase_add_test (tc, test_uploaded_blobs_are_checked_against_their_digest);
     tcase_add_test (tc, test_uploads_finish_on_their_own_threads_and_report_through_the_fd);
     tcase_add_test (tc, test_the_cap_evicts_least_recently_used_unpinned_entries);
+    tcase_add_test (tc, test_stored_artifacts_open_by_content_hash_and_absent_ones_are_not_found);
+    tcase_add_test (tc, test_pinned_artifacts_are_never_evicted_and_pins_survive_a_restart);
+    tcase_add_test (tc, test_uploads_that_do_not_fit_beside_the_pins_are_refused);
     tcase_add_test (tc, test_the_integrity_check_finds_and_repairs_damage);
     suite_add_tcase (s, tc);
     return testlib_run (s);

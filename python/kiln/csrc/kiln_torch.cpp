@@ -166,6 +166,7 @@ s_kiln_dtype (c10::ScalarType t)
     case c10::ScalarType::Long:   return KILN_DT_INT64;
     case c10::ScalarType::Bool:   return KILN_DT_BOOL;
     case c10::ScalarType::Half:   return KILN_DT_FLOAT16;
+    case c10::ScalarType::BFloat16: return KILN_DT_BFLOAT16;
     case c10::ScalarType::Double: return KILN_DT_FLOAT64;
     default:                      return KILN_DT_UNDEFINED;
     }
@@ -182,6 +183,7 @@ s_torch_dtype (int kiln, c10::ScalarType *out)
     case KILN_DT_INT64:   *out = c10::ScalarType::Long;   return true;
     case KILN_DT_BOOL:    *out = c10::ScalarType::Bool;   return true;
     case KILN_DT_FLOAT16: *out = c10::ScalarType::Half;   return true;
+    case KILN_DT_BFLOAT16: *out = c10::ScalarType::BFloat16; return true;
     case KILN_DT_FLOAT64: *out = c10::ScalarType::Double; return true;
     default:              return false;
     }

@@ -1,0 +1,52 @@
+/*
+ * kiln_client_priv — what the pieces of libkilnclient share: the client
+ * struct and its connection.  kiln_client.c sends compiles and uploads;
+ * kiln_client_store.c fetches and pins artifacts and asks for the
+ * broker's state.  Not installed: programs use kiln_client.h.
+ *
+ * Invariant: `dealer` is NULL or connected to `endpoint` (with CurveZMQ
+ * when `cert` is set), and `monitor` watches it; no call returns while
+ * ZeroMQ still holds a chunk that points into the caller's memory
+ * (`in_zmq` is 0).
+ */
+#ifndef KILN_CLIENT_PRIV_H
+#define KILN_CLIENT_PRIV_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <czmq.h>
+
+#include "client/kiln_client.h"
+#include "common/kiln_proto.h"
+
+#define KILN_CLIENT_MAX_POLL_MS  100   /* longest single wait, so signals are seen */
+
+struct kiln_client {
+    char *endpoint;                  /* owned copy */
+    char name[KILN_PROTO_MAX_NAME + 1];
+    char *cert, *broker_cert;        /* owned, or NULL */
+    int heartbeat_ms, liveness_ms, broker_timeout_ms;
+    zsock_t *dealer;                 /* connected to the broker, or NULL */
+    zactor_t *monitor;               /* zmonitor on dealer: refused handshakes */
+    uint64_t next_req;               /* id of the next request */
+    uint32_t credit;                 /* chunks the broker lets us send */
+    uint64_t epoch;                  /* the broker instance we talk to, 0 = not known */
+    atomic_int in_zmq;               /* chunk frames ZeroMQ still holds */
+    kiln_client_stats_t stats;
+};
+
+/* Open the socket to the broker (dealer and monitor). */
+int kiln_client_connect (kiln_client_t *self, kiln_err_t *err);
+/* Close it, waiting until ZeroMQ has dropped every chunk that points into
+ * the caller's buffers. */
+void kiln_client_disconnect (kiln_client_t *self);
+/* Read one monitor event; a refused handshake fills `err` and returns
+ * true. */
+bool kiln_client_refused (kiln_client_t *self, kiln_err_t *err);
+/* The farm's ERROR as our error: its code, its message, and as much of
+ * the end of a compile log as fits. */
+void kiln_client_remote_error (const kiln_msg_t *msg, kiln_err_t *err);
+
+#endif

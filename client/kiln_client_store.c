@@ -1,0 +1,463 @@
+/*
+ * kiln_client_store — the farm's store and state from a client: fetch an
+ * artifact by its content hash (GET), pin and unpin one (PIN, UNPIN), ask
+ * for the broker's state (STATUS).
+ *
+ * A GET is answered by PARTs, 1 MiB each, in order, under the credit this
+ * client grants (docs/protocol.md): it grants a window of chunks, writes
+ * each chunk to a temporary file beside the target as it comes, hashing
+ * it, and gives the credit back a quarter window at a time.  Only when
+ * the whole file is there, hashes to what the broker says it sent, opens
+ * as an archive whose members all match its manifest and has the content
+ * hash asked for, is it renamed into place.  A broker that goes silent,
+ * restarts or stops sending is asked again, from the start, a bounded
+ * number of times.
+ */
+#include "client/kiln_client.h"
+#include "client/kiln_client_priv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "artifact/kiln_artifact.h"
+#include "common/kiln_hash.h"
+#include "common/kiln_limits.h"
+#include "common/kiln_log.h"
+
+#define S_GET_WINDOW     32           /* chunks granted to the broker at once */
+#define S_GET_ATTEMPTS   5            /* GETs sent for one call (the first and resends) */
+
+/* --- one request, one reply ---------------------------------------------------- */
+
+/* Send `msg` (its req_id set here) and wait for the reply to it: a
+ * message of command `want` or an ERROR (returned as the error).  Caller
+ * owns *reply. */
+static int
+s_request (kiln_client_t *self, kiln_msg_t **msg, kiln_cmd_t want, int wait_ms,
+           kiln_msg_t **reply, kiln_err_t *err)
+{
+    *reply = NULL;
+    int wait = wait_ms > 0 ? wait_ms : 10000;
+    if (!self->dealer && kiln_client_connect (self, err) != 0) {
+        kiln_msg_destroy (msg);
+        return -err->code;
+    }
+    const char *name = kiln_cmd_name ((*msg)->cmd);
+    uint64_t req_id = self->next_req++;
+    (*msg)->req_id = req_id;
+    zsock_set_sndtimeo (self->dealer, wait);
+    if (kiln_msg_send (msg, self->dealer, NULL, err) != 0)
+        return kiln_error_prefix (err, "broker %s", self->endpoint);
+    int64_t deadline = zclock_mono () + wait;
+    while (true) {
+        int64_t left = deadline - zclock_mono ();
+        if (left <= 0)
+            return kiln_error (err, KILN_ETIMEOUT, "no answer from the broker at %s within "
+                               "%d s", self->endpoint, (wait + 999) / 1000);
+        if (zsys_interrupted)
+            return kiln_error (err, KILN_ECANCELED, "interrupted");
+        zmq_pollitem_t items[2] = {
+            { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 },
+            { self->monitor ? zsock_resolve (self->monitor) : NULL, 0, ZMQ_POLLIN, 0 },
+        };
+        int n = zmq_poll (items, self->monitor ? 2 : 1,
+                          (long) (left < KILN_CLIENT_MAX_POLL_MS ? left
+                                                                 : KILN_CLIENT_MAX_POLL_MS));
+        if (n <= 0)
+            continue;
+        if (self->monitor && (items[1].revents & ZMQ_POLLIN) && kiln_client_refused (self, err))
+            return -err->code;
+        if (!(items[0].revents & ZMQ_POLLIN))
+            continue;
+        kiln_err_t rerr = { 0 };
+        kiln_msg_t *got = kiln_msg_recv (self->dealer, NULL, NULL, &rerr);
+        if (!got || got->req_id != req_id) {
+            kiln_msg_destroy (&got);
+            continue;
+        }
+        if (got->cmd == want) {
+            *reply = got;
+            return 0;
+        }
+        int rc;
+        if (got->cmd == KILN_CMD_ERROR) {
+            kiln_client_remote_error (got, err);
+            rc = -err->code;
+        }
+        else
+            rc = kiln_error (err, KILN_EPROTO, "the broker answered %s with %s", name,
+                             kiln_cmd_name (got->cmd));
+        kiln_msg_destroy (&got);
+        return rc;
+    }
+}
+
+int
+kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_t *err)
+{
+    *json = NULL;
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_STATUS), *reply = NULL;
+    if (!msg)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    int rc = s_request (self, &msg, KILN_CMD_REPORT, wait_ms, &reply, err);
+    if (rc != 0)
+        return rc;
+    *json = reply->report;
+    reply->report = NULL;
+    kiln_msg_destroy (&reply);
+    return 0;
+}
+
+int
+kiln_client_pin (kiln_client_t *self, const char *digest_hex, bool pin, int wait_ms,
+                 bool *changed, kiln_err_t *err)
+{
+    if (changed)
+        *changed = false;
+    if (!digest_hex || !kiln_is_digest_hex (digest_hex))
+        return kiln_error (err, KILN_EINVAL, "'%.80s' is not an artifact's content hash "
+                           "(64 hex characters)", digest_hex ? digest_hex : "");
+    kiln_msg_t *msg = kiln_msg_new (pin ? KILN_CMD_PIN : KILN_CMD_UNPIN), *reply = NULL;
+    if (!msg)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    memcpy (msg->artifact, digest_hex, KILN_HEX_LEN);
+    int rc = s_request (self, &msg, KILN_CMD_PINNED, wait_ms, &reply, err);
+    if (rc == -KILN_ENOTFOUND)
+        return kiln_error (err, KILN_ENOTFOUND, "the farm at %s holds no artifact %s",
+                           self->endpoint, digest_hex);
+    if (rc != 0)
+        return rc;
+    if (strcmp (reply->artifact, digest_hex) != 0 || reply->pinned != pin) {
+        kiln_msg_destroy (&reply);
+        return kiln_error (err, KILN_EPROTO, "the broker answered %s of artifact %.12s for "
+                           "another artifact or state", pin ? "PIN" : "UNPIN", digest_hex);
+    }
+    if (changed)
+        *changed = reply->changed;
+    kiln_msg_destroy (&reply);
+    return 0;
+}
+
+/* --- GET ----------------------------------------------------------------------- */
+
+/* One call of kiln_client_get. */
+typedef struct {
+    kiln_client_t *self;
+    char digest[KILN_HEX_LEN];       /* the content hash asked for */
+    char tmp[PATH_MAX];              /* the file being written */
+    int fd;
+    uint64_t req_id;                 /* of the GET now in flight */
+    int attempts;                    /* GETs sent */
+    bool have_size;                  /* a PART said how big it is */
+    uint64_t size;                   /* the archive's bytes */
+    uint64_t received;               /* bytes written, all in order */
+    uint32_t owed;                   /* chunks taken, credit not given back yet */
+    kiln_sha256_t *sha;              /* of the bytes written */
+    char file_sha[KILN_HEX_LEN];     /* its digest, once complete */
+    bool complete;
+    int64_t progress;                /* zclock_mono of the GET or the last PART */
+} s_get_t;
+
+/* Send GET from the start: a new request id (PARTs of an older one are
+ * ignored), the file emptied. */
+static int
+s_get_send (s_get_t *g, const char *why, kiln_err_t *err)
+{
+    kiln_client_t *self = g->self;
+    if (g->attempts >= S_GET_ATTEMPTS)
+        return kiln_error (err, KILN_EREMOTE, "gave up fetching artifact %s from %s after %d "
+                           "attempts (%s)", g->digest, self->endpoint, S_GET_ATTEMPTS, why);
+    if (g->attempts > 0) {
+        kiln_log_info ("GET of artifact %.12s: asking again from the start: %s", g->digest,
+                       why);
+        self->stats.resent++;
+    }
+    g->attempts++;
+    g->have_size = g->complete = false;
+    g->size = g->received = 0;
+    g->owed = 0;
+    kiln_sha256_destroy (&g->sha);
+    if (!(g->sha = kiln_sha256_new ()))
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    if (ftruncate (g->fd, 0) != 0)
+        return kiln_error (err, KILN_EIO, "could not truncate '%s': %s", g->tmp,
+                           strerror (errno));
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_GET);
+    if (!msg)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    g->req_id = self->next_req++;
+    msg->req_id = g->req_id;
+    memcpy (msg->artifact, g->digest, KILN_HEX_LEN);
+    msg->credit = S_GET_WINDOW;
+    g->progress = zclock_mono ();
+    if (kiln_msg_send (&msg, self->dealer, NULL, err) != 0)
+        return kiln_error_prefix (err, "broker %s", self->endpoint);
+    self->stats.requests++;
+    return 0;
+}
+
+/* Give the broker its credit back. */
+static void
+s_get_credit (s_get_t *g)
+{
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_CREDIT);
+    kiln_err_t err = { 0 };
+    if (!msg)
+        return;
+    msg->req_id = g->req_id;
+    msg->credit = g->owed;
+    g->owed = 0;
+    if (kiln_msg_send (&msg, g->self->dealer, NULL, &err) != 0)
+        kiln_log_warn ("%s", err.msg);        /* the stall is noticed and the GET resent */
+}
+
+/* Take one PART: in order, the size it announced, written and hashed. */
+static int
+s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
+{
+    if (strcmp (msg->artifact, g->digest) != 0)
+        return kiln_error (err, KILN_EPROTO, "the broker sent a part of artifact %.12s, not "
+                           "of %.12s", msg->artifact, g->digest);
+    if (!g->have_size) {
+        g->size = msg->artifact_size;
+        g->have_size = true;
+    }
+    if (msg->artifact_size != g->size || msg->offset != g->received)
+        return kiln_error (err, KILN_EPROTO, "the broker sent bytes %llu.. of a %llu-byte "
+                           "artifact, expected bytes %llu.. of %llu",
+                           (unsigned long long) msg->offset,
+                           (unsigned long long) msg->artifact_size,
+                           (unsigned long long) g->received, (unsigned long long) g->size);
+    zframe_t *frame = kiln_msg_chunk_frame (msg);
+    const uint8_t *data = frame ? zframe_data (frame) : NULL;
+    size_t len = frame ? zframe_size (frame) : 0;     /* the decoder checked it */
+    for (size_t done = 0; done < len;) {
+        ssize_t n = pwrite (g->fd, data + done, len - done, (off_t) (g->received + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return kiln_error (err, KILN_EIO, "could not write '%s': %s", g->tmp,
+                               n < 0 ? strerror (errno) : "short write");
+        done += (size_t) n;
+    }
+    kiln_sha256_update (g->sha, data, len);
+    g->received += len;
+    g->progress = zclock_mono ();
+    if (g->received < g->size) {
+        if (++g->owed >= S_GET_WINDOW / 4)
+            s_get_credit (g);
+        return 0;
+    }
+    /* The last part: the broker's digest of what it read is ours of
+     * what we wrote. */
+    uint8_t digest[KILN_DIGEST_LEN];
+    kiln_sha256_final (&g->sha, digest);
+    kiln_hex (digest, KILN_DIGEST_LEN, g->file_sha);
+    if (strcmp (msg->digest, g->file_sha) != 0)
+        return kiln_error (err, KILN_EVERIFY, "artifact %.12s arrived damaged: its %llu bytes "
+                           "hash to %s, the broker sent bytes hashing to %s", g->digest,
+                           (unsigned long long) g->size, g->file_sha,
+                           msg->digest[0] ? msg->digest : "(none given)");
+    g->complete = true;
+    return 0;
+}
+
+/* Receive until the artifact is in the file, or fail. */
+static int
+s_get_receive (s_get_t *g, int wait_ms, kiln_err_t *err)
+{
+    kiln_client_t *self = g->self;
+    int64_t start = zclock_mono ();
+    int64_t deadline = wait_ms > 0 ? start + wait_ms : INT64_MAX;
+    int64_t heard = start, hb_at = start + self->heartbeat_ms;
+    /* a broker that answers heartbeats but sends nothing has dropped the
+     * GET (its client looked idle, it restarted): ask again */
+    int64_t stall_ms = 2 * (int64_t) self->liveness_ms;
+    int rc = s_get_send (g, "", err);
+    while (rc == 0 && !g->complete) {
+        int64_t now = zclock_mono ();
+        if (zsys_interrupted)
+            return kiln_error (err, KILN_ECANCELED, "interrupted");
+        if (now >= deadline)
+            return kiln_error (err, KILN_ETIMEOUT, "gave up fetching artifact %s from %s "
+                               "after %d s (%llu of %llu bytes arrived)", g->digest,
+                               self->endpoint, (wait_ms + 999) / 1000,
+                               (unsigned long long) g->received, (unsigned long long) g->size);
+        if (now - heard > self->broker_timeout_ms)
+            return kiln_error (err, KILN_ETIMEOUT, "no answer from the broker at %s for %d s",
+                               self->endpoint, self->broker_timeout_ms / 1000);
+        if (now - heard > self->liveness_ms) {
+            /* silent: a new connection, and the GET again */
+            kiln_client_disconnect (self);
+            self->stats.reconnects++;
+            heard = now;
+            if ((rc = kiln_client_connect (self, err)) != 0
+                || (rc = s_get_send (g, "the broker went silent", err)) != 0)
+                break;
+        }
+        else if (now - g->progress > stall_ms
+                 && (rc = s_get_send (g, "the broker stopped sending", err)) != 0)
+            break;
+        if (now >= hb_at) {
+            kiln_msg_t *hb = kiln_msg_new (KILN_CMD_HEARTBEAT);
+            kiln_err_t herr = { 0 };
+            if (hb)
+                kiln_msg_send (&hb, self->dealer, NULL, &herr);
+            hb_at = now + self->heartbeat_ms;
+        }
+        int64_t wait = hb_at - now;
+        if (wait > KILN_CLIENT_MAX_POLL_MS)
+            wait = KILN_CLIENT_MAX_POLL_MS;
+        if (wait < 0)
+            wait = 0;
+        zmq_pollitem_t items[2] = {
+            { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 },
+            { self->monitor ? zsock_resolve (self->monitor) : NULL, 0, ZMQ_POLLIN, 0 },
+        };
+        int got = zmq_poll (items, self->monitor ? 2 : 1, (long) wait);
+        if (got < 0 && zmq_errno () != EINTR)
+            return kiln_error (err, KILN_EIO, "waiting for the broker: %s",
+                               zmq_strerror (zmq_errno ()));
+        if (got > 0 && self->monitor && (items[1].revents & ZMQ_POLLIN)
+            && kiln_client_refused (self, err))
+            return -err->code;
+        for (int k = 0; rc == 0 && got > 0 && k < 1024 && !g->complete; k++) {
+            if (!(zsock_events (self->dealer) & ZMQ_POLLIN))
+                break;
+            kiln_err_t rerr = { 0 };
+            uint64_t req_id = 0;
+            kiln_msg_t *msg = kiln_msg_recv (self->dealer, NULL, &req_id, &rerr);
+            heard = zclock_mono ();
+            if (!msg) {
+                if (req_id == g->req_id)
+                    return kiln_error (err, rerr.code, "reply from the broker: %s", rerr.msg);
+                continue;
+            }
+            /* Another broker instance: ours restarted and forgot the GET. */
+            bool restarted = msg->epoch && self->epoch && msg->epoch != self->epoch;
+            if (msg->epoch)
+                self->epoch = msg->epoch;
+            if (restarted)
+                rc = s_get_send (g, "the broker restarted", err);
+            else if (msg->req_id != g->req_id)
+                ;                          /* a heartbeat, or an answer to an older GET */
+            else if (msg->cmd == KILN_CMD_ERROR) {
+                kiln_client_remote_error (msg, err);
+                rc = -err->code;
+                if (rc == -KILN_ENOTFOUND)
+                    kiln_error (err, KILN_ENOTFOUND, "the farm at %s holds no artifact %s",
+                                self->endpoint, g->digest);
+            }
+            else if (msg->cmd == KILN_CMD_PART)
+                rc = s_get_part (g, msg, err);
+            kiln_msg_destroy (&msg);
+        }
+    }
+    return rc;
+}
+
+int
+kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_path,
+                 const char *keyring_dir, int wait_ms, kiln_get_result_t *res,
+                 kiln_err_t *err)
+{
+    if (res)
+        memset (res, 0, sizeof *res);
+    if (!self || !out_path || !*out_path)
+        return kiln_error (err, KILN_EINVAL, "kiln_client_get needs a client and an output "
+                           "path");
+    if (!digest_hex || !kiln_is_digest_hex (digest_hex))
+        return kiln_error (err, KILN_EINVAL, "'%.80s' is not an artifact's content hash "
+                           "(64 lower-case hex characters)", digest_hex ? digest_hex : "");
+    s_get_t g = { .self = self, .fd = -1 };
+    memcpy (g.digest, digest_hex, KILN_HEX_LEN);
+    kiln_artifact_t *art = NULL;
+    int rc = 0;
+    /* The temporary file goes beside the target, so that the rename is
+     * atomic (same file system). */
+    const char *slash = strrchr (out_path, '/');
+    int dir_len = slash ? (int) (slash - out_path) : 1;
+    const char *dir = slash ? out_path : ".";
+    if (slash == out_path)
+        dir_len = 1;                       /* "/name" */
+    if (snprintf (g.tmp, sizeof g.tmp, "%.*s/.%s.kiln-get-XXXXXX", dir_len, dir,
+                  slash ? slash + 1 : out_path) >= (int) sizeof g.tmp)
+        return kiln_error (err, KILN_ELIMIT, "output path '%s' is too long", out_path);
+    g.fd = mkostemp (g.tmp, O_CLOEXEC);
+    if (g.fd < 0)
+        return kiln_error (err, KILN_EIO, "could not create a file beside '%s': %s", out_path,
+                           strerror (errno));
+    fchmod (g.fd, 0644);
+    if (!self->dealer && (rc = kiln_client_connect (self, err)) != 0)
+        goto done;
+    zsock_set_sndtimeo (self->dealer, 60000);
+    if ((rc = s_get_receive (&g, wait_ms, err)) != 0)
+        goto done;
+    if (fsync (g.fd) != 0) {
+        rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", g.tmp, strerror (errno));
+        goto done;
+    }
+    close (g.fd);
+    g.fd = -1;
+    /* What arrived must be the artifact asked for: every member as its
+     * manifest says, the manifest with that content hash, and (when a
+     * keyring is given) signed by a key in it. */
+    char got[KILN_HEX_LEN];
+    if (!(art = kiln_artifact_read (g.tmp, err))) {
+        rc = kiln_error_prefix (err, "artifact %.12s from the farm", g.digest);
+        goto done;
+    }
+    if ((rc = kiln_artifact_digest (art, got, err)) != 0)
+        goto done;
+    if (strcmp (got, g.digest) != 0) {
+        rc = kiln_error (err, KILN_EVERIFY, "the farm at %s sent an artifact with content "
+                         "hash %s for %s", self->endpoint, got, g.digest);
+        goto done;
+    }
+    if (keyring_dir && (rc = kiln_artifact_verify (art, keyring_dir, err)) != 0) {
+        kiln_error_prefix (err, "artifact %.12s from the farm", g.digest);
+        goto done;
+    }
+    kiln_artifact_destroy (&art);
+    if (rename (g.tmp, out_path) != 0) {
+        rc = kiln_error (err, KILN_EIO, "could not rename onto '%s': %s", out_path,
+                         strerror (errno));
+        goto done;
+    }
+    g.tmp[0] = '\0';
+    char dirbuf[PATH_MAX];
+    snprintf (dirbuf, sizeof dirbuf, "%.*s", dir_len, dir);
+    int dfd = open (dirbuf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync (dfd);
+        close (dfd);
+    }
+    if (res) {
+        res->bytes = g.size;
+        memcpy (res->sha256, g.file_sha, KILN_HEX_LEN);
+    }
+done:
+    if (rc != 0 && self->dealer && g.req_id && !g.complete) {
+        /* the broker may stop sending now */
+        kiln_msg_t *cancel = kiln_msg_new (KILN_CMD_CANCEL);
+        kiln_err_t cerr = { 0 };
+        if (cancel) {
+            cancel->req_id = g.req_id;
+            zsock_set_sndtimeo (self->dealer, 0);
+            kiln_msg_send (&cancel, self->dealer, NULL, &cerr);
+        }
+    }
+    kiln_artifact_destroy (&art);
+    kiln_sha256_destroy (&g.sha);
+    if (g.fd >= 0)
+        close (g.fd);
+    if (g.tmp[0])
+        unlink (g.tmp);
+    return rc;
+}
