@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kiln_half.h"
 #include "serve/kiln_serve_buf.h"
 
 /* Fields a request may have; anything else is refused (a typo such as
@@ -54,42 +55,6 @@ s_dtype_label (kiln_dtype_t dt)
 {
     const char *name = kiln_serve_v2_dtype_name (dt);
     return name ? name : kiln_dtype_name (dt);
-}
-
-/* --- half precision, for FP16 tensors written as JSON numbers --------- */
-
-static float
-s_half_to_float (uint16_t h)
-{
-    int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float v = exp == 0    ? ldexpf ((float) man, -24)
-              : exp == 31 ? (man ? NAN : INFINITY)
-                          : ldexpf ((float) (man | 0x400), exp - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
-/* Round to nearest, ties to even. */
-static uint16_t
-s_float_to_half (float f)
-{
-    uint32_t x;
-    memcpy (&x, &f, sizeof x);
-    uint16_t sign = (uint16_t) ((x >> 16) & 0x8000);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u)
-        return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0);
-    if (ax >= 0x477ff000u)          /* rounds past 65504 */
-        return sign | 0x7c00;
-    if (ax < 0x38800000u) {         /* below 2^-14: a subnormal half */
-        float a;
-        memcpy (&a, &ax, sizeof a);
-        return sign | (uint16_t) lrintf (a * 16777216.0f);
-    }
-    uint32_t h = ((ax >> 23) - 112) << 10 | ((ax & 0x7fffffu) >> 13);
-    uint32_t rest = ax & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1)))
-        h++;
-    return sign | (uint16_t) h;
 }
 
 /* --- decoding a request ----------------------------------------------- */
@@ -184,6 +149,7 @@ s_put (s_fill_t *f, const json_t *v, kiln_err_t *err)
     case KILN_DT_FLOAT32:
     case KILN_DT_FLOAT64:
     case KILN_DT_FLOAT16:
+    case KILN_DT_BFLOAT16:
         if (!json_is_number (v))
             return kiln_error (err, KILN_EFORMAT, "input '%s': element %lld is not a number",
                                io->name, (long long) f->n);
@@ -196,7 +162,9 @@ s_put (s_fill_t *f, const json_t *v, kiln_err_t *err)
             memcpy (p, &x, sizeof x);
         }
         else {
-            uint16_t x = s_float_to_half ((float) json_number_value (v));
+            /* Rounded to the 2-byte type as torch rounds (kiln_half.h). */
+            float w = (float) json_number_value (v);
+            uint16_t x = io->dtype == KILN_DT_FLOAT16 ? kiln_f32_to_f16 (w) : kiln_f32_to_bf16 (w);
             memcpy (p, &x, sizeof x);
         }
         return 0;
@@ -592,10 +560,12 @@ s_put_data (kiln_serve_buf_t *b, const kiln_serve_io_t *io, const uint8_t *p, in
             s_put_double (b, x, false);
             break;
         }
-        case KILN_DT_FLOAT16: {
+        case KILN_DT_FLOAT16:
+        case KILN_DT_BFLOAT16: {
             uint16_t x;
             memcpy (&x, p + i * 2, sizeof x);
-            s_put_double (b, s_half_to_float (x), true);
+            s_put_double (b, io->dtype == KILN_DT_FLOAT16 ? kiln_f16_to_f32 (x)
+                                                          : kiln_bf16_to_f32 (x), true);
             break;
         }
         case KILN_DT_INT64: {

@@ -46,6 +46,7 @@
     X (INT32,   "INT32")        \
     X (INT64,   "INT64")        \
     X (FLOAT16, "FP16")         \
+    X (BFLOAT16, "BF16")        \
     X (FLOAT32, "FP32")         \
     X (FLOAT64, "FP64")
 

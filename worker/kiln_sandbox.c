@@ -30,7 +30,7 @@
 #define S_PROBE_OUT      2048            /* the probe's output kept for the error */
 #define S_HIDE_BYTES     "65536"         /* size of the tmpfs covering a hidden dir */
 #define S_CPU_GRACE_S    10              /* RLIMIT_CPU hard limit past the soft one */
-#define S_MAX_ARGS       (KILN_SANDBOX_MAX_PATHS * 8 + 96)   /* bwrap's own words */
+#define S_MAX_ARGS       (KILN_SANDBOX_MAX_PATHS * 8 + 224)  /* bwrap's own words */
 
 struct kiln_sandbox {
     kiln_sandbox_kind_t kind;
@@ -263,6 +263,40 @@ kiln_sandbox_prepare (const kiln_sandbox_t *self, int slot, const char *workdir,
             *slash = '/';
         }
         rc |= s_push (cmd->argv, &n, max, "--ro-bind", file, file, NULL);
+    }
+    /* kiln's own programs and libraries (this program's directory and
+     * the lib/ beside it), read-only: a toolchain script runs kiln-cc from
+     * there, and an installation unpacked under /tmp would otherwise be
+     * hidden by the fresh /tmp. */
+    char bindir[PATH_MAX];
+    if (self->helper[0] == '/' && realpath (self->helper, bindir)) {
+        char *slash = strrchr (bindir, '/');
+        if (slash && slash != bindir) {
+            *slash = '\0';
+            char libdir[PATH_MAX + 8];
+            snprintf (libdir, sizeof libdir, "%s/../lib", bindir);
+            char libreal[PATH_MAX];
+            const char *dirs[2] = { bindir, realpath (libdir, libreal) ? libreal : NULL };
+            for (int d = 0; d < 2; d++) {
+                struct stat st;
+                if (!dirs[d] || !s_under (dirs[d], "/tmp") || stat (dirs[d], &st) != 0
+                    || !S_ISDIR (st.st_mode))
+                    continue;
+                bool hidden = false;
+                for (int h = 0; h < self->n_hide && !hidden; h++)
+                    hidden = s_under (dirs[d], self->hide[h]);
+                if (hidden)
+                    continue;
+                char path[PATH_MAX];
+                snprintf (path, sizeof path, "%s", dirs[d]);
+                for (char *sl = strchr (path + 1, '/'); sl; sl = strchr (sl + 1, '/')) {
+                    *sl = '\0';
+                    rc |= s_push (cmd->argv, &n, max, "--perms", "0755", "--dir", path, NULL);
+                    *sl = '/';
+                }
+                rc |= s_push (cmd->argv, &n, max, "--ro-bind", dirs[d], dirs[d], NULL);
+            }
+        }
     }
     rc |= s_push (cmd->argv, &n, max, "--bind", real, real, NULL);
     for (int i = 0; i < self->n_hide; i++)

@@ -43,6 +43,13 @@ class Net(nn.Module):
         return self.body(x)
 
 
+class Half(nn.Module):
+    """float16 in and out: y = 2x + 1 on [2, 8]."""
+
+    def forward(self, x):
+        return x * 2 + 1
+
+
 class Slow(nn.Module):
     """Several 64-channel 3x3 convolutions at 64x64: tens of milliseconds a
     run, for overload."""
@@ -60,11 +67,11 @@ class Slow(nn.Module):
         return self.body(x)
 
 
-def _export(module, shape, path):
+def _export(module, shape, path, dtype=torch.float32):
     module.eval()
     with torch.no_grad():
-        torch.onnx.export(module, (torch.zeros(shape),), str(path), input_names=["x"],
-                          output_names=["y"], opset_version=13)
+        torch.onnx.export(module, (torch.zeros(shape, dtype=dtype),), str(path),
+                          input_names=["x"], output_names=["y"], opset_version=13)
 
 
 def _torch(module, x):
@@ -102,10 +109,12 @@ class Farm:
         self._compile("e", self.nets["e"], SHAPE, "other")
         self.nets["slow"] = Slow().eval()
         self._compile("slow", self.nets["slow"], (1, 1, 64, 64), "farm")
+        self.nets["half"] = Half().eval()
+        self._compile("half", self.nets["half"], (2, 8), "farm", torch.float16)
 
-    def _compile(self, name, module, shape, key):
+    def _compile(self, name, module, shape, key, dtype=torch.float32):
         onnx_path = self.root / f"{name}.onnx"
-        _export(module, shape, onnx_path)
+        _export(module, shape, onnx_path, dtype)
         kar = self.root / f"{name}.kar"
         proc = run(["kiln", "compile", onnx_path, "-o", kar, "--local", "--key",
                     self.root / key / "kiln.key", "--json"], env=self.env, check=True,
@@ -712,3 +721,23 @@ def test_sighup_adds_a_model_and_the_repository_api_lists_unloads_and_loads_it(f
         assert server.request("POST", "/v2/repository/models/slow/load")[0] == 200
         status, doc, y = _infer(server, x, model="slow")
         assert status == 200 and _close(y, _torch(farm.nets["slow"], x))
+
+
+def test_fp16_tensors_travel_as_json_numbers_and_as_binary(farm, tmp_path):
+    repo = tmp_path / "repo"
+    farm.place(repo, "half", model="half")
+    farm.release(repo, "half", 1, model="half")
+    x = (np.random.default_rng(7).standard_normal((2, 8)) * 100).astype(np.float16)
+    want = _torch(farm.nets["half"], x)
+    assert want.dtype == np.float16
+    with _server(farm, tmp_path, repo) as server:
+        doc = server.metadata("half")
+        # Traced at batch 2: a request may carry 1 or 2 rows.
+        assert doc["inputs"] == [{"name": "x", "datatype": "FP16", "shape": [-1, 8]}]
+        assert doc["kiln"]["compiled_batch"] == 2
+        for kw in ({}, {"binary": True, "binary_output": True}):
+            status, doc, y = _infer(server, x, model="half", **kw)
+            assert status == 200, doc
+            assert y.dtype == np.float16 and np.array_equal(y, want), (kw, y, want)
+            status, doc, y = _infer(server, x[1:], model="half", **kw)
+            assert status == 200 and np.array_equal(y, want[1:]), (kw, doc)

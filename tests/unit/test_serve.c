@@ -287,6 +287,8 @@ START_TEST (test_serve_v2_names_every_kiln_dtype_it_carries)
 {
     ck_assert_str_eq (kiln_serve_v2_dtype_name (KILN_DT_FLOAT32), "FP32");
     ck_assert_int_eq (kiln_serve_v2_dtype_parse ("INT64"), KILN_DT_INT64);
+    ck_assert_int_eq (kiln_serve_v2_dtype_parse ("BF16"), KILN_DT_BFLOAT16);
+    ck_assert_str_eq (kiln_serve_v2_dtype_name (KILN_DT_FLOAT16), "FP16");
     ck_assert_int_eq (kiln_serve_v2_dtype_parse ("fp32"), KILN_DT_UNDEFINED);
     ck_assert_int_eq (kiln_serve_v2_dtype_parse ("BYTES"), KILN_DT_UNDEFINED);
     ck_assert_str_eq (kiln_serve_refusal_label (KILN_SERVE_REFUSED_ROLLBACK), "rollback");
