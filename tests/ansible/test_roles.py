@@ -240,3 +240,16 @@ def test_kiln_supervise_refuses_a_spec_others_may_write(tmp_path):
                                    KILN_SUPERVISE_RUN=str(tmp_path / "run")))
     assert proc.returncode != 0
     assert "writable by root only" in proc.stderr or "owned by root" in proc.stderr
+
+
+@pytest.mark.skipif(not shutil.which("ansible-lint"), reason="ansible-lint is not installed")
+def test_ansible_lint_passes_at_the_production_profile_offline(tmp_path):
+    # A copy in a repository of its own: ansible-lint looks for the
+    # project's root with git and writes its cache beside it.
+    work = tmp_path / "ansible"
+    shutil.copytree(ANSIBLE, work, ignore=shutil.ignore_patterns("pki", "artifacts", "*.retry"))
+    subprocess.run(["git", "init", "-q", str(work)], check=True, timeout=60)
+    proc = subprocess.run(["ansible-lint", "--offline", "--profile", "production", "--nocolor"],
+                          cwd=work, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, HOME=str(tmp_path), ANSIBLE_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
