@@ -8,6 +8,8 @@
 #   make python-test  the Python package (kiln.trace) against the build
 #   make demo     a broker and two workers on loopback compile and run a model
 #   make install  programs, libraries and the Python package under PREFIX
+#   make dist     build/dist/kiln-linux-ARCH.tar.gz (+ .sha256) for the ansible roles
+#   make ansible-test  the ansible roles on five real hosts (root; docs/ansible.md)
 #
 # Every target that compiles or runs something depends on `deps`, so a
 # fresh Debian 12 machine needs nothing but `make test`.
