@@ -171,6 +171,16 @@ int kiln_key_write_pair (const kiln_key_t *self, const char *dir,
 /* Write only the public key PEM to `path` (0644, atomic). */
 int kiln_key_write_public (const kiln_key_t *self, const char *path,
                            kiln_err_t *err);
+/* The key's fingerprint: SHA-256 of its public key's DER encoding, 64 hex
+ * characters (the key id is its first 16).  Owned by the key. */
+const char *kiln_key_fingerprint (const kiln_key_t *self);
+/* The public key as PEM text (SubjectPublicKeyInfo).  Caller frees
+ * *pem (free()). */
+int kiln_key_public_pem (const kiln_key_t *self, char **pem, kiln_err_t *err);
+/* Parse a public key from PEM text of at most KILN_MAX_KEY_BYTES; `what`
+ * names it in errors.  Caller owns the key. */
+kiln_key_t *kiln_key_parse_public (const char *pem, size_t len, const char *what,
+                                   kiln_err_t *err);
 
 /* --- additions ---------------------------------------------------- */
 

@@ -45,6 +45,7 @@ struct kiln_key {
     EVP_PKEY *pkey;                 /* Ed25519, public or private */
     bool has_private;               /* true when pkey holds the secret */
     char id[KILN_KEY_ID_LEN];       /* 16 hex chars of SHA-256(DER SPKI) */
+    char fingerprint[KILN_HEX_LEN]; /* all 64 of them */
 };
 
 /* --- manifest codec (kiln_manifest.c) -------------------------------- */

@@ -81,6 +81,7 @@ s_key_wrap (EVP_PKEY **pkey_p, bool has_private, const char *what,
     kiln_sha256 (der, (size_t) n, digest);
     OPENSSL_free (der);
     kiln_hex (digest, (KILN_KEY_ID_LEN - 1) / 2, self->id);
+    kiln_hex (digest, KILN_DIGEST_LEN, self->fingerprint);
     self->pkey = pkey;
     self->has_private = has_private;
     return self;
@@ -99,6 +100,66 @@ kiln_key_generate (kiln_err_t *err)
     return s_key_wrap (&pkey, true, "the generated key", err);
 }
 
+/* Parse PEM text; `private_key` chooses PKCS#8 or SPKI; `what` names it
+ * in errors ("'PATH'"). */
+static kiln_key_t *
+s_key_parse (const void *data, size_t len, bool private_key, const char *what,
+             kiln_err_t *err)
+{
+    if (len > KILN_MAX_KEY_BYTES) {
+        kiln_error (err, KILN_ELIMIT, "%s is longer than %u bytes", what, KILN_MAX_KEY_BYTES);
+        return NULL;
+    }
+    EVP_PKEY *pkey = NULL;
+    BIO *bio = BIO_new_mem_buf (data, (int) len);
+    if (bio) {
+        pkey = private_key
+               ? PEM_read_bio_PrivateKey (bio, NULL, s_no_passphrase, NULL)
+               : PEM_read_bio_PUBKEY (bio, NULL, s_no_passphrase, NULL);
+        BIO_free (bio);
+    }
+    //  OpenSSL's decoders leave entries behind even on success, and its
+    //  reason on failure ("no start line") says less than ours.
+    ERR_clear_error ();
+    if (!pkey) {
+        kiln_error (err, KILN_EFORMAT, "%s is not a PEM %s", what,
+                    private_key ? "private key (PKCS#8, unencrypted)"
+                                : "public key (SubjectPublicKeyInfo)");
+        return NULL;
+    }
+    return s_key_wrap (&pkey, private_key, what, err);
+}
+
+kiln_key_t *
+kiln_key_parse_public (const char *pem, size_t len, const char *what, kiln_err_t *err)
+{
+    return s_key_parse (pem, len, false, what, err);
+}
+
+const char *
+kiln_key_fingerprint (const kiln_key_t *self)
+{
+    return self->fingerprint;
+}
+
+int
+kiln_key_public_pem (const kiln_key_t *self, char **pem, kiln_err_t *err)
+{
+    *pem = NULL;
+    BIO *bio = BIO_new (BIO_s_mem ());
+    if (!bio || PEM_write_bio_PUBKEY (bio, self->pkey) != 1) {
+        char why[256];
+        BIO_free (bio);
+        return kiln_error (err, KILN_ECRYPTO, "could not encode public key %s: %s",
+                           self->id, s_ossl_reason (why, sizeof why));
+    }
+    char *text;
+    long len = BIO_get_mem_data (bio, &text);
+    *pem = len > 0 ? strndup (text, (size_t) len) : NULL;
+    BIO_free (bio);
+    return *pem ? 0 : kiln_error (err, KILN_ENOMEM, "out of memory");
+}
+
 /* Load a PEM key file; `private_key` chooses PKCS#8 or SPKI.  The file
  * bytes are wiped before they are freed whichever it holds. */
 static kiln_key_t *
@@ -108,28 +169,12 @@ s_key_load (const char *path, bool private_key, kiln_err_t *err)
     size_t len;
     if (kiln_read_file (path, KILN_MAX_KEY_BYTES, &data, &len, err))
         return NULL;
-    EVP_PKEY *pkey = NULL;
-    BIO *bio = BIO_new_mem_buf (data, (int) len);
-    if (bio) {
-        pkey = private_key
-               ? PEM_read_bio_PrivateKey (bio, NULL, s_no_passphrase, NULL)
-               : PEM_read_bio_PUBKEY (bio, NULL, s_no_passphrase, NULL);
-        BIO_free (bio);
-    }
-    OPENSSL_cleanse (data, len);
-    free (data);
-    //  OpenSSL's decoders leave entries behind even on success, and its
-    //  reason on failure ("no start line") says less than ours.
-    ERR_clear_error ();
-    if (!pkey) {
-        kiln_error (err, KILN_EFORMAT, "'%s' is not a PEM %s", path,
-                    private_key ? "private key (PKCS#8, unencrypted)"
-                                : "public key (SubjectPublicKeyInfo)");
-        return NULL;
-    }
     char what[PATH_MAX + 16];
     snprintf (what, sizeof what, "'%s'", path);
-    return s_key_wrap (&pkey, private_key, what, err);
+    kiln_key_t *key = s_key_parse (data, len, private_key, what, err);
+    OPENSSL_cleanse (data, len);
+    free (data);
+    return key;
 }
 
 kiln_key_t *
@@ -171,17 +216,11 @@ int
 kiln_key_write_public (const kiln_key_t *self, const char *path,
                        kiln_err_t *err)
 {
-    BIO *bio = BIO_new (BIO_s_mem ());
-    if (!bio || PEM_write_bio_PUBKEY (bio, self->pkey) != 1) {
-        char why[256];
-        BIO_free (bio);
-        return kiln_error (err, KILN_ECRYPTO, "could not encode public key %s: %s",
-                           self->id, s_ossl_reason (why, sizeof why));
-    }
     char *pem;
-    long len = BIO_get_mem_data (bio, &pem);
-    int rc = kiln_write_file_atomic (path, pem, (size_t) len, 0644, err);
-    BIO_free (bio);
+    int rc = kiln_key_public_pem (self, &pem, err);
+    if (rc == 0)
+        rc = kiln_write_file_atomic (path, pem, strlen (pem), 0644, err);
+    free (pem);
     return rc;
 }
 

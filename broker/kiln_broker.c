@@ -171,6 +171,7 @@ static const s_route_t s_routes[] = {
     { KILN_CMD_UNPIN,        KILN_PEER_CLIENT,  broker_on_pin },                 /* artifacts */
     { KILN_CMD_PING,         KILN_PEER_CLIENT,  broker_on_ping },                /* status */
     { KILN_CMD_STATUS,       KILN_PEER_CLIENT,  broker_on_status },              /* status */
+    { KILN_CMD_KEY,          KILN_PEER_CLIENT,  broker_on_key },                 /* status */
     { KILN_CMD_HEARTBEAT,    KILN_PEER_CLIENT,  broker_on_client_heartbeat },    /* peers */
     { KILN_CMD_DISCONNECT,   KILN_PEER_CLIENT,  broker_on_client_disconnect },   /* peers */
 };
@@ -478,6 +479,12 @@ s_setup_curve (kiln_broker_t *self, const kiln_broker_config_t *cfg, kiln_err_t 
     }
     zstr_sendx (self->auth, "CURVE", cfg->trust_dir, NULL);
     zsock_wait (self->auth);
+    /* The certificate names the broker (as it names workers and clients),
+     * unless --name says otherwise. */
+    const char *cert_name = zcert_meta (cert, "name");
+    if (!cfg->name && cert_name && kiln_proto_name_ok (cert_name))
+        snprintf (self->name, sizeof self->name, "%s", cert_name);
+    snprintf (self->curve_public, sizeof self->curve_public, "%s", zcert_public_txt (cert));
     zcert_apply (cert, self->router);
     zcert_destroy (&cert);
     zsock_set_curve_server (self->router, 1);
@@ -678,8 +685,9 @@ kiln_broker_destroy (kiln_broker_t **self_p)
 int
 kiln_broker_run (kiln_broker_t *self)
 {
-    kiln_log_notice ("listening on %s as %s%s, signing with key %s", self->endpoint,
-                     self->name, self->curve ? " (CurveZMQ)" : "", kiln_key_id (self->key));
+    kiln_log_notice ("listening on %s as %s%s, signing with key %s (fingerprint SHA256:%s)",
+                     self->endpoint, self->name, self->curve ? " (CurveZMQ)" : "",
+                     kiln_key_id (self->key), kiln_key_fingerprint (self->key));
     zloop_start (self->loop);
     size_t waiting = zhashx_size (self->jobs);
     kiln_log_notice ("stopping (%zu job%s not finished)", waiting, waiting == 1 ? "" : "s");

@@ -20,7 +20,7 @@
  *   kiln_broker_peers.c      workers (READY, drop) and clients (get, drop)
  *   kiln_broker_artifacts.c  artifacts by content hash: GET (kiln_download),
  *                            a GET's CREDIT, PIN, UNPIN
- *   kiln_broker_status.c     PING and STATUS
+ *   kiln_broker_status.c     PING, STATUS and KEY
  *
  * Names: the public API is kiln_broker_*; what the files share here is
  * broker_* (BROKER_* for constants); what one file keeps to itself is
@@ -178,6 +178,7 @@ struct kiln_broker {
     char *endpoint;                      /* owned copy */
     char name[KILN_PROTO_MAX_NAME + 1];  /* provenance "broker" */
     bool curve;                          /* clients and workers authenticate */
+    char curve_public[41];               /* with curve: our public key (Z85), else "" */
     zactor_t *auth;                      /* zauth, with curve */
     zactor_t *monitor;                   /* refused handshakes, with curve */
     zsock_t *router;
@@ -310,6 +311,6 @@ int broker_on_downloads (zloop_t *loop, zmq_pollitem_t *item, void *arg);
 
 /* --- status (kiln_broker_status.c) --------------------------------------------- */
 
-broker_handler_fn broker_on_ping, broker_on_status;
+broker_handler_fn broker_on_ping, broker_on_status, broker_on_key;
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * kiln_broker_status — what the broker tells about itself: PONG (counts)
- * for a PING, and for a STATUS its whole state as JSON (the fields are in
- * docs/operations.md, "kiln status").  Nothing here changes a job, a
+ * for a PING, for a STATUS its whole state as JSON (the fields are in
+ * docs/operations.md, "kiln status"), and for a KEY the public half of
+ * the farm's signing key (kiln trust).  Nothing here changes a job, a
  * worker or a client.
  */
 #include "broker/kiln_broker_priv.h"
@@ -147,4 +148,29 @@ broker_on_status (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *ms
         broker_post (self, rid, &report);
     }
     free (text);
+}
+
+/* KEY: PUBKEY with the farm's public signing key as PEM, its id, and our
+ * CurveZMQ public key when we have one.  Public material only: the
+ * client decides whether to trust it (kiln trust shows the fingerprint). */
+void
+broker_on_key (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
+{
+    kiln_err_t err = { 0 };
+    char *pem = NULL;
+    if (kiln_key_public_pem (self->key, &pem, &err) != 0) {
+        broker_post_error (self, from->rid, msg->req_id, 0, err.code, err.msg, NULL);
+        return;
+    }
+    kiln_msg_t *reply = kiln_msg_new (KILN_CMD_PUBKEY);
+    if (!reply || kiln_msg_set_str (&reply->key_id, kiln_key_id (self->key)) != 0
+        || (self->curve_public[0]
+            && kiln_msg_set_str (&reply->curve_public, self->curve_public) != 0)) {
+        kiln_msg_destroy (&reply);
+        free (pem);
+        return;
+    }
+    reply->req_id = msg->req_id;
+    reply->public_key = pem;
+    broker_post (self, from->rid, &reply);
 }

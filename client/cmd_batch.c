@@ -10,6 +10,7 @@
 
 #include "client/kiln_client.h"
 #include "client/kiln_cmds.h"
+#include "client/kiln_junit.h"
 #include "common/kiln_error.h"
 
 #define S_MAX_JOBS      100000        /* jobs in one batch */
@@ -19,8 +20,9 @@ static const char *s_usage =
     "usage: kiln batch MODEL... --out-dir DIR [options]\n"
     "       kiln batch --jobs FILE.jsonl [options]\n"
     "  Compile many models on the farm at once, over one connection, and print\n"
-    "  one JSON line per job as it finishes, then a summary line.  Exits 0 when\n"
-    "  every job succeeded.\n"
+    "  one JSON line per job as it finishes, then a summary line.  Exit status:\n"
+    "  0 every job succeeded, 4 some failed, 3 the farm could not be reached,\n"
+    "  2 usage, 1 anything else (docs/ci.md).\n"
     "options:\n"
     "  --out-dir DIR             write MODEL's artifact to DIR/<model name>.kar\n"
     "  --jobs FILE.jsonl         one job per line: {\"model\": PATH, \"output\": PATH,\n"
@@ -30,7 +32,9 @@ static const char *s_usage =
     "  --compiler-args, --toolchain, --target, --timeout, --priority, --retry-failed,\n"
     "  --client-name, --cert, --broker-cert: as for `kiln compile`, for every job\n"
     "                            (a jobs file line overrides them)\n"
-    "  --wait SECONDS            give up on what is left after this long\n";
+    "  --wait SECONDS            give up on what is left after this long\n"
+    "  --junit FILE              also write a JUnit XML report: one testcase per\n"
+    "                            model, a failure with the compiler's log tail\n";
 
 typedef struct {
     char *model;                 /* owned */
@@ -38,10 +42,39 @@ typedef struct {
     char *args, *toolchain;      /* owned, may be NULL */
 } s_line_t;
 
+/* What the per-job callback needs. */
+typedef struct {
+    const s_line_t *lines;
+    int64_t t0;                  /* zclock_usecs at the batch's start */
+    kiln_junit_t *junit;         /* NULL without --junit */
+} s_ctx_t;
+
+/* Add job `index` to the JUnit report. */
+static void
+s_junit_job (s_ctx_t *ctx, const kiln_client_job_t *job, size_t index)
+{
+    bool ok = job->err.code == 0;
+    kiln_junit_case_t c = {
+        .name = ctx->lines[index].model,
+        .seconds = (double) (zclock_usecs () - ctx->t0) / 1e6,
+        .cached = ok ? job->result.cached : job->failure_cached,
+        .artifact = ok ? job->result.artifact : NULL,
+        .worker = ok ? job->result.worker : NULL,
+        .error_code = ok ? NULL : kiln_errname (job->err.code),
+        .error = ok ? NULL : job->err.msg,
+    };
+    kiln_err_t err = { 0 };
+    if (kiln_junit_add (ctx->junit, &c, &err) != 0)
+        fprintf (stderr, "kiln batch: %s\n", err.msg);
+}
+
 static void
 s_print_job (kiln_client_job_t *job, size_t index, void *arg)
 {
-    const s_line_t *lines = arg;
+    s_ctx_t *ctx = arg;
+    const s_line_t *lines = ctx->lines;
+    if (ctx->junit)
+        s_junit_job (ctx, job, index);
     json_t *obj;
     if (job->err.code == 0)
         obj = json_pack ("{s:I, s:s, s:s, s:b, s:s, s:s?, s:s, s:b}", "index", (json_int_t) index,
@@ -144,12 +177,13 @@ int
 cmd_batch (int argc, char **argv)
 {
     const char *broker = getenv ("KILN_BROKER"), *out_dir = NULL, *jobs_file = NULL;
+    const char *junit_path = NULL;
     kiln_client_config_t ccfg = { 0 };
     kiln_compile_opts_t base = { 0 };
     long wait_s = 0, v;
     enum { OPT_BROKER = 256, OPT_ARGS, OPT_TIMEOUT, OPT_WAIT, OPT_PRIORITY, OPT_RETRY,
            OPT_TOOLCHAIN, OPT_TARGET, OPT_NAME, OPT_CERT, OPT_BROKER_CERT, OPT_OUT_DIR,
-           OPT_JOBS };
+           OPT_JOBS, OPT_JUNIT };
     static const struct option opts[] = {
         { "broker", required_argument, NULL, OPT_BROKER },
         { "compiler-args", required_argument, NULL, OPT_ARGS },
@@ -164,6 +198,7 @@ cmd_batch (int argc, char **argv)
         { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
         { "out-dir", required_argument, NULL, OPT_OUT_DIR },
         { "jobs", required_argument, NULL, OPT_JOBS },
+        { "junit", required_argument, NULL, OPT_JUNIT },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -182,6 +217,7 @@ cmd_batch (int argc, char **argv)
         case OPT_BROKER_CERT: ccfg.broker_cert = optarg; break;
         case OPT_OUT_DIR: out_dir = optarg; break;
         case OPT_JOBS: jobs_file = optarg; break;
+        case OPT_JUNIT: junit_path = optarg; break;
         case OPT_TIMEOUT:
         case OPT_WAIT:
             v = strtol (optarg, &end, 10);
@@ -213,8 +249,9 @@ cmd_batch (int argc, char **argv)
     s_line_t *lines = calloc (max ? max : 1, sizeof *lines);
     kiln_client_job_t *jobs = NULL;
     kiln_client_t *client = NULL;
+    s_ctx_t ctx = { .lines = lines };
     long n = 0;
-    int status = 1;
+    int status = KILN_EXIT_FAIL;
     if (!lines) {
         fprintf (stderr, "kiln batch: out of memory\n");
         return 1;
@@ -247,7 +284,7 @@ cmd_batch (int argc, char **argv)
         }
         kiln_graph_t *g = kiln_cmd_load_model (lines[i].model, &err);
         if (!g) {
-            fprintf (stderr, "kiln batch: %s\n", err.msg);
+            status = kiln_cmd_fail ("batch", &err);
             goto done;
         }
         jobs[i].graph = g;
@@ -264,14 +301,18 @@ cmd_batch (int argc, char **argv)
     kiln_err_t err = { 0 };
     ccfg.endpoint = broker;
     if (!(client = kiln_client_new_config (&ccfg, &err))) {
-        kiln_cmd_fail ("batch", &err);
+        status = kiln_cmd_fail ("batch", &err);
+        goto done;
+    }
+    if (junit_path && !(ctx.junit = kiln_junit_new ("kiln batch"))) {
+        fprintf (stderr, "kiln batch: out of memory\n");
         goto done;
     }
     kiln_client_catch_signals ();
-    int64_t t0 = zclock_usecs ();
+    ctx.t0 = zclock_usecs ();
     int rc = kiln_client_compile_batch (client, jobs, (size_t) n, (int) (wait_s * 1000),
-                                        s_print_job, lines, &err);
-    double seconds = (double) (zclock_usecs () - t0) / 1e6;
+                                        s_print_job, &ctx, &err);
+    double seconds = (double) (zclock_usecs () - ctx.t0) / 1e6;
     size_t ok = 0;
     for (long i = 0; i < n; i++)
         ok += jobs[i].err.code == 0;
@@ -289,10 +330,29 @@ cmd_batch (int argc, char **argv)
         puts (text);
     free (text);
     json_decref (sum);
+    /* What failed decides the status: the farm never answering any job
+     * is "unreachable", some jobs failing is "some jobs failed". */
+    size_t unreachable = 0;
+    for (long i = 0; i < n; i++)
+        unreachable += jobs[i].err.code == KILN_EUNREACHABLE;
     if (rc != 0)
-        kiln_cmd_fail ("batch", &err);
-    status = rc == 0 && ok == (size_t) n ? 0 : 1;
+        status = kiln_cmd_fail ("batch", &err);
+    else if (ok == (size_t) n)
+        status = KILN_EXIT_OK;
+    else if (ok == 0 && unreachable == (size_t) n)
+        status = KILN_EXIT_UNREACHABLE;
+    else
+        status = KILN_EXIT_JOBS;
+    if (ctx.junit) {
+        kiln_err_t jerr = { 0 };
+        if (kiln_junit_write (ctx.junit, junit_path, seconds, &jerr) != 0) {
+            kiln_cmd_fail ("batch", &jerr);
+            if (status == KILN_EXIT_OK)
+                status = KILN_EXIT_FAIL;
+        }
+    }
 done:
+    kiln_junit_destroy (&ctx.junit);
     kiln_client_destroy (&client);
     for (long i = 0; jobs && i < n; i++)
         kiln_graph_destroy ((kiln_graph_t **) &jobs[i].graph);

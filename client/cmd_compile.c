@@ -33,8 +33,60 @@ static const char *s_usage =
     "  --key KEY.pem             local builds: sign with this private key\n"
     "                            (default: your key in ~/.config/kiln/keys,\n"
     "                            created on first use)\n"
+    "  --fallback local|none     when the farm cannot be reached within\n"
+    "                            --fallback-after, compile here and sign with your\n"
+    "                            key (local, the default: $KILN_FALLBACK), or fail\n"
+    "                            with exit status 3 (none)\n"
+    "  --no-fallback             the same as --fallback none\n"
+    "  --fallback-after SECONDS  how long the farm has to answer (default 5)\n"
     "  --json                    print one JSON object: artifact, cached,\n"
-    "                            worker, action_key, graph_digest, output\n";
+    "                            worker, action_key, graph_digest, broker,\n"
+    "                            fallback, output\n"
+    "exit status: 0 built, 1 failed, 2 usage, 3 farm unreachable (no fallback)\n";
+
+/* Seconds in (0, 1 hour] as milliseconds (fractions allowed), or -1. */
+static long
+s_millis (const char *text)
+{
+    char *end;
+    double v = strtod (text, &end);
+    return *text && !*end && v > 0 && v <= 3600 ? (long) (v * 1000 + 0.5) : -1;
+}
+
+/* "local" (1), "none" (0), or -1. */
+static int
+s_fallback_arg (const char *text)
+{
+    return strcmp (text, "local") == 0 ? 1 : strcmp (text, "none") == 0 ? 0 : -1;
+}
+
+/* Compile on the farm; when it cannot be reached and `fallback` allows,
+ * compile here instead.  *fell_back says which happened. */
+static int
+s_compile_remote (kiln_client_config_t *ccfg, kiln_graph_t *g, const kiln_compile_opts_t *copts,
+                  const char *out, const char *key, bool fallback, long fallback_ms,
+                  kiln_compile_result_t *res, bool *fell_back, kiln_err_t *err)
+{
+    *fell_back = false;
+    kiln_client_t *client = kiln_client_new_config (ccfg, err);
+    if (!client)
+        return -err->code;
+    kiln_client_catch_signals ();
+    /* A farm that is down would otherwise cost the client's whole broker
+     * timeout (a minute) before the fallback: ask it first, briefly. */
+    int rc = fallback ? kiln_client_ping (client, (int) fallback_ms, err) : 0;
+    if (rc == 0)
+        rc = kiln_client_compile (client, g, copts, out, res, err);
+    kiln_client_destroy (&client);
+    if (rc == 0 || !fallback || err->code != KILN_EUNREACHABLE)
+        return rc;
+    fprintf (stderr, "kiln compile: %s; compiling locally instead, signed with your own "
+             "key (hosts that trust only the farm's key will refuse it; --fallback none "
+             "fails instead)\n", err->msg);
+    kiln_err_clear (err);
+    *fell_back = true;
+    return kiln_compile_local_fallback (g, copts, key, out, ccfg->endpoint, res, err);
+}
 
 /* Whole seconds in 1..a week, or -1. */
 static long
@@ -52,10 +104,17 @@ cmd_compile (int argc, char **argv)
     kiln_client_config_t ccfg = { 0 };
     kiln_compile_opts_t copts = { 0 };
     int json = 0, local = 0;
-    long v;
+    const char *env_fallback = getenv ("KILN_FALLBACK");
+    int fallback = env_fallback && *env_fallback ? s_fallback_arg (env_fallback) : 1;
+    long v, fallback_ms = 5000;
+    if (fallback < 0) {
+        fprintf (stderr, "kiln compile: KILN_FALLBACK is '%s'; it must be 'local' or 'none'\n",
+                 env_fallback);
+        return KILN_EXIT_USAGE;
+    }
     enum { OPT_BROKER = 256, OPT_ARGS, OPT_KEY, OPT_TIMEOUT, OPT_JSON, OPT_LOCAL, OPT_WAIT,
            OPT_PRIORITY, OPT_RETRY, OPT_TOOLCHAIN, OPT_TARGET, OPT_NAME, OPT_CERT,
-           OPT_BROKER_CERT };
+           OPT_BROKER_CERT, OPT_FALLBACK, OPT_NO_FALLBACK, OPT_FALLBACK_AFTER };
     static const struct option opts[] = {
         { "output", required_argument, NULL, 'o' },
         { "broker", required_argument, NULL, OPT_BROKER },
@@ -72,6 +131,9 @@ cmd_compile (int argc, char **argv)
         { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
         { "json", no_argument, NULL, OPT_JSON },
         { "local", no_argument, NULL, OPT_LOCAL },
+        { "fallback", required_argument, NULL, OPT_FALLBACK },
+        { "no-fallback", no_argument, NULL, OPT_NO_FALLBACK },
+        { "fallback-after", required_argument, NULL, OPT_FALLBACK_AFTER },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -91,6 +153,17 @@ cmd_compile (int argc, char **argv)
         case OPT_NAME: ccfg.name = optarg; break;
         case OPT_CERT: ccfg.cert = optarg; break;
         case OPT_BROKER_CERT: ccfg.broker_cert = optarg; break;
+        case OPT_NO_FALLBACK: fallback = 0; break;
+        case OPT_FALLBACK:
+            if ((fallback = s_fallback_arg (optarg)) < 0)
+                return kiln_cmd_usage (s_usage, "--fallback wants 'local' or 'none', got '%s'",
+                                       optarg);
+            break;
+        case OPT_FALLBACK_AFTER:
+            if ((fallback_ms = s_millis (optarg)) < 0)
+                return kiln_cmd_usage (s_usage, "--fallback-after wants seconds in (0, 3600], "
+                                       "got '%s'", optarg);
+            break;
         case OPT_TIMEOUT:
             if ((v = s_seconds (optarg)) < 0)
                 return kiln_cmd_usage (s_usage, "--timeout wants whole seconds, got '%s'",
@@ -130,13 +203,11 @@ cmd_compile (int argc, char **argv)
         return kiln_cmd_fail ("compile", &err);
 
     int rc;
+    bool fell_back = false;
     if (broker) {
         ccfg.endpoint = broker;
-        kiln_client_t *client = kiln_client_new_config (&ccfg, &err);
-        if (client)
-            kiln_client_catch_signals ();
-        rc = client ? kiln_client_compile (client, g, &copts, out, &res, &err) : -err.code;
-        kiln_client_destroy (&client);
+        rc = s_compile_remote (&ccfg, g, &copts, out, key, fallback == 1, fallback_ms, &res,
+                               &fell_back, &err);
     }
     else
         rc = kiln_compile_local (g, &copts, key, out, &res, &err);
@@ -161,11 +232,18 @@ cmd_compile (int argc, char **argv)
             kiln_cmd_json_str (broker);
         else
             printf ("null");
+        printf (",\"fallback\":%s", fell_back ? "true" : "false");
+        if (res.signer[0]) {
+            printf (",\"signer\":");
+            kiln_cmd_json_str (res.signer);
+        }
         printf (",\"output\":");
         kiln_cmd_json_str (out);
         printf ("}\n");
     }
     else
-        printf ("%s %s%s\n", res.artifact, out, res.cached ? " (cached)" : "");
-    return 0;
+        printf ("%s %s%s\n", res.artifact, out,
+                res.cached ? " (cached)" : fell_back ? " (built locally: the farm was "
+                                                       "unreachable)" : "");
+    return KILN_EXIT_OK;
 }

@@ -185,7 +185,7 @@ s_sign (int argc, char **argv)
     status = 0;
 fail:
     if (status)
-        kiln_cmd_fail ("release sign", &err);
+        status = kiln_cmd_fail ("release sign", &err);
     free (envelope);
     kiln_key_destroy (&key);
     kiln_artifact_destroy (&art);
@@ -267,6 +267,8 @@ fail_named:
 fail:
     fprintf (stderr, "kiln release verify: refused: %s\n",
              err.msg[0] ? err.msg : kiln_strerror (err.code));
+    status = err.code == KILN_EIO || err.code == KILN_ENOMEM || err.code == KILN_ENOTFOUND
+                 ? KILN_EXIT_FAIL : KILN_EXIT_VERIFY;
 done:
     kiln_artifact_destroy (&art);
     kiln_keyring_destroy (&ring);

@@ -39,7 +39,10 @@ cmd_verify (int argc, char **argv)
     if (!art || kiln_artifact_digest (art, digest, &err) != 0) {
         kiln_artifact_destroy (&art);
         fprintf (stderr, "kiln verify: '%s' refused: %s\n", argv[optind], err.msg);
-        return 1;
+        /* Anything wrong with the artifact itself is a failed verification;
+         * a file that cannot be read, or no memory, is not. */
+        return err.code == KILN_EIO || err.code == KILN_ENOMEM || err.code == KILN_ENOTFOUND
+                   ? KILN_EXIT_FAIL : KILN_EXIT_VERIFY;
     }
     printf ("%s: ok, artifact %s signed by key %s\n", argv[optind], digest,
             kiln_artifact_signer (art));

@@ -945,22 +945,22 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
         if (now >= deadline) {
             char why[160];
             if (e.heard)
-                snprintf (why, sizeof why, "gave up waiting after %d s; the request was "
-                          "canceled on the farm", (wait_ms + 999) / 1000);
+                snprintf (why, sizeof why, "gave up waiting after %g s; the request was "
+                          "canceled on the farm", wait_ms / 1000.0);
             else
-                snprintf (why, sizeof why, "no answer from the broker at %s within %d s",
-                          self->endpoint, (wait_ms + 999) / 1000);
-            s_cancel_all (&e, KILN_ETIMEOUT, why);
+                snprintf (why, sizeof why, "no answer from the broker at %s within %g s",
+                          self->endpoint, wait_ms / 1000.0);
+            s_cancel_all (&e, e.heard ? KILN_ETIMEOUT : KILN_EUNREACHABLE, why);
             break;
         }
         /* The broker is silent: open the socket again and resend; after
          * broker_timeout_ms of silence, give up. */
         if (now - e.broker_seen > self->broker_timeout_ms) {
             char why[160];
-            snprintf (why, sizeof why, "no answer from the broker at %s for %d s",
-                      self->endpoint, self->broker_timeout_ms / 1000);
-            s_cancel_all (&e, KILN_ETIMEOUT, why);
-            rc = kiln_error (err, KILN_ETIMEOUT, "%s", why);
+            snprintf (why, sizeof why, "no answer from the broker at %s for %g s",
+                      self->endpoint, self->broker_timeout_ms / 1000.0);
+            s_cancel_all (&e, KILN_EUNREACHABLE, why);
+            rc = kiln_error (err, KILN_EUNREACHABLE, "%s", why);
             break;
         }
         if (now - e.broker_seen > self->liveness_ms

@@ -66,6 +66,7 @@ typedef struct kiln_compile_result {
     char graph_digest[KILN_HEX_LEN];
     bool cached;                     /* served from the action cache */
     char worker[128];                /* who built it; "" when cached or local */
+    char signer[17];                 /* local builds: the key id that signed it */
 } kiln_compile_result_t;
 
 /* How to reach the broker.  Zero fields take the defaults. */
@@ -156,6 +157,14 @@ int kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *ou
                      const char *keyring_dir, int wait_ms, kiln_get_result_t *res,
                      kiln_err_t *err);
 
+/* Ask the broker for the farm's public signing key (kiln trust): *pem
+ * gets its PEM text (caller frees), key_id the id the broker gives it,
+ * curve_public the broker's CurveZMQ public key (Z85) or "".  Nothing
+ * here is trusted yet: the caller checks the id against the key and
+ * shows the fingerprint. */
+int kiln_client_farm_key (kiln_client_t *self, int wait_ms, char **pem, char key_id[17],
+                          char curve_public[41], kiln_err_t *err);
+
 /* Pin (`pin` true) or unpin the artifact `digest_hex` in the farm's
  * store: a pinned artifact is never evicted (docs/operations.md,
  * "Pinning").  *changed (may be NULL) says whether the pin changed: pin
@@ -187,5 +196,28 @@ void kiln_client_stats (const kiln_client_t *self, kiln_client_stats_t *out);
 int kiln_compile_local (kiln_graph_t *g, const kiln_compile_opts_t *opts,
                         const char *key_path, const char *out_path,
                         kiln_compile_result_t *res, kiln_err_t *err);
+/* The same for a build that falls back to this host because the farm at
+ * `fallback_from` could not be reached: its provenance says so
+ * ("fallback": true, "unreachable_broker": fallback_from). */
+int kiln_compile_local_fallback (kiln_graph_t *g, const kiln_compile_opts_t *opts,
+                                 const char *key_path, const char *out_path,
+                                 const char *fallback_from, kiln_compile_result_t *res,
+                                 kiln_err_t *err);
+
+/* The user's keyring: kiln_config_dir()/keyring, written into buf.  It
+ * holds the user's own public key (added when kiln makes or uses it) and
+ * the farms `kiln trust` pinned. */
+int kiln_user_keyring (char *buf, size_t size, kiln_err_t *err);
+
+/* Write `key`'s public half into keyring `dir` as NAME.pub (atomic,
+ * 0644), creating the directory. */
+struct kiln_key;
+int kiln_keyring_add (const char *dir, const struct kiln_key *key, const char *name,
+                      kiln_err_t *err);
+
+/* Ask the broker whether it is there (PING, answered by PONG) within
+ * wait_ms: 0, or KILN_EUNREACHABLE "no answer from the broker at EP
+ * within S s" (or why the handshake was refused). */
+int kiln_client_ping (kiln_client_t *self, int wait_ms, kiln_err_t *err);
 
 #endif

@@ -58,8 +58,8 @@ s_request (kiln_client_t *self, kiln_msg_t **msg, kiln_cmd_t want, int wait_ms,
     while (true) {
         int64_t left = deadline - zclock_mono ();
         if (left <= 0)
-            return kiln_error (err, KILN_ETIMEOUT, "no answer from the broker at %s within "
-                               "%d s", self->endpoint, (wait + 999) / 1000);
+            return kiln_error (err, KILN_EUNREACHABLE, "no answer from the broker at %s "
+                               "within %g s", self->endpoint, wait / 1000.0);
         if (zsys_interrupted)
             return kiln_error (err, KILN_ECANCELED, "interrupted");
         zmq_pollitem_t items[2] = {
@@ -110,6 +110,37 @@ kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_t *e
         return rc;
     *json = reply->report;
     reply->report = NULL;
+    kiln_msg_destroy (&reply);
+    return 0;
+}
+
+int
+kiln_client_ping (kiln_client_t *self, int wait_ms, kiln_err_t *err)
+{
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_PING), *reply = NULL;
+    if (!msg)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    int rc = s_request (self, &msg, KILN_CMD_PONG, wait_ms, &reply, err);
+    kiln_msg_destroy (&reply);
+    return rc;
+}
+
+int
+kiln_client_farm_key (kiln_client_t *self, int wait_ms, char **pem,
+                      char key_id[KILN_KEY_ID_LEN], char curve_public[41], kiln_err_t *err)
+{
+    *pem = NULL;
+    key_id[0] = curve_public[0] = '\0';
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_KEY), *reply = NULL;
+    if (!msg)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    int rc = s_request (self, &msg, KILN_CMD_PUBKEY, wait_ms, &reply, err);
+    if (rc != 0)
+        return rc;
+    snprintf (key_id, KILN_KEY_ID_LEN, "%s", reply->key_id);
+    snprintf (curve_public, 41, "%s", reply->curve_public ? reply->curve_public : "");
+    *pem = reply->public_key;
+    reply->public_key = NULL;
     kiln_msg_destroy (&reply);
     return 0;
 }
@@ -286,12 +317,12 @@ s_get_receive (s_get_t *g, int wait_ms, kiln_err_t *err)
             return kiln_error (err, KILN_ECANCELED, "interrupted");
         if (now >= deadline)
             return kiln_error (err, KILN_ETIMEOUT, "gave up fetching artifact %s from %s "
-                               "after %d s (%llu of %llu bytes arrived)", g->digest,
-                               self->endpoint, (wait_ms + 999) / 1000,
+                               "after %g s (%llu of %llu bytes arrived)", g->digest,
+                               self->endpoint, wait_ms / 1000.0,
                                (unsigned long long) g->received, (unsigned long long) g->size);
         if (now - heard > self->broker_timeout_ms)
-            return kiln_error (err, KILN_ETIMEOUT, "no answer from the broker at %s for %d s",
-                               self->endpoint, self->broker_timeout_ms / 1000);
+            return kiln_error (err, KILN_EUNREACHABLE, "no answer from the broker at %s for "
+                               "%g s", self->endpoint, self->broker_timeout_ms / 1000.0);
         if (now - heard > self->liveness_ms) {
             /* silent: a new connection, and the GET again */
             kiln_client_disconnect (self);

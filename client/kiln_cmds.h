@@ -1,8 +1,8 @@
 /*
  * kiln_cmds — the `kiln` CLI's subcommands, one file each (cmd_*.c),
  * dispatched from the table in main_kiln.c.  Each returns the process
- * exit status: 0 on success, 1 on failure (message already printed),
- * 2 on a usage error.
+ * exit status, one of KILN_EXIT_* (message already printed).  The
+ * numbers are published (docs/ci.md, `kiln --help`): they never change.
  */
 #ifndef KILN_CMDS_H
 #define KILN_CMDS_H
@@ -10,6 +10,25 @@
 #include "common/kiln_error.h"
 #include "common/kiln_hash.h"
 #include "graph/kiln_graph.h"
+
+/* Exit statuses of every kiln command: number, name, meaning. */
+#define KILN_EXITS(X)                                                                   \
+    X (0, OK,          "success")                                                       \
+    X (1, FAIL,        "failed: a compile error, a file that cannot be read, a refusal") \
+    X (2, USAGE,       "usage error: unknown command or option, missing argument")      \
+    X (3, UNREACHABLE, "the farm could not be reached (no answer, handshake refused)")   \
+    X (4, JOBS,        "kiln batch: some jobs failed (the others succeeded)")           \
+    X (5, VERIFY,      "verification failed: signature, key, digest, fingerprint")
+
+enum {
+#define KILN_EXIT_ENUM(num, name, text) KILN_EXIT_##name = num,
+    KILN_EXITS (KILN_EXIT_ENUM)
+#undef KILN_EXIT_ENUM
+};
+
+/* The exit status for a library error code: EUNREACHABLE is 3, EVERIFY
+ * 5, anything else 1. */
+int kiln_cmd_exit_status (int code);
 
 int cmd_import (int argc, char **argv);
 int cmd_compile (int argc, char **argv);
@@ -23,8 +42,10 @@ int cmd_release (int argc, char **argv);
 int cmd_get (int argc, char **argv);
 int cmd_pin (int argc, char **argv);
 int cmd_unpin (int argc, char **argv);
+int cmd_trust (int argc, char **argv);
 
-/* Print "kiln <cmd>: <message>" to stderr; returns 1. */
+/* Print "kiln <cmd>: <message>" to stderr; returns
+ * kiln_cmd_exit_status (err->code). */
 int kiln_cmd_fail (const char *cmd, const kiln_err_t *err);
 /* Print a usage error and the usage string; returns 2. */
 int kiln_cmd_usage (const char *usage, const char *fmt, ...)

@@ -31,6 +31,7 @@ static const struct {
     { "get",     cmd_get,     "fetch an artifact from the farm's store by its content hash" },
     { "pin",     cmd_pin,     "keep an artifact in the farm's store: never evicted" },
     { "unpin",   cmd_unpin,   "let the farm's store evict an artifact again" },
+    { "trust",   cmd_trust,   "pin the key a farm signs with in your keyring (shows its fingerprint)" },
 };
 
 static void
@@ -40,14 +41,26 @@ s_usage (FILE *out)
     for (size_t i = 0; i < sizeof s_commands / sizeof s_commands[0]; i++)
         fprintf (out, "  %-9s %s\n", s_commands[i].name, s_commands[i].summary);
     fprintf (out, "\n'kiln <command> -h' shows a command's options.\n"
-                  "KILN_BROKER=tcp://HOST:PORT makes `kiln compile` use a farm.\n");
+                  "KILN_BROKER=tcp://HOST:PORT makes `kiln compile` use a farm.\n"
+                  "\nexit status (every command; docs/ci.md):\n");
+#define S_EXIT_LINE(num, name, text) fprintf (out, "  %d  %s\n", num, text);
+    KILN_EXITS (S_EXIT_LINE)
+#undef S_EXIT_LINE
+}
+
+int
+kiln_cmd_exit_status (int code)
+{
+    return code == KILN_EUNREACHABLE ? KILN_EXIT_UNREACHABLE
+         : code == KILN_EVERIFY      ? KILN_EXIT_VERIFY
+                                     : KILN_EXIT_FAIL;
 }
 
 int
 kiln_cmd_fail (const char *cmd, const kiln_err_t *err)
 {
     fprintf (stderr, "kiln %s: %s\n", cmd, err->msg[0] ? err->msg : kiln_strerror (err->code));
-    return 1;
+    return kiln_cmd_exit_status (err->code);
 }
 
 int
@@ -62,7 +75,7 @@ kiln_cmd_usage (const char *usage, const char *fmt, ...)
         va_end (ap);
     }
     fprintf (stderr, "%s", usage);
-    return 2;
+    return KILN_EXIT_USAGE;
 }
 
 kiln_graph_t *
@@ -98,13 +111,64 @@ kiln_cmd_json_str (const char *s)
     json_decref (str);
 }
 
+/* Edit distance between two short words (insert, delete, substitute,
+ * and swap of neighbours, as git's "did you mean" counts them); words
+ * longer than 31 bytes count as far from everything. */
+static int
+s_distance (const char *a, const char *b)
+{
+    size_t n = strlen (a), m = strlen (b);
+    if (n > 31 || m > 31)
+        return 99;
+    int d[32][32];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int) i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int) j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]
+                && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
+
+/* The command nearest to `word`, or NULL when none is near: within two
+ * edits (one for words of up to four letters), or the only command that
+ * starts with it. */
+static const char *
+s_suggest (const char *word)
+{
+    const char *best = NULL, *prefixed = NULL;
+    int best_d = strlen (word) <= 4 ? 2 : 3, n_prefixed = 0;
+    for (size_t i = 0; i < sizeof s_commands / sizeof s_commands[0]; i++) {
+        int d = s_distance (word, s_commands[i].name);
+        if (d < best_d) {
+            best_d = d;
+            best = s_commands[i].name;
+        }
+        if (*word && strncmp (s_commands[i].name, word, strlen (word)) == 0) {
+            prefixed = s_commands[i].name;
+            n_prefixed++;
+        }
+    }
+    return best ? best : n_prefixed == 1 ? prefixed : NULL;
+}
+
 int
 main (int argc, char **argv)
 {
     kiln_log_init ("kiln", LOG_NOTICE);
     if (argc < 2) {
         s_usage (stderr);
-        return 2;
+        return KILN_EXIT_USAGE;
     }
     if (strcmp (argv[1], "-h") == 0 || strcmp (argv[1], "--help") == 0
         || strcmp (argv[1], "help") == 0) {
@@ -114,7 +178,13 @@ main (int argc, char **argv)
     for (size_t i = 0; i < sizeof s_commands / sizeof s_commands[0]; i++)
         if (strcmp (argv[1], s_commands[i].name) == 0)
             return s_commands[i].fn (argc - 1, argv + 1);
+    const char *near = s_suggest (argv[1]);
+    if (near) {
+        fprintf (stderr, "kiln: '%s' is not a kiln command; did you mean '%s'?\n"
+                 "(kiln --help lists the commands)\n", argv[1], near);
+        return KILN_EXIT_USAGE;
+    }
     fprintf (stderr, "kiln: '%s' is not a kiln command\n", argv[1]);
     s_usage (stderr);
-    return 2;
+    return KILN_EXIT_USAGE;
 }

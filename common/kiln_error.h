@@ -30,7 +30,8 @@
     X (ENOTFOUND,   13, "not found")                               \
     X (EREMOTE,     14, "remote error")                            \
     X (ESYS,        15, "system call failed")                      \
-    X (ECANCELED,   16, "canceled")
+    X (ECANCELED,   16, "canceled")                                \
+    X (EUNREACHABLE,17, "the farm could not be reached")
 
 enum {
 #define KILN_ERR_ENUM(name, num, text) KILN_##name = num,

@@ -53,6 +53,7 @@
 #define KILN_PROTO_MAX_TIMEOUT_MS   (7ULL * 24 * 3600 * 1000)   /* a compile: a week */
 #define KILN_PROTO_MAX_CREDIT       256          /* chunks in flight on one connection */
 #define KILN_PROTO_MAX_REPORT       (1u << 20)   /* the STATUS report (JSON) */
+#define KILN_PROTO_MAX_PUBKEY       1024         /* a public key's PEM text */
 /* A blob travels inside COMPILE / JOB ("inline") when it is at most
  * KILN_PROTO_INLINE_BLOB bytes and the message's inline blobs stay within
  * KILN_PROTO_INLINE_TOTAL; bigger ones move as CHUNKs with credit. */
@@ -142,7 +143,10 @@ typedef enum {
     X (queued,           U64,   UINT64_MAX,                 "jobs waiting for a worker")                        \
     X (running,          U64,   UINT64_MAX,                 "jobs on a worker")                                 \
     X (pinned,           BOOL,  1,                          "the artifact is pinned: eviction never removes it") \
-    X (changed,          BOOL,  1,                          "the request changed the pin (false: it was so already)")
+    X (changed,          BOOL,  1,                          "the request changed the pin (false: it was so already)") \
+    X (public_key,       STR,   KILN_PROTO_MAX_PUBKEY,      "the farm's artifact-signing public key (PEM, SubjectPublicKeyInfo)") \
+    X (key_id,           STR,   16,                         "its key id (16 hex characters)")                   \
+    X (curve_public,     STR,   40,                         "the broker's CurveZMQ public key (Z85), when it has one")
 
 /*  name        from               to                  payload    meaning \
  *              fields */
@@ -194,6 +198,12 @@ typedef enum {
     C (REPORT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
        "workers, queues per client, cache and job counters as JSON",                  \
        REQ (req_id) REQ (report))                                                     \
+    C (KEY,     KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
+       "ask for the key the farm signs artifacts with (kiln trust); answered by PUBKEY", \
+       REQ (req_id))                                                                  \
+    C (PUBKEY,  KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
+       "the farm's public signing key, its id, and the broker's CurveZMQ public key", \
+       REQ (req_id) REQ (public_key) REQ (key_id) OPT (curve_public))                 \
     C (GET,     KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
        "fetch a stored artifact by its content hash; answered by PARTs, `credit` at a time, or ERROR ENOTFOUND", \
        REQ (req_id) REQ (artifact) REQ (credit))                                      \

@@ -48,13 +48,20 @@ def user_keyring():
     return os.path.join(config_dir(), "keys")
 
 
+def trusted_keyring():
+    """The user's keyring, ~/.config/kiln/keyring (under KILN_CONFIG_DIR):
+    your own public key is put there when kiln makes or uses it, and
+    `kiln trust` pins farms' keys there."""
+    return os.path.join(config_dir(), "keyring")
+
+
 def default_keyring():
     """Where kiln.load looks for trusted keys when given none: $KILN_KEYRING,
     else ~/.config/kiln/keyring when it exists, else the user's own keys."""
     env = os.environ.get("KILN_KEYRING")
     if env:
         return env
-    shared = os.path.join(config_dir(), "keyring")
+    shared = trusted_keyring()
     if os.path.isdir(shared):
         return shared
     return user_keyring()
@@ -201,7 +208,8 @@ def _compile_lib(graph, broker, arg_text, timeout, out_path, log, cmd):
                                None, _lib.fs(out_path), buf, _JSON_MAX, ctypes.byref(err))
     if rc != 0:
         log.write(f"failed: {err.message}")
-        if err.code == errors.ETIMEOUT:
+        if err.code == errors.ETIMEOUT or (err.code == errors.EUNREACHABLE
+                                           and timeout is not None):
             raise subprocess.TimeoutExpired(cmd, timeout, output=err.message.encode())
         raise _lib.error_from(err, default=errors.CompileError,
                               prefix="compiling the traced model")

@@ -642,13 +642,18 @@ def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir, base_di
                 os.unlink(os.path.join(build_dir, name))
         try:
             part = KilnPart(artifact_path, keyring, take_dir=build_dir)
-        except errors.VerifyError as e:
-            if not broker:
+        except errors.KilnError as e:
+            # An untrusted key, or no keyring at all yet: either way the
+            # farm's key is not trusted here, and `kiln trust` is the cure.
+            if not broker or not (isinstance(e, errors.VerifyError) or keyring in str(e)
+                                  or not os.path.isdir(keyring)):
                 raise
             raise errors.VerifyError(
                 f"{e}: the farm at {broker} signed the artifact with a key that keyring "
-                f"'{keyring}' does not hold; pass keyring= (or set KILN_KEYRING) to a "
-                f"directory with the farm's kiln.pub", e.code) from None
+                f"'{keyring}' does not hold; run `kiln trust {broker}` (it shows the key's "
+                f"fingerprint and pins it in {_compile.trusted_keyring()}), or pass keyring= "
+                f"(or set KILN_KEYRING) to a directory with the farm's kiln.pub",
+                errors.EVERIFY) from None
         build_dir = None        # the part owns it now
         return part, info
     finally:

@@ -82,7 +82,7 @@ def test_get_fetches_what_compile_wrote_byte_for_byte_and_verify_accepts_it(farm
     assert kiln("keygen", "--out", other).returncode == 0
     os.remove(other / "kiln.key")
     refused = get(farm, digest, tmp_path / "untrusted.kar", "--keyring", other)
-    assert refused.returncode == 1
+    assert refused.returncode == 5
     assert not (tmp_path / "untrusted.kar").exists() and leftovers(tmp_path) == []
     st = farm.status()
     assert st["transfer"]["downloaded_artifacts"] >= 2
@@ -393,7 +393,7 @@ def test_get_and_pin_use_the_curve_certificates_from_the_environment(tmp_path):
         refused = subprocess.run([kiln_bin("kiln"), "get", digest, "-o", tmp_path / "m.kar",
                                   "--wait", "20"], env=bad_env, capture_output=True,
                                  text=True, timeout=60)
-        assert refused.returncode == 1
+        assert refused.returncode == 5
         assert "refused our CurveZMQ certificate" in refused.stderr, refused.stderr
         assert time.monotonic() - t0 < 15
         assert not (tmp_path / "m.kar").exists() and leftovers(tmp_path) == []

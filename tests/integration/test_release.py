@@ -39,8 +39,10 @@ class Keys:
         self.env = {"KILN_CONFIG_DIR": str(root / "config"), "KILN_BROKER": ""}
         self.farm = root / "farm"
         self.release = root / "release"
-        self.farm_id = run(["kiln", "keygen", "--out", self.farm], check=True).stdout.strip()
-        self.release_id = run(["kiln", "keygen", "--out", self.release], check=True).stdout.strip()
+        self.farm_id = json.loads(run(["kiln", "keygen", "--out", self.farm, "--json"],
+                                      check=True).stdout)["key_id"]
+        self.release_id = json.loads(run(["kiln", "keygen", "--out", self.release, "--json"],
+                                         check=True).stdout)["key_id"]
         onnx_path = root / "m.onnx"
         _model(onnx_path)
         self.kar, self.digest = {}, {}
@@ -128,7 +130,7 @@ def test_farm_key_cannot_release(keys, tmp_path):
     keys.sign(out)
     # The farm keyring does not hold release keys.
     proc = keys.verify(out, keyring=keys.farm)
-    assert proc.returncode == 1
+    assert proc.returncode == 5
     assert f"signed by key {keys.release_id} which is not in release keyring" in proc.stderr
     # The key that signed the artifact cannot also release it.
     proc = keys.sign(tmp_path / "x.json", key=keys.farm / "kiln.key", check=False)
@@ -138,7 +140,7 @@ def test_farm_key_cannot_release(keys, tmp_path):
     # With --farm-keyring, sign checks the artifact's signature first.
     assert keys.sign(tmp_path / "z.json", extra=["--farm-keyring", keys.farm])["seq"] == 1
     proc = keys.sign(tmp_path / "w.json", extra=["--farm-keyring", keys.release], check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == 5
     assert f"signed by key {keys.farm_id} which is not in keyring" in proc.stderr
     assert not (tmp_path / "w.json").exists()
     # A record signed by a key that is in no release keyring is refused,
@@ -147,7 +149,7 @@ def test_farm_key_cannot_release(keys, tmp_path):
     run(["kiln", "keygen", "--out", other], check=True)
     keys.sign(tmp_path / "y.json", key=other / "kiln.key")
     proc = keys.verify(tmp_path / "y.json")
-    assert proc.returncode == 1 and "not in release keyring" in proc.stderr
+    assert proc.returncode == 5 and "not in release keyring" in proc.stderr
 
 
 # The commands of docs/release-format.md, "Checking a release by hand".
@@ -202,29 +204,29 @@ def test_tampering_is_detected(keys, tmp_path):
     for old, new in ((b'"seq":3', b'"seq":4'), (keys.digest["a"].encode(), keys.digest["b"].encode())):
         forged = base64.b64encode(record.replace(old, new)).decode()
         proc = tampered("forged.json", record=forged)
-        assert proc.returncode == 1
+        assert proc.returncode == 5
         assert "bad signature on the release record" in proc.stderr
     # The signature changed.
     sig = bytearray(base64.b64decode(env["signature"]))
     sig[10] ^= 1
     proc = tampered("sig.json", signature=base64.b64encode(bytes(sig)).decode())
-    assert proc.returncode == 1 and "bad signature" in proc.stderr
+    assert proc.returncode == 5 and "bad signature" in proc.stderr
     # Another algorithm or key claimed: refused before any cryptography.
     proc = tampered("alg.json", algorithm="rsa")
-    assert proc.returncode == 1 and "signature algorithm 'rsa' is not supported" in proc.stderr
+    assert proc.returncode == 5 and "signature algorithm 'rsa' is not supported" in proc.stderr
     # An unknown field, a truncated file, a file over the bound.
     proc = tampered("extra.json", comment="hi")
-    assert proc.returncode == 1 and "unknown field 'comment'" in proc.stderr
+    assert proc.returncode == 5 and "unknown field 'comment'" in proc.stderr
     (tmp_path / "short.json").write_text(out.read_text()[:100])
     proc = keys.verify(tmp_path / "short.json")
-    assert proc.returncode == 1 and "not valid JSON" in proc.stderr
+    assert proc.returncode == 5 and "not valid JSON" in proc.stderr
     (tmp_path / "big.json").write_text(" " * 5000)
     proc = keys.verify(tmp_path / "big.json")
-    assert proc.returncode == 1 and "more than the limit of 4096" in proc.stderr
+    assert proc.returncode == 5 and "more than the limit of 4096" in proc.stderr
 
     # The right record with the wrong artifact.
     proc = keys.verify(out, "--artifact", keys.kar["b"])
-    assert proc.returncode == 1
+    assert proc.returncode == 5
     assert f"artifact {keys.digest['b']} is not the one release seq 3 of model 'relu' names" \
         in proc.stderr
     # A damaged artifact is refused as such.
@@ -234,7 +236,7 @@ def test_tampering_is_detected(keys, tmp_path):
     bad[info.offset_data + 1] ^= 1
     (tmp_path / "bad.kar").write_bytes(bytes(bad))
     proc = keys.verify(out, "--artifact", tmp_path / "bad.kar")
-    assert proc.returncode == 1 and "program.kbin" in proc.stderr
+    assert proc.returncode == 5 and "program.kbin" in proc.stderr
 
 
 def test_expired_release_is_refused(keys, tmp_path):
@@ -245,7 +247,7 @@ def test_expired_release_is_refused(keys, tmp_path):
     assert proc.returncode == 0, proc.stderr
     time.sleep(2.5)
     proc = keys.verify(out)
-    assert proc.returncode == 1
+    assert proc.returncode == 5
     assert "release seq 1 of model 'relu' expired at" in proc.stderr
 
 
@@ -269,11 +271,11 @@ def test_rollback_is_refused_with_state(keys, tmp_path):
     assert proc.returncode == 0 and json.loads(proc.stdout)["state"] == "unchanged"
     # A lower seq, validly signed, is a rollback.
     proc = verify("a4")
-    assert proc.returncode == 1
+    assert proc.returncode == 5
     assert "release seq 4 of model 'relu' is lower than the seq already accepted" in proc.stderr
     # The same seq naming another artifact is refused.
     proc = verify("b5")
-    assert proc.returncode == 1 and "names another artifact" in proc.stderr
+    assert proc.returncode == 5 and "names another artifact" in proc.stderr
     # Without --state nothing is remembered, so the same records pass.
     assert keys.verify(r["a4"]).returncode == 0
     # A higher seq moves the state on; the old one is now refused.
@@ -281,7 +283,7 @@ def test_rollback_is_refused_with_state(keys, tmp_path):
     assert proc.returncode == 0 and json.loads(proc.stdout)["state"] == "recorded"
     assert json.loads((state / "relu.json").read_text())["seq"] == 6
     proc = verify("a5")
-    assert proc.returncode == 1 and "refusing a rollback" in proc.stderr
+    assert proc.returncode == 5 and "refusing a rollback" in proc.stderr
     # Written with rename: nothing else left in the directory.
     assert sorted(os.listdir(state)) == ["relu.json"]
 
