@@ -248,7 +248,8 @@ class Lab:
     def ssh_options(self):
         return ["-i", self.key, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
                 "-o", f"UserKnownHostsFile={self.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10"]
+                "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
 
     def ssh(self, name, command, timeout=60, check=False):
         host = self.hosts[name]
@@ -283,6 +284,13 @@ class Lab:
 
     # --- teardown -----------------------------------------------------------
 
+    def close_ssh_masters(self):
+        """Close the SSH connection masters ansible left (ControlPersist)."""
+        if os.path.isdir(self.control_dir):
+            for sock in os.listdir(self.control_dir):
+                subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(self.control_dir, sock)}",
+                                "-O", "exit", "lab"], capture_output=True, timeout=10)
+
     def _keep_logs(self):
         """Copy each host's logs (services, sshd) out of its root before the
         roots go: workdir/host-logs/HOST/."""
@@ -305,11 +313,7 @@ class Lab:
         """Kill every host (and so every process in it), delete links and
         namespaces, unmount the roots.  Safe after a partial start."""
         errors = []
-        # SSH connection masters that ansible left (ControlPersist).
-        if os.path.isdir(self.control_dir):
-            for sock in os.listdir(self.control_dir):
-                subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(self.control_dir, sock)}",
-                                "-O", "exit", "lab"], capture_output=True, timeout=10)
+        self.close_ssh_masters()
         for host in self.hosts.values():
             if host.proc is None:
                 continue

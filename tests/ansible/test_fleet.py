@@ -12,6 +12,7 @@ link and mount, also when a test fails.  Needs root; `make ansible-test`.
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 
@@ -249,6 +250,35 @@ def test_a_lower_seq_fails_on_the_canary_before_anything_changes(fleet):
     fleet.passed.add("lower")
 
 
+def test_an_artifact_signed_by_an_unknown_key_fails_on_the_canary(fleet):
+    needs(fleet, "release2")
+    # Built and signed by someone's own key, not the farm's; released by
+    # the (real) release key.
+    other = os.path.join(fleet.keys, "stranger")
+    fleet.kiln("keygen", "--out", other)
+    kar = os.path.join(fleet.models, "mlp6-stranger.kar")
+    fleet.kiln("compile", mlp_onnx(os.path.join(fleet.models, "mlp6.onnx"), 6), "-o", kar, "--local",
+               "--key", os.path.join(other, "kiln.key"), timeout=180)
+    rel = fleet.release(kar, 5, os.path.join(fleet.models, "release-5-stranger.json"))
+    before = snapshot(fleet, "infer2")
+    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
+    bad_release(fleet, run, "unknown signing key")
+    assert "not in keyring" in run.output or "keyring" in run.output
+    assert snapshot(fleet, "infer2") == before
+
+
+def test_an_expired_release_fails_on_the_canary(fleet):
+    needs(fleet, "release2")
+    kar, _ = fleet.kars[3]
+    rel = fleet.release(kar, 6, os.path.join(fleet.models, "release-6-expired.json"), expires="1s")
+    time.sleep(1.5)
+    before = snapshot(fleet, "infer2")
+    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
+    bad_release(fleet, run, "expired release")
+    assert "expired at" in run.output
+    assert snapshot(fleet, "infer2") == before
+
+
 def test_a_release_kiln_serve_refuses_is_rolled_back_on_the_canary(fleet):
     needs(fleet, "release2")
     kar, digest = fleet.kars["riscv"]
@@ -298,3 +328,20 @@ def test_rollback_returns_every_host_to_the_previous_release(fleet):
     assert all(r["changed"] == 0 for r in status.recap.values()), status.recap
     assert "model 'mlp' serves seq 1" in status.output
     fleet.passed.add("rollback")
+
+
+def test_an_unreachable_canary_stops_the_rollout(fleet):
+    needs(fleet, "rollback")
+    before = serving(fleet, "infer2")
+    ns = fleet.lab.hosts["infer1"].netns
+    fleet.lab.close_ssh_masters()     # a new connection, which must time out
+    subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True, timeout=30)
+    try:
+        run = fleet.playbook("deploy.yml", kiln_artifact_release=os.path.join(fleet.models, "release-2.json"),
+                             kiln_artifact_file=fleet.kars[2][0])
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True, timeout=30)
+    assert run.rc != 0
+    assert run.recap["infer1"]["unreachable"] == 1, run.recap
+    assert "infer2" not in run.recap, run.recap
+    assert serving(fleet, "infer2") == before
