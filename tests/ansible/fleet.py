@@ -102,6 +102,8 @@ class Fleet:
                 "kiln_broker_trusted_certs": [self.client_cert],
                 "kiln_runtime_release_keyring_files": [self.release_pub],
                 "kiln_runtime_replicas": 2,
+                # Room for the test's models, not for wide_mlp_onnx's arena.
+                "kiln_runtime_memory_limit_mb": 2048,
                 "kiln_worker_slots": 1,
                 "kiln_broker_health_timeout": 30,
                 "kiln_worker_health_timeout": 30,
@@ -130,9 +132,10 @@ class Fleet:
                     "ssh_args = -o ControlMaster=auto -o ControlPersist=60s "
                     + " ".join(self.lab.ssh_options()) + "\n")
 
-    def playbook(self, name, timeout=900, **extra):
-        """Run ansible/NAME against the lab; returns a PlaybookRun."""
-        argv = ["ansible-playbook", os.path.join(ANSIBLE_DIR, name), "-e", "@" + self.vars_file]
+    def playbook(self, name, timeout=900, flags=(), **extra):
+        """Run ansible/NAME against the lab (with ansible-playbook `flags`);
+        returns a PlaybookRun."""
+        argv = ["ansible-playbook", os.path.join(ANSIBLE_DIR, name), *flags, "-e", "@" + self.vars_file]
         for k, v in extra.items():
             argv += ["-e", json.dumps({k: v})]
         env = dict(os.environ, ANSIBLE_CONFIG=self.cfg, ANSIBLE_HOME=os.path.join(self.work, "ansible-home"),
@@ -249,3 +252,33 @@ def tamper(kar, out, member="weights.bin"):
                 data = bytes(data)
             dst.addfile(m, io.BytesIO(data) if data is not None else None)
     return out
+
+
+def wide_mlp_onnx(path, seed, wide_log2=30):
+    """mlp_onnx(seed)'s interface and outputs, plus a branch that tiles x to
+    2**wide_log2 floats (4 GiB at 30) and adds 0 * their sum: its arena
+    does not fit an inference host with a smaller address-space limit, so
+    kiln-serve cannot bring it up there."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w1, b1, w2, b2 = mlp_weights(seed)
+    repeats = np.array([1, 1 << (wide_log2 - 3)], dtype=np.int64)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+             helper.make_node("Add", ["h0", "b1"], ["h1"]),
+             helper.make_node("Relu", ["h1"], ["h2"]),
+             helper.make_node("MatMul", ["h2", "w2"], ["h3"]),
+             helper.make_node("Add", ["h3", "b2"], ["h4"]),
+             helper.make_node("Tile", ["x", "repeats"], ["wide"]),
+             helper.make_node("ReduceSum", ["wide"], ["total"], keepdims=1),
+             helper.make_node("Mul", ["total", "zero"], ["nothing"]),
+             helper.make_node("Add", ["h4", "nothing"], ["y"])]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))]
+    inits += [numpy_helper.from_array(repeats, "repeats"),
+              numpy_helper.from_array(np.zeros((1, 1), np.float32), "zero")]
+    graph = helper.make_graph(
+        nodes, f"wide{seed}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from fleet import SRC, Fleet, mlp_expected, mlp_onnx, tamper
+from fleet import SRC, Fleet, mlp_expected, mlp_onnx, tamper, wide_mlp_onnx
 from netns_hosts import Lab, can_run
 
 OK, WHY = can_run()
@@ -179,7 +179,7 @@ def test_release_1_rolls_out_canary_first_and_serves_the_right_numbers(fleet):
     kar, digest = fleet.kars[1]
     rel = fleet.release(kar, 1, os.path.join(fleet.models, "release-1.json"))
     os.remove(kar)      # the deploy fetches it from the farm by its content hash
-    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel)
+    run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=rel)
     assert_ok(run)
     assert run.batches() == [["infer1"], ["infer2"]], run.batches()
     for host in INFERENCE:
@@ -193,7 +193,7 @@ def test_release_2_with_new_weights_replaces_release_1(fleet):
     needs(fleet, "release1")
     kar, digest = fleet.kars[2]
     rel = fleet.release(kar, 2, os.path.join(fleet.models, "release-2.json"))
-    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
+    run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
     assert_ok(run)
     for host in INFERENCE:
         assert serving(fleet, host) == (2, digest, "READY")
@@ -232,7 +232,7 @@ def test_a_tampered_artifact_fails_on_the_canary_before_anything_changes(fleet):
     rel = fleet.release(kar, 3, os.path.join(fleet.models, "release-3.json"))
     bad = tamper(kar, os.path.join(fleet.models, "mlp3-tampered.kar"))
     before = {h: snapshot(fleet, h) for h in INFERENCE}
-    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel, kiln_artifact_file=bad)
+    run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=rel, kiln_artifact_file=bad)
     bad_release(fleet, run, "tampered artifact")
     assert "sha256 mismatch" in run.output
     assert snapshot(fleet, "infer2") == before["infer2"]
@@ -243,7 +243,7 @@ def test_a_lower_seq_fails_on_the_canary_before_anything_changes(fleet):
     needs(fleet, "release2")
     rel = os.path.join(fleet.models, "release-1.json")
     before = {h: snapshot(fleet, h) for h in INFERENCE}
-    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel)
+    run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=rel)
     bad_release(fleet, run, "lower seq")
     assert "refusing a rollback" in run.output
     assert snapshot(fleet, "infer2") == before["infer2"]
@@ -261,7 +261,7 @@ def test_an_artifact_signed_by_an_unknown_key_fails_on_the_canary(fleet):
                "--key", os.path.join(other, "kiln.key"), timeout=180)
     rel = fleet.release(kar, 5, os.path.join(fleet.models, "release-5-stranger.json"))
     before = snapshot(fleet, "infer2")
-    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
+    run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
     bad_release(fleet, run, "unknown signing key")
     assert "not in keyring" in run.output or "keyring" in run.output
     assert snapshot(fleet, "infer2") == before
@@ -273,7 +273,7 @@ def test_an_expired_release_fails_on_the_canary(fleet):
     rel = fleet.release(kar, 6, os.path.join(fleet.models, "release-6-expired.json"), expires="1s")
     time.sleep(1.5)
     before = snapshot(fleet, "infer2")
-    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
+    run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
     bad_release(fleet, run, "expired release")
     assert "expired at" in run.output
     assert snapshot(fleet, "infer2") == before
@@ -284,7 +284,7 @@ def test_a_release_kiln_serve_refuses_is_rolled_back_on_the_canary(fleet):
     kar, digest = fleet.kars["riscv"]
     rel = fleet.release(kar, 4, os.path.join(fleet.models, "release-4-riscv.json"))
     before = snapshot(fleet, "infer2")
-    run = fleet.playbook("deploy.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
+    run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
     bad_release(fleet, run, "another target")
     # The record was put in place and kiln-serve refused it: the rescue
     # put release 2's record back.
@@ -298,6 +298,25 @@ def test_a_release_kiln_serve_refuses_is_rolled_back_on_the_canary(fleet):
     fleet.passed.add("refused")
 
 
+def test_a_release_that_cannot_come_up_on_the_canary_is_rolled_back(fleet):
+    needs(fleet, "release2")
+    # Verified and signed like any release, but its arena (4 GiB) does not
+    # fit kiln-serve's 2 GiB address-space limit (kiln_runtime_memory_limit_mb):
+    # the runtime cannot bring it up, and the rollout stops on the canary.
+    kar = os.path.join(fleet.models, "wide.kar")
+    res = fleet.compile(wide_mlp_onnx(os.path.join(fleet.models, "wide.onnx"), 2), kar)
+    rel = fleet.release(res["output"], 7, os.path.join(fleet.models, "release-7-wide.json"))
+    before = snapshot(fleet, "infer2")
+    run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=rel, kiln_artifact_file=kar)
+    bad_release(fleet, run, "does not fit the host")
+    assert run.recap["infer1"]["rescued"] == 1, run.recap
+    assert "restored release seq 2" in run.output
+    refusal = fleet.served("infer1")["last_refusal"]
+    assert refusal["reason"] == "load" and refusal["seq"] == 7, refusal
+    assert "out of memory" in refusal.get("message", json.dumps(refusal)), refusal
+    assert snapshot(fleet, "infer2") == before
+
+
 # --- idempotence -----------------------------------------------------------------
 
 def test_a_second_run_changes_nothing(fleet):
@@ -306,8 +325,12 @@ def test_a_second_run_changes_nothing(fleet):
     assert_ok(run)
     assert all(r["changed"] == 0 for r in run.recap.values()), \
         f"site.yml changed something on its second run: {run.recap}\n{run.tail(200)}"
+    # --check --diff on a farm that is as described: runs through, would change nothing.
+    run = fleet.playbook("site.yml", flags=("--check", "--diff"))
+    assert_ok(run)
+    assert all(r["changed"] == 0 for r in run.recap.values()), run.recap
     if "release2" in fleet.passed:
-        run = fleet.playbook("deploy.yml", kiln_artifact_release=os.path.join(fleet.models, "release-2.json"),
+        run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=os.path.join(fleet.models, "release-2.json"),
                              kiln_artifact_file=fleet.kars[2][0])
         assert_ok(run)
         assert all(r["changed"] == 0 for r in run.recap.values()), run.recap
@@ -337,7 +360,7 @@ def test_an_unreachable_canary_stops_the_rollout(fleet):
     fleet.lab.close_ssh_masters()     # a new connection, which must time out
     subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True, timeout=30)
     try:
-        run = fleet.playbook("deploy.yml", kiln_artifact_release=os.path.join(fleet.models, "release-2.json"),
+        run = fleet.playbook("deploy-artifact.yml", kiln_artifact_release=os.path.join(fleet.models, "release-2.json"),
                              kiln_artifact_file=fleet.kars[2][0])
     finally:
         subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True, timeout=30)

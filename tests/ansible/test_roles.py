@@ -17,7 +17,7 @@ SRC = os.environ.get("KILN_SRC", os.path.abspath(os.path.join(os.path.dirname(__
 ANSIBLE = os.path.join(SRC, "ansible")
 ROLES = os.path.join(ANSIBLE, "roles")
 ROLE_NAMES = ["kiln_common", "kiln_broker", "kiln_worker", "kiln_runtime", "kiln_artifact"]
-PLAYBOOKS = ["site.yml", "deploy.yml", "rollback.yml", "fleet-status.yml"]
+PLAYBOOKS = ["site.yml", "deploy-artifact.yml", "rollback.yml", "fleet-status.yml"]
 SUPERVISE = os.path.join(ROLES, "kiln_common", "files", "kiln-supervise")
 
 needs_ansible = pytest.mark.skipif(not shutil.which("ansible-playbook"),
