@@ -28,7 +28,7 @@ DEB_PACKAGES := build-essential pkg-config \
 	libopenblas-dev libonnx-dev openssl tar procps bubblewrap \
 	python3-torch libtorch-dev python3-torchvision python3-onnx python3-numpy python3-pytest \
 	libmicrohttpd-dev \
-	ansible-core openssh-server openssh-client iproute2
+	ansible-core ansible-lint systemd openssh-server openssh-client iproute2
 
 PKGS := libczmq libzmq msgpack libarchive openssl jansson libprotobuf-c openblas
 
@@ -367,7 +367,7 @@ dist: all
 # and two inference hosts, each a network namespace with its own root
 # (overlayfs), PID 1 and sshd, driven by ansible-playbook over SSH.  Needs
 # root (namespaces, mounts); takes a few minutes.  Not part of `make test`.
-ansible-test: dist
+ansible-test: deps dist
 	KILN_BIN=$(abspath $(BIN)) KILN_SRC=$(CURDIR) KILN_DIST=$(abspath $(DIST_TAR)) \
 	  $(PYTHON) -m pytest -q -p no:cacheprovider tests/ansible
 
