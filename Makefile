@@ -188,9 +188,11 @@ $(BIN)/kiln: $(BUILD)/obj/client/main_kiln.o $(KILN_CMD_OBJ) $(A_CLIENT) $(A_COM
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS)
 
+# The broker serves /metrics with the HTTP library kiln-serve uses.
+BROKER_LIBS = $(shell pkg-config --libs libmicrohttpd)
 $(BIN)/kiln-broker: $(BUILD)/obj/broker/main_broker.o $(A_BROKER) $(A_GRAPH) $(A_ARTIFACT) $(A_COMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS) $(BROKER_LIBS)
 
 $(BIN)/kiln-worker: $(BUILD)/obj/worker/main_worker.o $(A_WORKER) $(A_COMPILER) $(A_GRAPH) $(A_ARTIFACT) $(A_COMMON)
 	@mkdir -p $(dir $@)
@@ -250,7 +252,7 @@ TESTLIB_OBJ := $(BUILD)/obj/tests/unit/testlib.o
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TESTLIB_OBJ) $(ALL_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(call LINK_GROUP,$(ALL_A)) $(LDLIBS) $(CHECK_LIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(call LINK_GROUP,$(ALL_A)) $(LDLIBS) $(BROKER_LIBS) $(CHECK_LIBS)
 
 unit-test: $(UNIT_TESTS) all
 	@fail=0; for t in $(UNIT_TESTS); do \

@@ -618,6 +618,15 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
         goto fail;
     }
     zloop_reader_set_tolerant (self->loop, self->router);
+    if (cfg->metrics_listen) {
+        if (!(self->metrics = broker_metrics_new (cfg->metrics_listen, err))
+            || zloop_timer (self->loop, BROKER_METRICS_MS, 0, broker_metrics_on_timer,
+                            self) < 0) {
+            if (self->metrics)
+                kiln_error (err, KILN_ESYS, "could not set up the event loop");
+            goto fail;
+        }
+    }
     zmq_pollitem_t commit = { NULL, kiln_store_commit_fd (self->store), ZMQ_POLLIN, 0 };
     zmq_pollitem_t uploads = { NULL, kiln_store_upload_fd (self->store), ZMQ_POLLIN, 0 };
     zmq_pollitem_t downloads = { NULL, kiln_downloads_fd (self->downloads), ZMQ_POLLIN, 0 };
@@ -633,6 +642,7 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
         goto fail;
     }
     self->started = zclock_mono ();
+    broker_metrics_render (self);
     uint8_t random[16];
     if (RAND_bytes (random, sizeof random) != 1) {
         kiln_error (err, KILN_ECRYPTO, "no random bytes for the broker's epoch");
@@ -655,6 +665,7 @@ kiln_broker_destroy (kiln_broker_t **self_p)
         return;
     kiln_broker_t *self = *self_p;
     zloop_destroy (&self->loop);
+    broker_metrics_destroy (&self->metrics);    /* its threads read nothing of ours */
     zactor_destroy (&self->monitor);
     zsock_destroy (&self->router);
     /* after the socket: it waits for ZeroMQ to let go of its chunks */
@@ -680,6 +691,12 @@ kiln_broker_destroy (kiln_broker_t **self_p)
     free (self->endpoint);
     free (self);
     *self_p = NULL;
+}
+
+int
+kiln_broker_metrics_port (const kiln_broker_t *self)
+{
+    return broker_metrics_port (self->metrics);
 }
 
 int

@@ -79,6 +79,7 @@ typedef struct kiln_broker_config {
     int credit_window;           /* upload chunks in flight per client; 0 = 32 */
     const char *cert_path;       /* CurveZMQ: the broker's certificate (with _secret) */
     const char *trust_dir;       /* CurveZMQ: certificates of clients and workers allowed */
+    const char *metrics_listen;  /* --metrics HOST:PORT: Prometheus /metrics; NULL = none */
 } kiln_broker_config_t;
 
 /* Load the key, open the store, bind the socket.  Without cert_path and
@@ -86,6 +87,9 @@ typedef struct kiln_broker_config {
  * broker. */
 kiln_broker_t *kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err);
 void kiln_broker_destroy (kiln_broker_t **self_p);
+
+/* The port /metrics listens on (with metrics_listen), else 0. */
+int kiln_broker_metrics_port (const kiln_broker_t *self);
 
 /* Serve until SIGINT/SIGTERM.  Returns 0 on an orderly stop. */
 int kiln_broker_run (kiln_broker_t *self);

@@ -409,6 +409,7 @@ s_job_start (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w)
     job->dispatches++;
     w->busy++;
     w->dispatched++;
+    broker_metrics_job_started (self, job);
     kiln_log_notice ("job %llu action %.*s: sent to worker %s (attempt %d, waited %lld ms)",
                      (unsigned long long) job->id, BROKER_KEY_SHORT, job->action_key, w->name,
                      job->dispatches, (long long) (job->started - job->queued_at));
@@ -566,6 +567,7 @@ s_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w, kiln_
         broker_worker_holds (w, job->blobs[i].digest);
     w->done++;
     self->stats.done++;
+    broker_metrics_job_built (self, job);
     s_job_remove (self, job);
 done:
     kiln_artifact_destroy (&art);

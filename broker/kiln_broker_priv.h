@@ -21,6 +21,7 @@
  *   kiln_broker_artifacts.c  artifacts by content hash: GET (kiln_download),
  *                            a GET's CREDIT, PIN, UNPIN
  *   kiln_broker_status.c     PING, STATUS and KEY
+ *   kiln_broker_metrics.c    GET /metrics for Prometheus (--metrics)
  *
  * Names: the public API is kiln_broker_*; what the files share here is
  * broker_* (BROKER_* for constants); what one file keeps to itself is
@@ -199,6 +200,7 @@ struct kiln_broker {
                                             worker of an earlier instance names no job */
     uint64_t queued_bytes;               /* structures held for jobs */
     uint64_t uploads;                    /* uploads in progress */
+    struct broker_metrics *metrics;      /* --metrics: /metrics server, or NULL */
     int64_t started;                     /* zclock_mono at start */
     struct {
         uint64_t lookups, hits, failure_hits, submitted, done, failed, canceled,
@@ -312,5 +314,26 @@ int broker_on_downloads (zloop_t *loop, zmq_pollitem_t *item, void *arg);
 /* --- status (kiln_broker_status.c) --------------------------------------------- */
 
 broker_handler_fn broker_on_ping, broker_on_status, broker_on_key;
+
+/* --- Prometheus metrics (kiln_broker_metrics.c) --------------------------------- */
+
+#define BROKER_METRICS_MS       500         /* how often the /metrics page is rendered */
+
+typedef struct broker_metrics broker_metrics_t;
+/* Serve GET /metrics at `listen` ("HOST:PORT", port 0 picks one) from a
+ * thread of libmicrohttpd's.  Caller owns it. */
+broker_metrics_t *broker_metrics_new (const char *listen, kiln_err_t *err);
+void broker_metrics_destroy (broker_metrics_t **self_p);
+/* The port it listens on. */
+int broker_metrics_port (const broker_metrics_t *self);
+/* Render the page from the broker's state (loop thread); scrapes get the
+ * last one rendered. */
+void broker_metrics_render (kiln_broker_t *self);
+/* zloop timer (every BROKER_METRICS_MS): broker_metrics_render. */
+int broker_metrics_on_timer (zloop_t *loop, int timer_id, void *arg);
+/* A job went to a worker (its queue wait), or was built (its build time);
+ * nothing without --metrics. */
+void broker_metrics_job_started (kiln_broker_t *self, const broker_job_t *job);
+void broker_metrics_job_built (kiln_broker_t *self, const broker_job_t *job);
 
 #endif

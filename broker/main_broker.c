@@ -33,6 +33,8 @@ static const char *s_usage =
     "  --liveness-ms MS         drop a worker or client silent this long (default 5000)\n"
     "  --max-deaths N           fail a job after N workers died running it (default 3)\n"
     "  --credit-window N        upload chunks (1 MiB) in flight per client (default 32)\n"
+    "  --metrics HOST:PORT      serve Prometheus metrics at http://HOST:PORT/metrics\n"
+    "                           (docs/operations.md, \"Metrics\"; port 0 picks one)\n"
     "  --check-store            check every entry of the store at --state and exit:\n"
     "                           0 when nothing is damaged (run it with the broker stopped)\n"
     "  --repair                 with --check-store: remove damaged entries\n"
@@ -47,7 +49,7 @@ main (int argc, char **argv)
     int verbose = 0, check = 0, repair = 0;
     enum { OPT_LISTEN = 256, OPT_STATE, OPT_KEY, OPT_NAME, OPT_DOC, OPT_CERT, OPT_TRUST,
            OPT_STORE_MAX, OPT_TIMEOUT, OPT_HEARTBEAT, OPT_LIVENESS, OPT_DEATHS, OPT_WINDOW,
-           OPT_CHECK, OPT_REPAIR };
+           OPT_CHECK, OPT_REPAIR, OPT_METRICS };
     static const struct option opts[] = {
         { "listen", required_argument, NULL, OPT_LISTEN },
         { "state", required_argument, NULL, OPT_STATE },
@@ -62,6 +64,7 @@ main (int argc, char **argv)
         { "max-deaths", required_argument, NULL, OPT_DEATHS },
         { "credit-window", required_argument, NULL, OPT_WINDOW },
         { "check-store", no_argument, NULL, OPT_CHECK },
+        { "metrics", required_argument, NULL, OPT_METRICS },
         { "repair", no_argument, NULL, OPT_REPAIR },
         { "verbose", no_argument, NULL, 'v' },
         { "protocol-doc", no_argument, NULL, OPT_DOC },
@@ -78,6 +81,7 @@ main (int argc, char **argv)
         case OPT_NAME: cfg.name = optarg; break;
         case OPT_CERT: cfg.cert_path = optarg; break;
         case OPT_TRUST: cfg.trust_dir = optarg; break;
+        case OPT_METRICS: cfg.metrics_listen = optarg; break;
         case OPT_CHECK: check = 1; break;
         case OPT_REPAIR: repair = 1; break;
         case OPT_STORE_MAX:
@@ -156,6 +160,9 @@ bad_number:
         kiln_log_err ("%s", err.msg);
         return 1;
     }
+    if (cfg.metrics_listen)
+        kiln_log_notice ("metrics at http://%s/metrics (port %d)", cfg.metrics_listen,
+                         kiln_broker_metrics_port (broker));
     int rc = kiln_broker_run (broker);
     kiln_broker_destroy (&broker);
     return rc == 0 ? 0 : 1;

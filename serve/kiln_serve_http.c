@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "common/kiln_log.h"
+#include "common/kiln_net.h"
 #include "serve/kiln_serve_v2.h"
 
 #define S_MAX_SEGMENTS 8            /* path segments a route may have */
@@ -559,54 +560,6 @@ s_completed (void *cls, struct MHD_Connection *conn, void **con_cls,
     }
 }
 
-static void
-s_mhd_log (void *cls, const char *fmt, va_list ap)
-{
-    char line[512];
-    vsnprintf (line, sizeof line, fmt, ap);
-    size_t n = strlen (line);
-    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-        line[--n] = '\0';
-    kiln_log_warn ("http: %s", line);
-}
-
-/* "HOST:PORT" or "[V6]:PORT" to an address. */
-static int
-s_resolve (const char *listen, struct sockaddr_storage *addr, socklen_t *addr_len, int *family,
-           kiln_err_t *err)
-{
-    char host[256];
-    const char *port;
-    if (listen[0] == '[') {
-        const char *end = strchr (listen, ']');
-        if (!end || end[1] != ':' || (size_t) (end - listen - 1) >= sizeof host)
-            return kiln_error (err, KILN_EINVAL, "--listen '%s' is not [ADDRESS]:PORT", listen);
-        memcpy (host, listen + 1, (size_t) (end - listen - 1));
-        host[end - listen - 1] = '\0';
-        port = end + 2;
-    }
-    else {
-        const char *colon = strrchr (listen, ':');
-        if (!colon || (size_t) (colon - listen) >= sizeof host)
-            return kiln_error (err, KILN_EINVAL, "--listen '%s' is not HOST:PORT", listen);
-        memcpy (host, listen, (size_t) (colon - listen));
-        host[colon - listen] = '\0';
-        port = colon + 1;
-    }
-    if (s_decimal (port, 65535) < 0)
-        return kiln_error (err, KILN_EINVAL, "--listen '%s': '%s' is not a port", listen, port);
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
-                              .ai_flags = AI_NUMERICSERV | AI_PASSIVE };
-    struct addrinfo *res = NULL;
-    int rc = getaddrinfo (host[0] ? host : NULL, port, &hints, &res);
-    if (rc != 0 || !res)
-        return kiln_error (err, KILN_EINVAL, "--listen '%s': %s", listen, gai_strerror (rc));
-    memcpy (addr, res->ai_addr, res->ai_addrlen);
-    *addr_len = res->ai_addrlen;
-    *family = res->ai_family;
-    freeaddrinfo (res);
-    return 0;
-}
 
 kiln_serve_http_t *
 kiln_serve_http_new (const kiln_serve_http_config_t *cfg, kiln_serve_repo_t *repo,
@@ -620,7 +573,7 @@ kiln_serve_http_new (const kiln_serve_http_config_t *cfg, kiln_serve_repo_t *rep
                     "limit and a connection limit");
         return NULL;
     }
-    if (s_resolve (cfg->listen, &addr, &addr_len, &family, err) != 0)
+    if (kiln_resolve_listen ("--listen", cfg->listen, &addr, &addr_len, &family, err) != 0)
         return NULL;
     kiln_serve_http_t *self = calloc (1, sizeof *self);
     if (!self) {
@@ -635,7 +588,7 @@ kiln_serve_http_new (const kiln_serve_http_config_t *cfg, kiln_serve_repo_t *rep
                      | (family == AF_INET6 ? MHD_USE_IPv6 : 0);
     self->daemon = MHD_start_daemon (
         flags, 0, NULL, NULL, s_access, self,
-        MHD_OPTION_EXTERNAL_LOGGER, s_mhd_log, self,
+        MHD_OPTION_EXTERNAL_LOGGER, kiln_net_log, (void *) "http",
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &addr,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned) cfg->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) (cfg->timeout_s > 0 ? cfg->timeout_s : 0),
