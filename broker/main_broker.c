@@ -1,6 +1,12 @@
 /* kiln-broker --listen ENDPOINT --state DIR --key FARMKEY.pem [options] */
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <malloc.h>
+#include <stdbool.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,10 +42,51 @@ static const char *s_usage =
     "  --metrics HOST:PORT      serve Prometheus metrics at http://HOST:PORT/metrics\n"
     "                           (docs/operations.md, \"Metrics\"; port 0 picks one)\n"
     "  --check-store            check every entry of the store at --state and exit:\n"
-    "                           0 when nothing is damaged (run it with the broker stopped)\n"
+    "                           0 when nothing is damaged (run it with the broker stopped:\n"
+    "                           it warns when one runs, and --repair refuses)\n"
     "  --repair                 with --check-store: remove damaged entries\n"
     "  -v, --verbose            log more (twice: debug)\n"
     "  --protocol-doc           print the protocol tables of docs/protocol.md\n";
+
+/* Lock the state directory's broker.lock: exclusively for a broker (two
+ * brokers on one store would corrupt it), shared for --check-store (which
+ * then knows no broker is writing).  The lock lives as long as the
+ * process.  Returns 0, 1 when another process holds it (its pid, as the
+ * file says, in *holder), or -1 with `err` filled in. */
+static int
+s_lock_state (const char *dir, bool exclusive, long *holder, kiln_err_t *err)
+{
+    char path[PATH_MAX];
+    *holder = 0;
+    if (snprintf (path, sizeof path, "%s/broker.lock", dir) >= (int) sizeof path) {
+        kiln_error (err, KILN_ELIMIT, "state directory path too long: '%s'", dir);
+        return -1;
+    }
+    if (exclusive && kiln_mkdir_p (dir, 0755, err) != 0)
+        return -1;
+    int fd = open (path, (exclusive ? O_RDWR | O_CREAT : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW,
+                   0644);
+    if (fd < 0) {
+        if (!exclusive && errno == ENOENT)
+            return 0;                /* no broker ever ran here */
+        kiln_error (err, KILN_EIO, "could not open '%s': %s", path, strerror (errno));
+        return -1;
+    }
+    if (flock (fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+        char text[32] = "";
+        ssize_t n = pread (fd, text, sizeof text - 1, 0);
+        *holder = n > 0 ? strtol (text, NULL, 10) : 0;
+        close (fd);
+        return 1;
+    }
+    if (exclusive) {
+        char text[32];
+        int n = snprintf (text, sizeof text, "%ld\n", (long) getpid ());
+        if (ftruncate (fd, 0) != 0 || pwrite (fd, text, (size_t) n, 0) != n)
+            kiln_log_warn ("could not write the pid into '%s'", path);
+    }
+    return 0;                        /* fd stays open: the lock with it */
+}
 
 int
 main (int argc, char **argv)
@@ -132,6 +179,22 @@ bad_number:
             fprintf (stderr, "kiln-broker: --check-store needs --state DIR\n%s", s_usage);
             return 2;
         }
+        long holder;
+        int locked = s_lock_state (cfg.state_dir, false, &holder, &err);
+        if (locked < 0) {
+            fprintf (stderr, "kiln-broker: %s\n", err.msg);
+            return 1;
+        }
+        if (locked > 0 && repair) {
+            fprintf (stderr, "kiln-broker: a broker (pid %ld) is running on '%s': stop it "
+                     "before --repair, which would remove what it is writing\n", holder,
+                     cfg.state_dir);
+            return 2;
+        }
+        if (locked > 0)
+            fprintf (stderr, "kiln-broker: warning: a broker (pid %ld) is running on '%s': "
+                     "entries it is writing now may show as damaged; stop it for a "
+                     "trustworthy check\n", holder, cfg.state_dir);
         kiln_store_report_t rep;
         int rc = kiln_store_check (cfg.state_dir, repair, stdout, &rep, &err);
         printf ("store %s: %llu artifacts, %llu blobs, %llu action records (%llu dangling), "
@@ -153,6 +216,15 @@ bad_number:
      * threshold each would be a fresh mapping, zeroed page by page by the
      * kernel and unmapped again; kept on the heap, the same few buffers
      * serve the whole upload. */
+    long holder;
+    int locked = s_lock_state (cfg.state_dir, true, &holder, &err);
+    if (locked != 0) {
+        if (locked > 0)
+            kiln_error (&err, KILN_EINVAL, "another kiln-broker (pid %ld) uses the state "
+                        "directory '%s'", holder, cfg.state_dir);
+        kiln_log_err ("%s", err.msg);
+        return 1;
+    }
     mallopt (M_MMAP_THRESHOLD, 8 << 20);
     mallopt (M_TRIM_THRESHOLD, 64 << 20);
     kiln_broker_t *broker = kiln_broker_new (&cfg, &err);

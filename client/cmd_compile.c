@@ -44,13 +44,14 @@ static const char *s_usage =
     "                            fallback, output\n"
     "exit status: 0 built, 1 failed, 2 usage, 3 farm unreachable (no fallback)\n";
 
-/* Seconds in (0, 1 hour] as milliseconds (fractions allowed), or -1. */
+/* Seconds in (0, max_s] as milliseconds (fractions allowed: "0.2"), or
+ * -1. */
 static long
-s_millis (const char *text)
+s_millis (const char *text, double max_s)
 {
     char *end;
     double v = strtod (text, &end);
-    return *text && !*end && v > 0 && v <= 3600 ? (long) (v * 1000 + 0.5) : -1;
+    return *text && !*end && v >= 0.001 && v <= max_s ? (long) (v * 1000 + 0.5) : -1;
 }
 
 /* "local" (1), "none" (0), or -1. */
@@ -160,7 +161,7 @@ cmd_compile (int argc, char **argv)
                                        optarg);
             break;
         case OPT_FALLBACK_AFTER:
-            if ((fallback_ms = s_millis (optarg)) < 0)
+            if ((fallback_ms = s_millis (optarg, 3600)) < 0)
                 return kiln_cmd_usage (s_usage, "--fallback-after wants seconds in (0, 3600], "
                                        "got '%s'", optarg);
             break;
@@ -171,9 +172,10 @@ cmd_compile (int argc, char **argv)
             copts.timeout_ms = (int) (v * 1000);
             break;
         case OPT_WAIT:
-            if ((v = s_seconds (optarg)) < 0)
-                return kiln_cmd_usage (s_usage, "--wait wants whole seconds, got '%s'", optarg);
-            copts.wait_ms = (int) (v * 1000);
+            if ((v = s_millis (optarg, 7 * 24 * 3600)) < 0)
+                return kiln_cmd_usage (s_usage, "--wait wants seconds (0.001 to a week), got "
+                                       "'%s'", optarg);
+            copts.wait_ms = (int) v;
             break;
         case OPT_PRIORITY: {
             char *end;

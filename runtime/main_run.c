@@ -366,7 +366,11 @@ main (int argc, char **argv)
             failed = true;
             break;
         }
-        snprintf (path, plen, "%s/%s.npy", outdir, names[i]);
+        /* "out/" and "out" name the same directory: one slash either way. */
+        size_t dlen = strlen (outdir);
+        while (dlen > 1 && outdir[dlen - 1] == '/')
+            dlen--;
+        snprintf (path, plen, "%.*s/%s.npy", (int) dlen, outdir, names[i]);
         if (kiln_npy_write (path, outs[i].dtype, &outs[i].shape, outs[i].data,
                             &err))
             failed = true;

@@ -1204,13 +1204,22 @@ kiln_worker_new (const kiln_worker_config_t *cfg, kiln_err_t *err)
                     KILN_PROTO_MAX_SLOTS);
         goto fail;
     }
+    /* Its certificate names a worker, as the broker, status and
+     * provenance know it; else the host and process. */
+    const char *cert_name = NULL;
+    zcert_t *cert = !cfg->name && cfg->cert_path ? zcert_load (cfg->cert_path) : NULL;
+    if (cert && zcert_meta (cert, "name") && kiln_proto_name_ok (zcert_meta (cert, "name")))
+        cert_name = zcert_meta (cert, "name");
     if (cfg->name)
         snprintf (self->name, sizeof self->name, "%s", cfg->name);
+    else if (cert_name)
+        snprintf (self->name, sizeof self->name, "%s", cert_name);
     else {
         char host[64] = "worker";
         gethostname (host, sizeof host - 1);
         snprintf (self->name, sizeof self->name, "%s:%d", host, (int) getpid ());
     }
+    zcert_destroy (&cert);
     if (!kiln_proto_name_ok (self->name)) {
         kiln_error (err, KILN_EINVAL, "worker name '%s' must be 1..%d characters of "
                     "[A-Za-z0-9._:@-]", self->name, KILN_PROTO_MAX_NAME);

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -179,3 +180,87 @@ def test_batch_exits_0_when_all_succeed_and_3_when_the_farm_is_unreachable(farm,
     suite = ET.parse(report).getroot().find("testsuite")
     assert suite.get("failures") == "1"
     assert suite.find("testcase/failure").get("type") == "EUNREACHABLE"
+
+
+# --- the smaller things of issue 16 ---------------------------------------------
+
+def test_a_fractional_wait_is_reported_as_given(farm, tmp_path):
+    farm.start_worker("w1", "--toolchain", "slow@1=sh -c 'sleep 20; cp {input} {output}'")
+    farm.wait_for_workers(1)
+    model = tiny_model(tmp_path / "m.onnx", 3)
+    proc = farm.compile(model, tmp_path / "x.kar", "--toolchain", "slow@1", "--wait", "0.3",
+                        timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "gave up waiting after 0.3 s" in proc.stderr, proc.stderr
+    assert run(["kiln", "compile", model, "-o", tmp_path / "y.kar", "--wait", "0"],
+               timeout=30).returncode == EXIT_USAGE
+
+
+def test_kiln_run_names_outputs_with_one_slash(tmp_path, config_dir):
+    import numpy as np
+    model = tiny_model(tmp_path / "m.onnx", 5)
+    run(["kiln", "compile", "--local", model, "-o", tmp_path / "m.kar"], check=True)
+    np.save(tmp_path / "x.npy", np.ones(4, dtype=np.float32))
+    out = tmp_path / "out"
+    proc = run(["kiln-run", tmp_path / "m.kar", "--keyring", config_dir / "keyring", "--input",
+                f"x={tmp_path / 'x.npy'}", "--output-dir", f"{out}/"], check=True)
+    assert proc.stdout.split() == [f"{out}/y.npy"], proc.stdout
+    assert (out / "y.npy").exists()
+
+
+def test_check_store_warns_about_a_live_broker_and_a_second_broker_is_refused(farm, tmp_path):
+    check = subprocess.run([kiln_bin("kiln-broker"), "--check-store", "--state", farm.state],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"a broker (pid {farm.broker.pid}) is running on" in check.stderr
+    repair = subprocess.run([kiln_bin("kiln-broker"), "--check-store", "--state", farm.state,
+                             "--repair"], capture_output=True, text=True, timeout=60)
+    assert repair.returncode == EXIT_USAGE and "stop it before --repair" in repair.stderr
+    second = subprocess.run([kiln_bin("kiln-broker"), "--listen",
+                             f"tcp://127.0.0.1:{free_port()}", "--state", farm.state, "--key",
+                             os.path.join(farm.keydir, "kiln.key")],
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1
+    assert f"another kiln-broker (pid {farm.broker.pid}) uses the state directory" \
+        in second.stderr
+    farm.kill_broker()
+    quiet = subprocess.run([kiln_bin("kiln-broker"), "--check-store", "--state", farm.state],
+                           capture_output=True, text=True, timeout=60)
+    assert quiet.returncode == 0 and "running on" not in quiet.stderr, quiet.stderr
+
+
+def test_certificates_name_the_broker_and_workers_everywhere(tmp_path):
+    keys, trust = tmp_path / "keys", tmp_path / "trust"
+    trust.mkdir()
+    certs = {}
+    for name, role in (("farm-broker-1", "broker"), ("gpu-07", "worker"), ("ci", "client")):
+        run(["kiln", "cert", "--name", name, "--role", role, "--out", keys], check=True)
+        certs[role] = str(keys / f"{name}.cert")
+    for role in ("worker", "client"):
+        (trust / os.path.basename(certs[role])).write_bytes(open(certs[role], "rb").read())
+    farm = Farm(tmp_path / "farm", curve=(certs["broker"], str(trust)))
+    try:
+        farm.start_broker()
+        log = open(tmp_path / "worker.log", "wb")
+        # No --name: the certificate names the worker.
+        farm.others.append(subprocess.Popen(
+            [kiln_bin("kiln-worker"), "--broker", farm.endpoint, "--cert", certs["worker"],
+             "--broker-cert", certs["broker"]], stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True))
+        log.close()
+        env = dict(os.environ, KILN_CERT=certs["client"], KILN_BROKER_CERT=certs["broker"])
+        deadline = time.monotonic() + 30
+        while True:
+            st = subprocess.run([kiln_bin("kiln"), "status", "--broker", farm.endpoint,
+                                 "--json"], env=env, capture_output=True, text=True, timeout=30)
+            if st.returncode == 0 and json.loads(st.stdout)["workers"]:
+                break
+            assert time.monotonic() < deadline, st.stderr + farm.logs()
+            time.sleep(0.2)
+        status = json.loads(st.stdout)
+        assert status["broker"] == "farm-broker-1"
+        assert [w["name"] for w in status["workers"]] == ["gpu-07"]
+        assert "worker gpu-07:" in (tmp_path / "worker.log").read_text()
+        assert "as farm-broker-1 (CurveZMQ)" in farm.log()
+    finally:
+        farm.stop()
