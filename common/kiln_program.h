@@ -159,13 +159,22 @@ typedef enum {
 
 /* The activations conv2d, gemm and matmul apply to their result (the
  * optional parameter `activation`, with `act_alpha` / `act_beta`), after
- * the bias and the residual: the compiler fuses a following Relu, Clip or
- * LeakyRelu node into the product that feeds it. */
+ * the bias and the residual: the compiler fuses a following Relu, Clip,
+ * LeakyRelu, Sigmoid, HardSwish, HardSigmoid or Tanh node, a SiLU
+ * (Sigmoid and Mul) or an erf GELU (Div, Erf, Add, Mul, Mul) into the
+ * product that feeds it.  Values 4 and up are "heavy": the runtime
+ * applies them to each finished tile with kiln_act_apply. */
 #define KILN_ACTS(X)                                                      \
     X (NONE,  0, "none")                                                  \
     X (RELU,  1, "relu")       /* max(v, 0); NaN stays NaN */             \
     X (CLIP,  2, "clip")       /* min(max(v, act_alpha), act_beta) */     \
-    X (LEAKY, 3, "leaky_relu") /* v < 0 ? act_alpha * v : v */
+    X (LEAKY, 3, "leaky_relu") /* v < 0 ? act_alpha * v : v */           \
+    X (SIGMOID, 4, "sigmoid")  /* 1 / (1 + exp(-v)) */                    \
+    X (SILU,  5, "silu")       /* v * sigmoid(v) (Sigmoid, Mul) */        \
+    X (GELU,  6, "gelu")       /* (v * (erf(v / sqrt 2) + 1)) * 0.5 */    \
+    X (HARD_SWISH, 7, "hard_swish") /* v * min(max(v / 6 + 0.5, 0), 1) */ \
+    X (HARD_SIGMOID, 8, "hard_sigmoid") /* min(max(a * v + b, 0), 1) */   \
+    X (TANH,  9, "tanh")
 
 typedef enum {
 #define KILN_ACT_ENUM(id, num, name) KILN_ACT_##id = num,

@@ -145,19 +145,112 @@ s_is_col_bias (const kiln_cc_ctx_t *cx, int t, const kiln_shape_t *y)
     return true;
 }
 
+static bool s_scalar (const kiln_cc_ctx_t *cx, int t, double *v);
+static const kiln_node_t *s_next (const kiln_cc_ctx_t *cx, const s_uses_t *u,
+                                  int t, const char *op, int *idx);
+static int s_other (const kiln_node_t *n, int t);
+
+/* The two live nodes after `from` that read `t` (read twice, not a graph
+ * output): their indices in r[0], r[1], in graph order. */
+static bool
+s_two_readers (const kiln_cc_ctx_t *cx, const s_uses_t *u, int from, int t, int r[2])
+{
+    if (t < 0 || u->uses[t] != 2 || u->is_output[t])
+        return false;
+    int k = 0;
+    for (int n = from + 1; n < cx->g->n_nodes && k < 2; n++) {
+        const kiln_node_t *c = &cx->g->nodes[n];
+        if (cx->skip[n])
+            continue;
+        for (int j = 0; j < c->n_inputs; j++)
+            if (c->inputs[j] == t) {
+                r[k++] = n;
+                break;
+            }
+    }
+    return k == 2;
+}
+
+/* A Mul of `a` and `b` (either order), of the shape of `a`. */
+static bool
+s_mul_of (const kiln_cc_ctx_t *cx, const kiln_node_t *m, int a, int b)
+{
+    return s_is (m, "Mul") && m->n_inputs == 2 && m->n_outputs == 1
+           && ((m->inputs[0] == a && m->inputs[1] == b)
+               || (m->inputs[0] == b && m->inputs[1] == a))
+           && s_f32 (cx, m->outputs[0])
+           && kiln_shape_equal (&s_gt (cx, m->outputs[0])->shape, &s_gt (cx, a)->shape);
+}
+
+/* SiLU (x · Sigmoid(x)) or the erf GELU as torch exports it
+ * ((x · (Erf(x / √2) + 1)) · 0.5) after `cur`, which both read: the
+ * last node's index, the others marked to skip. */
+static int
+s_act_pair (kiln_cc_ctx_t *cx, const s_uses_t *u, int cur, kiln_cc_fusion_t *f)
+{
+    int r[2], from = cx->g->n_nodes;
+    for (int n = 0; n < cx->g->n_nodes; n++)
+        for (int o = 0; o < cx->g->nodes[n].n_outputs; o++)
+            if (cx->g->nodes[n].outputs[o] == cur)
+                from = n;
+    if (from == cx->g->n_nodes || !s_two_readers (cx, u, from, cur, r))
+        return -1;
+    const kiln_node_t *first = &cx->g->nodes[r[0]], *second = &cx->g->nodes[r[1]];
+    if (first->n_inputs < 1 || first->inputs[0] != cur || first->n_outputs != 1
+        || !s_f32 (cx, first->outputs[0]))
+        return -1;
+    if (s_is (first, "Sigmoid")) {
+        if (s_sole_reader (cx, u, first->outputs[0]) != r[1]
+            || !s_mul_of (cx, second, cur, first->outputs[0]))
+            return -1;
+        cx->skip[r[0]] = 1;
+        f->act = KILN_ACT_SILU;
+        return r[1];
+    }
+    double v;
+    int idx[3];
+    if (!s_is (first, "Div") || first->n_inputs != 2 || !s_scalar (cx, first->inputs[1], &v)
+        || (float) v != 1.41421353816986083984375f)
+        return -1;
+    const kiln_node_t *erf = s_next (cx, u, first->outputs[0], "Erf", &idx[0]);
+    const kiln_node_t *add = erf ? s_next (cx, u, erf->outputs[0], "Add", &idx[1]) : NULL;
+    if (!add || !s_scalar (cx, s_other (add, erf->outputs[0]), &v) || v != 1.0
+        || s_sole_reader (cx, u, add->outputs[0]) != r[1]
+        || !s_mul_of (cx, second, cur, add->outputs[0]))
+        return -1;
+    const kiln_node_t *half = s_next (cx, u, second->outputs[0], "Mul", &idx[2]);
+    if (!half || !s_scalar (cx, s_other (half, second->outputs[0]), &v) || v != 0.5
+        || !kiln_shape_equal (&s_gt (cx, half->outputs[0])->shape, &s_gt (cx, cur)->shape))
+        return -1;
+    cx->skip[r[0]] = cx->skip[idx[0]] = cx->skip[idx[1]] = cx->skip[r[1]] = 1;
+    f->act = KILN_ACT_GELU;
+    return idx[2];
+}
+
 /* An activation node reading `cur`; fills the fusion's act fields. */
 static int
-s_act (const kiln_cc_ctx_t *cx, const s_uses_t *u, int cur, kiln_cc_fusion_t *f)
+s_act (kiln_cc_ctx_t *cx, const s_uses_t *u, int cur, kiln_cc_fusion_t *f)
 {
     int a = s_sole_reader (cx, u, cur);
     if (a < 0)
-        return -1;
+        return s_act_pair (cx, u, cur, f);
     const kiln_node_t *n = &cx->g->nodes[a];
     if (n->n_outputs != 1 || n->n_inputs < 1 || n->inputs[0] != cur
         || !s_f32 (cx, n->outputs[0]))
         return -1;
     if (s_is (n, "Relu")) {
         f->act = KILN_ACT_RELU;
+        return a;
+    }
+    if (s_is (n, "Sigmoid") || s_is (n, "Tanh") || s_is (n, "HardSwish")) {
+        f->act = s_is (n, "Sigmoid") ? KILN_ACT_SIGMOID
+                 : s_is (n, "Tanh") ? KILN_ACT_TANH : KILN_ACT_HARD_SWISH;
+        return a;
+    }
+    if (s_is (n, "HardSigmoid")) {
+        f->act = KILN_ACT_HARD_SIGMOID;
+        f->act_a = kiln_node_attr_float (n, "alpha", 0.2);
+        f->act_b = kiln_node_attr_float (n, "beta", 0.5);
         return a;
     }
     if (s_is (n, "LeakyRelu")) {
@@ -252,9 +345,6 @@ s_through_views (kiln_cc_ctx_t *cx, const s_uses_t *u, int cur, int *views,
     }
     return cur;
 }
-
-/* A constant float32 holding one value. */
-static bool s_scalar (const kiln_cc_ctx_t *cx, int t, double *v);
 
 /* A strided view of a tensor: element (i0, i1, ...) at
  * off + sum of i_k·st[k]. */

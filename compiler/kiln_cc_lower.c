@@ -697,10 +697,11 @@ s_fused_params (kiln_cc_ctx_t *cx, int op, const kiln_cc_fusion_t *f,
         return 0;
     if ((rc = kiln_prog_op_set_int (o, "activation", f->act, err)))
         return rc;
-    if ((f->act == KILN_ACT_CLIP || f->act == KILN_ACT_LEAKY)
+    bool two = f->act == KILN_ACT_CLIP || f->act == KILN_ACT_HARD_SIGMOID;
+    if ((two || f->act == KILN_ACT_LEAKY)
         && (rc = kiln_prog_op_set_float (o, "act_alpha", f->act_a, err)))
         return rc;
-    if (f->act == KILN_ACT_CLIP
+    if (two
         && (rc = kiln_prog_op_set_float (o, "act_beta", f->act_b, err)))
         return rc;
     return 0;

@@ -279,6 +279,10 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
             S_ALL (S_LEAKY);
             break;
         default:
+#define S_ACT16(r, h) c##r##h = kiln_act16 (c##r##h, et.act, et.lo, et.hi)
+            if (kiln_act16_has (et.act))
+                S_ALL (S_ACT16);
+#undef S_ACT16
             break;
         }
 #undef S_RELU
@@ -289,6 +293,9 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
     S_ALL (S_ST);
 #undef S_ST
 #undef S_ALL
+    if (epi && kiln_act_heavy (epi->act) && !kiln_act16_has (epi->act))
+        for (int r = 0; r < MR; r++)
+            kiln_act_apply (c + r * ldc, NR, epi->act, epi->act_a, epi->act_b);
 }
 
 /* The packed 8 × 32 tile: s_ukr_avx512_xb on an A panel (MR floats a
@@ -778,6 +785,92 @@ s_pack_conv (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
 
 /* --- epilogue -------------------------------------------------------- */
 
+/* The heavy activations (kiln_act_heavy) on n floats in place, in runs of
+ * 64 through a buffer padded with zeros to a multiple of 16, so that the
+ * vectorised loops (kiln_vmath.h) never fall into their scalar tails: a
+ * tile epilogue's runs are 8, 14 or 28 floats long, and a run of 8 went
+ * through the scalar tail 30 times slower a float.  The padding lanes
+ * compute values nobody reads. */
+KILN_VCLONES static void
+s_act_heavy (float *v, int64_t n, kiln_act_t act, float a, float b)
+{
+    float t[64] __attribute__ ((aligned (64)));
+    float u[64] __attribute__ ((aligned (64)));
+    for (int64_t o = 0; o < n; o += 64) {
+        int64_t m = n - o < 64 ? n - o : 64, m16 = (m + 15) & ~(int64_t) 15;
+        float *x = v + o;
+        memcpy (t, x, (size_t) m * sizeof *t);
+        for (int64_t j = m; j < m16; j++)
+            t[j] = 0.0f;
+        switch (act) {
+        case KILN_ACT_SIGMOID:
+            kiln_vsigmoid (t, u, m16);
+            break;
+        case KILN_ACT_TANH:
+            kiln_vtanh (t, u, m16);
+            break;
+        case KILN_ACT_SILU:
+            /* Sigmoid, then Mul */
+            kiln_vsigmoid (t, u, m16);
+            for (int64_t j = 0; j < m16; j++)
+                u[j] *= t[j];
+            break;
+        case KILN_ACT_GELU:
+            /* Div by √2 (as a float), Erf, Add 1, Mul by x, Mul by 0.5 */
+            for (int64_t j = 0; j < m16; j++)
+                u[j] = t[j] / 1.41421353816986083984375f;
+            kiln_verf (u, u, m16);
+            for (int64_t j = 0; j < m16; j++)
+                u[j] = (t[j] * (u[j] + 1.0f)) * 0.5f;
+            break;
+        case KILN_ACT_HARD_SWISH:
+            /* ONNX HardSwish: x · max(0, min(1, x / 6 + 0.5)), NaN kept */
+            for (int64_t j = 0; j < m16; j++) {
+                float h = t[j] / 6.0f + 0.5f;
+                h = h < 0.0f ? 0.0f : h;
+                u[j] = t[j] * (h > 1.0f ? 1.0f : h);
+            }
+            break;
+        case KILN_ACT_HARD_SIGMOID:
+            for (int64_t j = 0; j < m16; j++) {
+                float h = a * t[j] + b;
+                h = h < 0.0f ? 0.0f : h;
+                u[j] = h > 1.0f ? 1.0f : h;
+            }
+            break;
+        default:
+            return;
+        }
+        memcpy (x, u, (size_t) m * sizeof *x);
+    }
+}
+
+#if defined(__x86_64__)
+/* Whether the AVX-512 forms of the activations run: with the AVX-512
+ * tile kernels (KILN_RT_ISA), so that a product's tiles and the other
+ * kernels' outputs get the same values. */
+static bool
+s_act_avx512 (void)
+{
+    pthread_once (&s_isa_once, s_isa_init);
+    return s_fin_avx512;
+}
+
+__attribute__ ((target ("avx512f"))) static void
+s_act_apply_avx512 (float *v, int64_t n, kiln_act_t act, float a, float b)
+{
+    __m512 va = _mm512_set1_ps (a), vb = _mm512_set1_ps (b);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps (v + j, kiln_act16 (_mm512_loadu_ps (v + j), act, va, vb));
+    if (j < n) {
+        __mmask16 k = (__mmask16) ((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps (v + j, k, kiln_act16 (_mm512_maskz_loadu_ps (k, v + j),
+                                                     act, va, vb));
+    }
+}
+#endif
+
 KILN_VCLONES void
 kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
 {
@@ -797,6 +890,14 @@ kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
             v[j] = v[j] < 0.0f ? v[j] * a : v[j];
         break;
     default:
+#if defined(__x86_64__)
+        if (kiln_act16_has (act) && s_act_avx512 ()) {
+            s_act_apply_avx512 (v, n, act, a, b);
+            break;
+        }
+#endif
+        if (kiln_act_heavy (act))
+            s_act_heavy (v, n, act, a, b);
         break;
     }
 }
@@ -847,7 +948,7 @@ s_epi_run (const kiln_gemm_t *g, float *v, int64_t len, int64_t i, int64_t j,
         for (int64_t t = 0; t < len; t++)
             v[t] = v[t] < 0.0f ? v[t] * g->act_a : v[t];
         break;
-    default:
+    default:                    /* heavy ones: by the caller, over the tile */
         break;
     }
 }
@@ -871,6 +972,8 @@ s_finish_rows (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
                 v[j] = tr[j];
         if (last)
             s_epi_run (g, v, nr, i0 + r, j0, true);
+        if (last && kiln_act_heavy (g->act))
+            kiln_act_apply (v, nr, g->act, g->act_a, g->act_b);
         for (int64_t j = 0; j < nr; j++)
             row[j] = v[j];
     }
@@ -888,18 +991,18 @@ s_finish_cols (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
             tt[q][r] = t[r * NR + q];
     for (int64_t q = 0; q < nr; q++) {
         float *col = g->c + (j0 + q) * g->ldc + i0;
-        float v[MR];
+        float *v = tt[q];
         if (acc)
             for (int64_t r = 0; r < mr; r++)
-                v[r] = tt[q][r] + col[r];
-        else
-            for (int64_t r = 0; r < mr; r++)
-                v[r] = tt[q][r];
+                v[r] += col[r];
         if (last)
             s_epi_run (g, v, mr, i0, j0 + q, false);
-        for (int64_t r = 0; r < mr; r++)
-            col[r] = v[r];
     }
+    /* a heavy activation once over the tile (the lanes past mr unread) */
+    if (last && kiln_act_heavy (g->act))
+        kiln_act_apply (&tt[0][0], nr * MR, g->act, g->act_a, g->act_b);
+    for (int64_t q = 0; q < nr; q++)
+        memcpy (g->c + (j0 + q) * g->ldc + i0, tt[q], (size_t) mr * sizeof (float));
 }
 
 #if defined(__x86_64__)
@@ -941,6 +1044,8 @@ s_epi_avx512 (const kiln_gemm_t *g, __m512 v, __mmask16 mask, int64_t i,
                                 _mm512_set1_ps (g->act_a));
         break;
     default:
+        if (kiln_act16_has (g->act))
+            v = kiln_act16 (v, g->act, _mm512_set1_ps (g->act_a), _mm512_set1_ps (g->act_b));
         break;
     }
     return v;
@@ -975,10 +1080,15 @@ s_finish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
             }
             _mm512_mask_storeu_ps (row, k0, v0);
             _mm512_mask_storeu_ps (row + 16, k1, v1);
+            if (last && kiln_act_heavy (g->act) && !kiln_act16_has (g->act))
+                kiln_act_apply (row, nr, g->act, g->act_a, g->act_b);
         }
         return;
     }
     __mmask16 km = s_mask16 (mr < MR ? mr : MR);
+    /* a heavy activation runs once over the tile's finished columns */
+    bool heavy = last && kiln_act_heavy (g->act) && !kiln_act16_has (g->act);
+    float fin[NR * MR] __attribute__ ((aligned (64)));
     for (int64_t q0 = 0; q0 < nr; q0 += 8) {
         __m256 col[8];
         for (int r = 0; r < MR; r++)
@@ -992,8 +1102,17 @@ s_finish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
                 v = _mm512_add_ps (v, _mm512_maskz_loadu_ps (km, c));
             if (last)
                 v = s_epi_avx512 (g, v, km, i0, j0 + q0 + q, false);
-            _mm512_mask_storeu_ps (c, km, v);
+            if (heavy)
+                _mm256_store_ps (fin + (q0 + q) * MR, _mm512_castps512_ps256 (v));
+            else
+                _mm512_mask_storeu_ps (c, km, v);
         }
+    }
+    if (heavy) {
+        kiln_act_apply (fin, nr * MR, g->act, g->act_a, g->act_b);
+        for (int64_t q = 0; q < nr; q++)
+            _mm512_mask_storeu_ps (g->c + (j0 + q) * g->ldc + i0, km,
+                                   _mm512_castps256_ps512 (_mm256_load_ps (fin + q * MR)));
     }
 }
 

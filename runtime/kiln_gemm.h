@@ -105,6 +105,18 @@ bool kiln_gemm_strassen (const kiln_gemm_t *g);
 /* Apply an activation to n floats in place (also for other kernels). */
 void kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b);
 
+/* The activations with a transcendental or a product in them (sigmoid,
+ * SiLU, GELU, hard swish, hard sigmoid, tanh): the tile epilogues apply
+ * the cheap ones in registers and these, after the tile's store, by
+ * kiln_act_apply on the rows just written (in L1), so that every path
+ * (AVX-512, AVX2, portable, Winograd, depthwise) computes them with the
+ * same loops and gives the same bits. */
+static inline bool
+kiln_act_heavy (kiln_act_t act)
+{
+    return act >= KILN_ACT_SIGMOID;
+}
+
 /* The micro-kernel, for kernels that block their own products (Winograd):
  * c[MR × width] (row stride ldc) = (accumulate ? c : 0) + Σ over kc steps
  * of a[MR] ⊗ b[width], a packed as an A panel, b's steps ldb apart.

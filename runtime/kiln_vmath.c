@@ -227,35 +227,6 @@ s_exp_nonpos (float x)
 #include <immintrin.h>
 #define S_SOFTMAX_AVX512 1
 
-/* e^x on sixteen lanes for x <= 0 (not NaN), as s_exp_nonpos computes
- * it but with the polynomial's multiplies and adds fused: n = round-to-
- * nearest-even (x·log2 e) by roundscale (what adding and subtracting
- * 1.5·2^23 does), r = x - n·ln 2 in two parts and Cephes' polynomial by
- * FMA, then p·2^n by one scalef (correctly rounded, subnormals
- * included; 0 below -103.97).  Each FMA rounds once where the C rounds
- * twice, so the values are no longer the portable loop's bit for bit
- * (within an ulp of them; tests/unit/test_engine.c checks both against
- * double), for a fifth of the softmax's time. */
-__attribute__ ((target ("avx512f"))) static inline __m512
-s_exp_nonpos16 (__m512 x)
-{
-    __m512 c = _mm512_max_ps (x, _mm512_set1_ps (-104.0f));
-    __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (c, _mm512_set1_ps (1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693359375f), c);
-    r = _mm512_fnmadd_ps (n, _mm512_set1_ps (-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps (1.9875691500e-4f);
-    p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.3981999507e-3f));
-    p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (8.3334519073e-3f));
-    p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (4.1665795894e-2f));
-    p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.6666665459e-1f));
-    p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (5.0000001201e-1f));
-    p = _mm512_add_ps (_mm512_fmadd_ps (_mm512_mul_ps (p, r), r, r), _mm512_set1_ps (1.0f));
-    __m512 e = _mm512_scalef_ps (p, n);
-    __mmask16 tiny = _mm512_cmp_ps_mask (x, _mm512_set1_ps (-103.972694f), _CMP_LT_OQ);
-    return _mm512_mask_mov_ps (e, tiny, _mm512_setzero_ps ());
-}
-
 /* kiln_vsoftmax_row's softmax (not the log form) written out for
  * AVX-512: the maximum (exact in any order), the exponentials by
  * s_exp_nonpos16, their float sums in the portable loop's sixteen lanes
@@ -303,14 +274,14 @@ s_softmax_row_avx512 (const float *restrict x, float *restrict y, int64_t n)
     for (i = 0; i + 4 * S_LANES <= body; i += 4 * S_LANES) {
         __m512 e[4];
         for (int u = 0; u < 4; u++)
-            e[u] = s_exp_nonpos16 (_mm512_sub_ps (_mm512_loadu_ps (x + i + 16 * u), vm));
+            e[u] = kiln_exp_nonpos16 (_mm512_sub_ps (_mm512_loadu_ps (x + i + 16 * u), vm));
         for (int u = 0; u < 4; u++) {
             _mm512_storeu_ps (y + i + 16 * u, e[u]);
             s = _mm512_add_ps (s, e[u]);
         }
     }
     for (; i < body; i += S_LANES) {
-        __m512 e = s_exp_nonpos16 (_mm512_sub_ps (_mm512_loadu_ps (x + i), vm));
+        __m512 e = kiln_exp_nonpos16 (_mm512_sub_ps (_mm512_loadu_ps (x + i), vm));
         _mm512_storeu_ps (y + i, e);
         s = _mm512_add_ps (s, e);
     }

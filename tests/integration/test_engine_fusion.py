@@ -1,0 +1,152 @@
+"""The activations the compiler fuses into a product's epilogue, against
+torch: SiLU (Sigmoid, Mul), Sigmoid, HardSwish, HardSigmoid, Tanh and
+the erf GELU after a Conv (direct, depthwise, Winograd) or a Linear, and
+the squeeze-and-excitation block around them (global average pool, two
+small convolutions, the gate's Mul).  Each small model is exported with
+torch.onnx.export (opset 14), compiled at --optlevel 0 (op by op, the
+reference) and 3, and run on every micro-kernel this CPU has
+(KILN_RT_ISA avx512, avx2, generic) and with 2 threads; every output
+must be within 1e-4 of torch's largest magnitude, and at -O3 the
+activation must have gone into the product (KILN_RT_PROFILE names no
+sigmoid, mul, erf or tanh kernel).
+"""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run
+
+TOLERANCE = 1e-4
+
+
+class ConvAct(torch.nn.Module):
+    def __init__(self, act, c=16, m=32, k=1, groups=1, bn=True):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, m, k, padding=k // 2, groups=groups, bias=not bn)
+        self.bn = torch.nn.BatchNorm2d(m) if bn else torch.nn.Identity()
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+class SqueezeExcite(torch.nn.Module):
+    """efficientnet's block: expand (SiLU), depthwise 3x3 (SiLU), SE with
+    SiLU and a Sigmoid gate, project."""
+
+    def __init__(self, c=24, e=96):
+        super().__init__()
+        self.expand = ConvAct(torch.nn.SiLU(), c, e, 1)
+        self.dw = ConvAct(torch.nn.SiLU(), e, e, 3, groups=e)
+        self.fc1 = torch.nn.Conv2d(e, 8, 1)
+        self.fc2 = torch.nn.Conv2d(8, e, 1)
+        self.project = torch.nn.Conv2d(e, c, 1)
+
+    def forward(self, x):
+        y = self.dw(self.expand(x))
+        s = torch.sigmoid(self.fc2(torch.nn.functional.silu(self.fc1(
+            torch.nn.functional.adaptive_avg_pool2d(y, 1)))))
+        return self.project(y * s) + x
+
+
+class LinearGelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 256)
+        self.b = torch.nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x)))
+
+
+MODELS = {
+    "conv_silu": (lambda: ConvAct(torch.nn.SiLU()), (1, 16, 20, 20)),
+    "conv_sigmoid": (lambda: ConvAct(torch.nn.Sigmoid(), k=3), (1, 16, 28, 28)),
+    "conv_hardswish": (lambda: ConvAct(torch.nn.Hardswish(), k=3, bn=False), (1, 16, 14, 14)),
+    "conv_hardsigmoid": (lambda: ConvAct(torch.nn.Hardsigmoid()), (1, 16, 7, 7)),
+    "conv_tanh": (lambda: ConvAct(torch.nn.Tanh()), (1, 16, 9, 9)),
+    "depthwise_silu": (lambda: ConvAct(torch.nn.SiLU(), 32, 32, 5, groups=32), (1, 32, 14, 14)),
+    "squeeze_excite": (SqueezeExcite, (1, 24, 28, 28)),
+    "linear_gelu": (LinearGelu, (1, 40, 64)),
+}
+
+FUSED_AWAY = ("sigmoid", "mul", "erf", "tanh", "hard_swish", "hard_sigmoid")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fusion")
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(d / "key.pem")],
+                   check=True, capture_output=True)
+    (d / "keyring").mkdir()
+    subprocess.run(["openssl", "pkey", "-in", str(d / "key.pem"), "-pubout", "-out",
+                    str(d / "keyring" / "k.pub")], check=True, capture_output=True)
+    return d
+
+
+def _isas():
+    flags = open("/proc/cpuinfo").read()
+    isas = ["generic"]
+    if " avx2" in flags and " fma" in flags:
+        isas.append("avx2")
+    if " avx512f" in flags:
+        isas.append("avx512")
+    return isas
+
+
+def _kernels(stderr):
+    """Kernel names of a KILN_RT_PROFILE=all report's per-kernel table."""
+    names = set()
+    for line in stderr.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2].endswith("%"):
+            names.add(parts[0])
+    return names
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fused_activation_matches_torch(workdir, name):
+    make, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(*shape) * 3
+    with torch.no_grad():
+        want = model(x).numpy().astype(np.float64)
+    onnx_path = workdir / f"{name}.onnx"
+    torch.onnx.export(model, (x,), str(onnx_path), input_names=["x"], output_names=["y"],
+                      opset_version=14)
+    kgraph = workdir / f"{name}.kgraph"
+    proc = run(["kiln", "import", onnx_path, "-o", kgraph], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    xpath = workdir / f"{name}_x.npy"
+    np.save(xpath, x.numpy())
+    scale = float(np.abs(want).max())
+    assert scale > 0
+    for optlevel in (0, 3):
+        kar = workdir / f"{name}.O{optlevel}.kar"
+        proc = run(["kiln-cc", kgraph, "-o", kar, "--key", workdir / "key.pem",
+                    "--compiler-args", f"--optlevel {optlevel}"], timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        envs = [{"KILN_RT_ISA": isa} for isa in _isas()] + [{"KILN_RT_THREADS": "2"}]
+        for env in envs:
+            env = dict(env, KILN_RT_PROFILE="all")
+            out = workdir / f"{name}.O{optlevel}.{'.'.join(env.values())}"
+            proc = run(["kiln-run", kar, "--keyring", workdir / "keyring", "--input",
+                        f"x={xpath}", "--output-dir", out], env=env, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            got = np.load(os.path.join(out, "y.npy"))
+            err = float(np.abs(got - want).max())
+            assert err <= TOLERANCE * scale, \
+                f"{name} -O{optlevel} {env}: error {err:.3g} of {scale:.3g}"
+            if optlevel == 3 and name != "squeeze_excite":
+                left = _kernels(proc.stderr) & set(FUSED_AWAY)
+                assert not left, f"{name}: {left} not fused ({proc.stderr[:400]})"
