@@ -1197,6 +1197,50 @@ s_dw9 (float *restrict ac, int64_t n, float bv, const float *restrict w,
                 + w4 * t4[k] + w5 * t5[k] + w6 * t6[k] + w7 * t7[k] + w8 * t8[k];
 }
 
+#define S_DW_ROW 7
+
+/* ac[k] = (first ? bv : ac[k]) + Σ_j w[j]·t[j][k] over nt (1..7) taps,
+ * added in order of j: one pass over the accumulators. */
+static inline __attribute__ ((always_inline)) void
+s_dw_row (float *restrict ac, int64_t n, bool first, float bv, const float *w,
+          const float *const *t, int64_t nt)
+{
+    float w0 = w[0], w1 = nt > 1 ? w[1] : 0, w2 = nt > 2 ? w[2] : 0;
+    float w3 = nt > 3 ? w[3] : 0, w4 = nt > 4 ? w[4] : 0, w5 = nt > 5 ? w[5] : 0;
+    float w6 = nt > 6 ? w[6] : 0;
+    const float *restrict t0 = t[0], *restrict t1 = t[nt > 1 ? 1 : 0];
+    const float *restrict t2 = t[nt > 2 ? 2 : 0], *restrict t3 = t[nt > 3 ? 3 : 0];
+    const float *restrict t4 = t[nt > 4 ? 4 : 0], *restrict t5 = t[nt > 5 ? 5 : 0];
+    const float *restrict t6 = t[nt > 6 ? 6 : 0];
+    if (first)
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = bv;
+    switch (nt) {
+    case 7:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                    + w4 * t4[k] + w5 * t5[k] + w6 * t6[k];
+        break;
+    case 5:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                    + w4 * t4[k];
+        break;
+    case 3:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k];
+        break;
+    default:
+        for (int64_t j = 0; j < nt; j++) {
+            float wv = w[j];
+            const float *restrict tj = t[j];
+            for (int64_t k = 0; k < n; k++)
+                ac[k] += wv * tj[k];
+        }
+        break;
+    }
+}
+
 /* Output planes [first, first + count) of a depthwise convolution, with
  * `ws` (s_dw_ws_floats) to work in. */
 KILN_VCLONES static void
@@ -1281,18 +1325,22 @@ s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
             s_dw9 (acc, g.acc, bv, wp, tap[0], tap[1], tap[2], tap[3], tap[4],
                    tap[5], tap[6], tap[7], tap[8]);
         } else {
-            for (int64_t i = 0; i < g.acc; i++)
-                acc[i] = bv;
+            /* a row of taps (up to S_DW_ROW) in one pass over the
+             * accumulators: 5×5 and 7×7 kernels make 5 or 7 passes, not
+             * 25 or 49 (each a load, an add and a store of every
+             * accumulator) */
+            for (int64_t i = 0; i < kh; i++)
+                for (int64_t j0 = 0; j0 < kw; j0 += S_DW_ROW) {
+                    int64_t nt = kw - j0 < S_DW_ROW ? kw - j0 : S_DW_ROW;
+                    const float *t[S_DW_ROW];
+                    for (int64_t j = 0; j < nt; j++) {
+                        int64_t ri = i * plan->u.conv.dh, cj = (j0 + j) * plan->u.conv.dw;
+                        t[j] = phases + ((ri % sh) * sw + cj % sw) * g.phase
+                               + (ri / sh) * g.wq + cj / sw;
+                    }
+                    s_dw_row (acc, g.acc, i == 0 && j0 == 0, bv, wp + i * kw + j0, t, nt);
+                }
         }
-        for (int64_t i = 0; i < kh && kh * kw != 9; i++)
-            for (int64_t j = 0; j < kw; j++) {
-                int64_t ri = i * plan->u.conv.dh, cj = j * plan->u.conv.dw;
-                const float *src = phases + ((ri % sh) * sw + cj % sw) * g.phase
-                                   + (ri / sh) * g.wq + cj / sw;
-                float wv = wp[i * kw + j];
-                for (int64_t k = 0; k < g.acc; k++)
-                    acc[k] += wv * src[k];
-            }
         float *yp = y + pl_i * oh * ow;
         for (int64_t r = 0; r < oh; r++) {
             float *yr = yp + r * ow;

@@ -197,10 +197,21 @@ s_gemm (const kiln_gemm_t *g)
 static double
 s_act_ref (double v, kiln_act_t act, double a, double b)
 {
+    double sg = 1.0 / (1.0 + exp (-v)), h;
     switch (act) {
     case KILN_ACT_RELU: return v < 0 ? 0 : v;
     case KILN_ACT_CLIP: return v < a ? a : v > b ? b : v;
     case KILN_ACT_LEAKY: return v < 0 ? a * v : v;
+    case KILN_ACT_SIGMOID: return sg;
+    case KILN_ACT_SILU: return v * sg;
+    case KILN_ACT_GELU: return v * (erf (v / sqrt (2.0)) + 1.0) * 0.5;
+    case KILN_ACT_TANH: return tanh (v);
+    case KILN_ACT_HARD_SWISH:
+        h = v / 6.0 + 0.5;
+        return v * (h < 0 ? 0 : h > 1 ? 1 : h);
+    case KILN_ACT_HARD_SIGMOID:
+        h = a * v + b;
+        return h < 0 ? 0 : h > 1 ? 1 : h;
     default: return v;
     }
 }
@@ -268,7 +279,7 @@ s_check_shape (int64_t m, int64_t n, int64_t k)
         }
         /* a different epilogue per form */
         kiln_act_t acts[6] = { KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_CLIP,
-                               KILN_ACT_LEAKY, KILN_ACT_RELU, KILN_ACT_NONE };
+                               KILN_ACT_LEAKY, KILN_ACT_SILU, KILN_ACT_GELU };
         g.act = acts[form];
         g.act_a = g.act == KILN_ACT_CLIP ? -0.5f : 0.1f;
         g.act_b = 0.75f;
@@ -318,7 +329,7 @@ s_check_trans (int64_t m, int64_t n, int64_t k)
             g.add[g.n_add++] = (kiln_gadd_t) { res, 1, m, 1.0f };
         if (form == 2)          /* one laid out like the product: strided */
             g.add[g.n_add++] = (kiln_gadd_t) { res, n, 1, 2.0f };
-        g.act = form == 0 ? KILN_ACT_RELU : form == 1 ? KILN_ACT_CLIP : KILN_ACT_LEAKY;
+        g.act = form == 0 ? KILN_ACT_SILU : form == 1 ? KILN_ACT_CLIP : KILN_ACT_TANH;
         g.act_a = g.act == KILN_ACT_CLIP ? -0.5f : 0.1f;
         g.act_b = 0.75f;
         for (int64_t i = 0; i < m * n; i++)
@@ -586,6 +597,60 @@ START_TEST (test_vectorised_transcendentals_are_within_a_few_ulp)
     s_check_vfn (kiln_vsigmoid, s_sigmoid_ref, "sigmoid", 4, 1e-30);
     s_check_vfn (kiln_vtanh, tanh, "tanh", 4, 1e-30);
     s_check_vfn (kiln_verf, erf, "erf", 4, 1e-30);
+}
+END_TEST
+
+/* The fused epilogue's heavy activations (kiln_act_apply) against double,
+ * on the ISA that KILN_RT_ISA picks (AVX-512's kiln_act16 or the portable
+ * loops), over [-30, 30], runs of every length up to 70 (the tails), and
+ * NaN, the infinities and the zeros. */
+static void
+s_check_heavy_acts (const char *isa)
+{
+    setenv ("KILN_RT_ISA", isa, 1);
+    float buf[70];
+    for (int act = KILN_ACT_SIGMOID; act < KILN_ACT_COUNT; act++) {
+        ck_assert (kiln_act_heavy ((kiln_act_t) act));
+        for (int rep = 0; rep < 3000; rep++) {
+            int n = 1 + rep % 70;
+            for (int i = 0; i < n; i++)
+                buf[i] = (float) ((double) (testlib_randu () % 60001) / 1000.0 - 30.0);
+            if (rep == 0) {
+                buf[0] = NAN;
+            } else if (rep == 69) {
+                buf[0] = INFINITY; buf[1] = -INFINITY; buf[2] = 0.0f; buf[3] = -0.0f;
+            }
+            float in[70];
+            memcpy (in, buf, sizeof in);
+            kiln_act_apply (buf, n, (kiln_act_t) act, 0.2f, 0.5f);
+            for (int i = 0; i < n; i++) {
+                double want = s_act_ref (in[i], (kiln_act_t) act, 0.2f, 0.5f);
+                if (in[i] != in[i]) {
+                    ck_assert_msg (buf[i] != buf[i], "act %d of NaN is %g on %s", act,
+                                   buf[i], isa);
+                    continue;
+                }
+                if (isinf (in[i]) && (act == KILN_ACT_SILU || act == KILN_ACT_GELU
+                                      || act == KILN_ACT_HARD_SWISH) && in[i] < 0)
+                    continue;       /* -inf · 0: what the ONNX graph gives too */
+                double tol = 4e-7 * (fabs (want) > 1 ? fabs (want) : 1);
+                ck_assert_msg (isinf (want) ? buf[i] == want : fabs (buf[i] - want) <= tol,
+                               "act %d of %.9g on %s: %.9g, want %.9g", act, in[i], isa,
+                               buf[i], want);
+            }
+        }
+    }
+}
+
+START_TEST (test_heavy_activations_match_double_native)
+{
+    s_check_heavy_acts ("avx512");
+}
+END_TEST
+
+START_TEST (test_heavy_activations_match_double_portable)
+{
+    s_check_heavy_acts ("generic");
 }
 END_TEST
 
@@ -1077,7 +1142,7 @@ START_TEST (test_malformed_packed_programs_are_refused)
         ck_assert_int_ge (op, 0);
         kiln_prog_op_t *o = &p->ops[op];
         if (c == 0)
-            ck_assert (kiln_prog_op_set_int (o, "activation", 9, &err) == 0);
+            ck_assert (kiln_prog_op_set_int (o, "activation", KILN_ACT_COUNT, &err) == 0);
         else if (c == 1)
             ck_assert (kiln_prog_op_set_int (o, "residual", 3, &err) == 0);
         else if (c == 2) {
@@ -1161,6 +1226,8 @@ s_suite (void)
     tcase_add_test (tc, test_strassen_products_match_double);
     tcase_add_test (tc, test_vectorised_transcendentals_are_within_a_few_ulp);
     tcase_add_test (tc, test_vectorised_softmax_and_layer_norm_rows_match_double);
+    tcase_add_test (tc, test_heavy_activations_match_double_native);
+    tcase_add_test (tc, test_heavy_activations_match_double_portable);
     tcase_add_test (tc, test_softmax_rows_match_double_into_the_subnormals);
     tcase_add_test (tc, test_fused_packed_convolution_matches_o0);
     tcase_add_test (tc, test_winograd_convolution_matches_o0);
