@@ -285,7 +285,8 @@ conformance: all
 	  $(PYTHON) tests/conformance/gen_data.py $(CONFORMANCE_DIR)/data
 	KILN_BIN=$(abspath $(BIN)) KILN_LIB=$(abspath $(LIB)) KILN_SRC=$(CURDIR) \
 	  $(PYTHON) tests/conformance/run_conformance.py \
-	  --data $(CONFORMANCE_DIR)/data/node --out $(CONFORMANCE_DIR)
+	  --data $(CONFORMANCE_DIR)/data/node --out $(CONFORMANCE_DIR) \
+	  --baseline tests/conformance/baseline.txt
 
 memcheck: $(UNIT_TESTS)
 	@fail=0; for t in $(UNIT_TESTS); do \

@@ -372,12 +372,48 @@ s_default_opset (const Onnx__ModelProto *model, int *opset, kiln_err_t *err)
     if (version < 0)
         return kiln_error (err, KILN_EFORMAT,
                            "model imports no opset for the default ONNX domain");
-    if (version < KILN_ONNX_MIN_OPSET || version > KILN_ONNX_MAX_OPSET)
+    if (version < KILN_ONNX_OLDEST_OPSET || version > KILN_ONNX_MAX_OPSET)
         return kiln_error (err, KILN_EUNSUPPORTED,
                            "model uses opset %lld of the default ONNX domain; kiln "
                            "supports opsets %d..%d, so export with an opset_version in that range",
-                           (long long) version, KILN_ONNX_MIN_OPSET, KILN_ONNX_MAX_OPSET);
+                           (long long) version, KILN_ONNX_OLDEST_OPSET, KILN_ONNX_MAX_OPSET);
     *opset = (int) version;
+    return 0;
+}
+
+/* The ops a model of opset 1..6 may use: those whose definition is the
+ * same at opset 7 for what kiln reads (the attributes they dropped by 7,
+ * consumed_inputs and the like, are legacy hints with no effect on the
+ * values).  Anything else, the broadcasting arithmetic above all (opset 7
+ * replaced its `broadcast` attribute with numpy's rules), is refused. */
+static const char *const s_old_ops[] = {
+    "Abs", "Ceil", "Elu", "Exp", "Floor", "GlobalAveragePool", "GlobalMaxPool",
+    "HardSigmoid", "Identity", "InstanceNormalization", "LeakyRelu", "Log", "MatMul",
+    "Neg", "Not", "Reciprocal", "Relu", "Selu", "Sigmoid", "Softplus", "Softsign",
+    "Sqrt", "Tanh", "Transpose",
+};
+
+/* A model of an opset before KILN_ONNX_MIN_OPSET: every node's op must be
+ * in s_old_ops; the graph is then opset 7's. */
+static int
+s_check_old_opset (const Onnx__GraphProto *graph, int *opset, kiln_err_t *err)
+{
+    if (*opset >= KILN_ONNX_MIN_OPSET)
+        return 0;
+    for (size_t i = 0; i < graph->n_node; i++) {
+        const char *op = graph->node[i]->op_type ? graph->node[i]->op_type : "";
+        bool ok = false;
+        for (size_t k = 0; k < sizeof s_old_ops / sizeof s_old_ops[0] && !ok; k++)
+            ok = strcmp (op, s_old_ops[k]) == 0;
+        if (!ok)
+            return kiln_error (err, KILN_EUNSUPPORTED,
+                               "model uses opset %d of the default ONNX domain, and '%s' "
+                               "changed by opset %d; kiln takes opsets before %d only for ops "
+                               "that did not, so export with an opset_version of %d..%d",
+                               *opset, op, KILN_ONNX_MIN_OPSET, KILN_ONNX_MIN_OPSET,
+                               KILN_ONNX_MIN_OPSET, KILN_ONNX_MAX_OPSET);
+    }
+    *opset = KILN_ONNX_MIN_OPSET;
     return 0;
 }
 
@@ -1128,7 +1164,8 @@ s_import_model (Onnx__ModelProto *model, kiln_onnx_external_t *ext, kiln_err_t *
         kiln_error (err, KILN_EFORMAT, "model has no graph");
         goto err;
     }
-    if (s_default_opset (model, &opset, err) || s_check_ops (graph, err))
+    if (s_default_opset (model, &opset, err) || s_check_ops (graph, err)
+        || s_check_old_opset (graph, &opset, err))
         goto err;
     if (graph->n_node > KILN_MAX_NODES) {
         kiln_error (err, KILN_ELIMIT, "graph has %zu nodes, more than %d",

@@ -44,6 +44,10 @@
 #include "graph/kiln_graph.h"
 
 #define KILN_ONNX_MIN_OPSET 7     /* oldest default-domain opset accepted */
+/* Opsets 1..6 are accepted when every node's op is one whose definition
+ * (for what kiln reads of it) did not change by opset 7; the graph then
+ * records opset 7 (s_old_ops in kiln_onnx.c, docs/graph-format.md). */
+#define KILN_ONNX_OLDEST_OPSET 1
 #define KILN_ONNX_MAX_OPSET 18    /* newest default-domain opset accepted */
 
 /* Import the ONNX model file at `path` (at most KILN_MAX_MODEL_BYTES) and

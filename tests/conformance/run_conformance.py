@@ -892,6 +892,11 @@ def main(argv):
     ap.add_argument("--simulate-hang", default=None, metavar="TEST",
                     help="harness self-test: the worker hangs on TEST")
     ap.add_argument("-v", "--verbose", action="store_true", help="a line per test")
+    ap.add_argument("--baseline", default=None, metavar="FILE",
+                    help="the tests that passed before (one name a line): any of them "
+                         "run and not passing now fails the run")
+    ap.add_argument("--write-baseline", default=None, metavar="FILE",
+                    help="write the names of the tests that passed to FILE")
     args = ap.parse_args(argv[1:])
 
     t0 = time.monotonic()
@@ -933,7 +938,22 @@ def main(argv):
           f"{args.jobs} jobs)")
     print(f"{summary['passed']} passed, {summary['failed']} failed, "
           f"{summary['skipped']} skipped")
-    return 1 if summary["failed"] else 0
+    passed = sorted(n for n, _ in tests if results[n].get("status") == PASSED)
+    if args.write_baseline:
+        with open(args.write_baseline, "w") as f:
+            f.write("".join(n + "\n" for n in passed))
+    lost = []
+    if args.baseline:
+        with open(args.baseline) as f:
+            before = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+        ran = {n for n, _ in tests}
+        lost = sorted((before & ran) - set(passed))
+        for n in lost:
+            print(f"run_conformance: {n} passed in {args.baseline} and does not now: "
+                  f"{results[n].get('status')} ({results[n].get('message', '')})")
+        print(f"baseline: {len(before & ran)} of the tests run passed before, "
+              f"{len(lost)} no longer pass")
+    return 1 if summary["failed"] or lost else 0
 
 
 if __name__ == "__main__":
