@@ -103,7 +103,8 @@ class KilnLib:
                         ("action_key", ctypes.c_char * hex_len),
                         ("graph_digest", ctypes.c_char * hex_len),
                         ("cached", ctypes.c_bool),
-                        ("worker", ctypes.c_char * 128)]
+                        ("worker", ctypes.c_char * 128),
+                        ("signer", ctypes.c_char * 17)]
 
         self.Err, self.Shape, self.RtTensor = Err, Shape, RtTensor
         self.Manifest, self.CompileResult = Manifest, CompileResult
