@@ -497,8 +497,11 @@ kiln_lower_shape_einsum (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel
         if (s_pos (e.out, e.in[0][i]) < 0)
             con[nc++] = e.in[0][i];
     batch[nb] = fa[nfa] = fb[nfb] = con[nc] = '\0';
-    /* A' = [batch, free A, contracted], B' = [batch, contracted, free B]. */
-    char la[2 * KILN_MAX_RANK + 1], lb[2 * KILN_MAX_RANK + 1], lr[2 * KILN_MAX_RANK + 1];
+    /* A' = [batch, free A, contracted], B' = [batch, contracted, free B].
+     * Each is one operand's labels, so at most KILN_MAX_RANK; the room for
+     * three whole label strings is for gcc, which cannot see that (and
+     * fails -Werror=format-truncation at -O1, the sanitizer build). */
+    char la[3 * KILN_MAX_RANK + 1], lb[3 * KILN_MAX_RANK + 1], lr[3 * KILN_MAX_RANK + 1];
     snprintf (la, sizeof la, "%s%s%s", batch, fa, con);
     snprintf (lb, sizeof lb, "%s%s%s", batch, con, fb);
     snprintf (lr, sizeof lr, "%s%s%s", batch, fa, fb);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -175,6 +176,17 @@ static s_round_fn *s_round = s_round_c;
 static const char *s_isa = "generic";
 static pthread_once_t s_once = PTHREAD_ONCE_INIT;
 
+#if defined(__x86_64__)
+/* CPUID leaf 1's F16C bit (clang's __builtin_cpu_supports does not know
+ * "f16c"; <cpuid.h> is the same in gcc and clang). */
+static bool
+s_has_f16c (void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid (1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 /* The engine's ISA decides (KILN_RT_ISA included); F16C comes with
  * every AVX2 CPU kiln has met, but is checked. */
 static void
@@ -188,7 +200,7 @@ s_init (void)
         s_narrow = s_narrow_avx512;
         s_round = s_round_avx512;
         s_isa = "avx512";
-    } else if (strcmp (isa, "avx2") == 0 && __builtin_cpu_supports ("f16c")) {
+    } else if (strcmp (isa, "avx2") == 0 && s_has_f16c ()) {
         s_widen = s_widen_avx2;
         s_narrow = s_narrow_avx2;
         s_round = s_round_avx2;

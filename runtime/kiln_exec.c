@@ -323,8 +323,8 @@ s_pool_init (void)
                            i, started + 1);
             break;
         }
-        char name[16];
-        snprintf (name, sizeof name, "kiln-intra-%d", i);
+        char name[16];               /* the kernel keeps 15 bytes of a name */
+        snprintf (name, sizeof name, "kiln-intra-%u", (unsigned) i % 1000u);
         pthread_setname_np (th, name);
         started++;
     }

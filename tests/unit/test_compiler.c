@@ -420,7 +420,7 @@ START_TEST (test_planner_reuses_memory_on_a_chain)
     int prev = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (1, 1024));
     const int n = 10;
     for (int i = 0; i < n; i++) {
-        char name[8];
+        char name[16];
         snprintf (name, sizeof name, "r%d", i);
         int t = testlib_tensor (g, name);
         testlib_node (g, "Relu", name, &prev, 1, t);
