@@ -7,6 +7,8 @@
 #   make conformance  the ONNX backend node tests through kiln
 #   make python-test  the Python package (kiln.trace) against the build
 #   make demo     a broker and two workers on loopback compile and run a model
+#   make fuzz     libFuzzer harnesses (clang) for every parser, FUZZ_SECONDS=N each
+#   make san-test unit and integration tests under ASan + UBSan (build/san)
 #   make install  programs, libraries and the Python package under PREFIX
 #   make dist     build/dist/kiln-linux-ARCH.tar.gz (+ .sha256) for the ansible roles
 #   make ansible-test  the ansible roles on five real hosts (root; docs/ansible.md)
@@ -25,7 +27,7 @@ PREFIX  ?= /usr/local
 DEB_PACKAGES := build-essential pkg-config \
 	libzmq3-dev libczmq-dev libmsgpack-dev libarchive-dev libssl-dev \
 	libjansson-dev check libprotobuf-c-dev protobuf-c-compiler \
-	libopenblas-dev libonnx-dev openssl tar procps bubblewrap \
+	libopenblas-dev libonnx-dev openssl tar procps bubblewrap clang libclang-rt-dev \
 	python3-torch libtorch-dev python3-torchvision python3-onnx python3-numpy python3-pytest \
 	libmicrohttpd-dev \
 	ansible-core ansible-lint systemd openssh-server openssh-client iproute2
@@ -139,14 +141,17 @@ $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(ONNX_GEN_H)
 # At -O2, gcc 12's "very cheap" cost model vectorises no loop whose trip
 # count is unknown, which is every elementwise kernel loop.  Reductions
 # stay in order (no -ffast-math), so results do not change.
+# (clang, which builds the fuzzers, has no such flag and vectorises these.)
+CC_IS_CLANG = $(findstring clang,$(shell $(CC) --version 2>/dev/null | head -1))
+GCC_VECT    = $(if $(CC_IS_CLANG),,-fvect-cost-model=cheap)
 $(BUILD)/obj/runtime/kiln_kernels.o $(BUILD)/obj/runtime/kiln_kernels_math.o \
 $(BUILD)/obj/runtime/kiln_kernels_shape.o $(BUILD)/obj/runtime/kiln_gemm.o \
 $(BUILD)/obj/runtime/kiln_winograd.o: \
-	CFLAGS += -fvect-cost-model=cheap
+	CFLAGS += $(GCC_VECT)
 # The polynomial transcendentals select between values they have all
 # computed; without trapping math gcc may do that with vector blends.
 # FP exception flags are not part of any kernel's contract.
-$(BUILD)/obj/runtime/kiln_vmath.o: CFLAGS += -fvect-cost-model=cheap -fno-trapping-math
+$(BUILD)/obj/runtime/kiln_vmath.o: CFLAGS += $(GCC_VECT) -fno-trapping-math
 
 $(BUILD)/obj/tests/%.o: tests/%.c | $(DEPS_STAMP) $(ONNX_GEN_H)
 	@mkdir -p $(dir $@)
@@ -287,6 +292,8 @@ conformance: all
 	  $(PYTHON) tests/conformance/run_conformance.py \
 	  --data $(CONFORMANCE_DIR)/data/node --out $(CONFORMANCE_DIR) \
 	  --baseline tests/conformance/baseline.txt
+
+include fuzz/fuzz.mk
 
 memcheck: $(UNIT_TESTS)
 	@fail=0; for t in $(UNIT_TESTS); do \

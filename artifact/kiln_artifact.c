@@ -1110,12 +1110,9 @@ kiln_artifact_read_fd (int fd, const char *path, unsigned flags, kiln_err_t *err
 kiln_artifact_t *
 kiln_artifact_read (const char *path, kiln_err_t *err)
 {
-    int fd = open (path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        kiln_error (err, errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO,
-                    "could not open artifact '%s': %s", path, strerror (errno));
+    int fd = kiln_open_regular (path, "artifact", 0, NULL, err);
+    if (fd < 0)
         return NULL;
-    }
     kiln_artifact_t *self = kiln_artifact_read_fd (fd, path, 0, err);
     close (fd);
     return self;

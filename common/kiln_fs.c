@@ -11,20 +11,45 @@
 #include <unistd.h>
 
 int
+kiln_open_regular (const char *path, const char *what, int flags, struct stat *st_out,
+                   kiln_err_t *err)
+{
+    const char *sp = what ? " " : "";
+    what = what ? what : "";
+    int fd = open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | flags);
+    if (fd < 0) {
+        if (errno == ELOOP && (flags & O_NOFOLLOW))
+            return kiln_error (err, KILN_EIO, "%s%s'%s' is a symbolic link", what, sp, path);
+        return kiln_error (err, errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO,
+                           "could not open %s%s'%s': %s", what, sp, path, strerror (errno));
+    }
+    struct stat st;
+    int fl;
+    if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode)) {
+        close (fd);
+        return kiln_error (err, KILN_EIO, "%s%s'%s' is not a regular file", what, sp, path);
+    }
+    if ((fl = fcntl (fd, F_GETFL)) < 0 || fcntl (fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close (fd);
+        return kiln_error (err, KILN_EIO, "could not open %s%s'%s': %s", what, sp, path,
+                           strerror (e));
+    }
+    if (st_out)
+        *st_out = st;
+    return fd;
+}
+
+int
 kiln_read_file (const char *path, uint64_t max, uint8_t **data, size_t *len,
                 kiln_err_t *err)
 {
     *data = NULL;
     *len = 0;
-    int fd = open (path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_error (err, errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO,
-                           "could not open '%s': %s", path, strerror (errno));
     struct stat st;
-    if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode)) {
-        close (fd);
-        return kiln_error (err, KILN_EIO, "'%s' is not a regular file", path);
-    }
+    int fd = kiln_open_regular (path, NULL, 0, &st, err);
+    if (fd < 0)
+        return fd;
     if ((uint64_t) st.st_size > max) {
         close (fd);
         return kiln_error (err, KILN_ELIMIT, "'%s' is %lld bytes, more than the limit of %llu",

@@ -16,7 +16,20 @@
 
 #include "common/kiln_error.h"
 
-/* Read a whole file of at most `max` bytes.  Caller owns *data (free()).
+/* Open `path` for reading, only when it is a regular file: opened with
+ * O_NONBLOCK (so that a FIFO or a device does not block the open or the
+ * reads) plus `flags` (e.g. O_NOFOLLOW), checked with fstat, then set
+ * back to blocking.  `what` names the file in errors ("artifact": "could
+ * not open artifact 'x.kar': ...", "artifact 'x.kar' is not a regular
+ * file"); NULL for none.  Returns the descriptor (caller closes it) and
+ * fills *st when not NULL; a negative error code when the path cannot be
+ * opened or is a FIFO, a socket, a device or a directory. */
+struct stat;
+int kiln_open_regular (const char *path, const char *what, int flags,
+                       struct stat *st, kiln_err_t *err);
+
+/* Read a whole file of at most `max` bytes (kiln_open_regular: regular
+ * files only).  Caller owns *data (free()).
  * *data is NUL-terminated one byte past *len for convenience. */
 int kiln_read_file (const char *path, uint64_t max, uint8_t **data,
                     size_t *len, kiln_err_t *err);
@@ -43,7 +56,6 @@ int kiln_rm_rf (const char *path);
 
 bool kiln_file_exists (const char *path);
 
-struct stat;
 /* True when two fstat results describe the same file with the same
  * contents as far as the kernel tells: device, inode, size, mtime and
  * ctime all equal (any write or truncation moves ctime). */

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <msgpack.h>
 
@@ -1732,32 +1733,22 @@ err:
     return rc;
 }
 
-kiln_graph_t *
-kiln_graph_load (const char *path, kiln_err_t *err)
+/* Read a .kgraph of `size` bytes from `r->f` (named r->path in errors). */
+static kiln_graph_t *
+s_load (s_reader_t *r, uint64_t size, kiln_err_t *err)
 {
     kiln_graph_t *g = NULL;
     uint8_t *structure = NULL;
     size_t slen = 0;
     s_wref_t *refs = NULL;
-    s_reader_t r = { .path = path };
-    r.f = fopen (path, "rbe");
-    if (!r.f) {
-        kiln_error (err, errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO,
-                    "could not open '%s': %s", path, strerror (errno));
+    const char *path = r->path;
+    if (size > KILN_MAX_MODEL_BYTES) {
+        kiln_error (err, KILN_ELIMIT, "'%s' is %llu bytes, more than the limit of %llu",
+                    path, (unsigned long long) size, (unsigned long long) KILN_MAX_MODEL_BYTES);
         goto err;
     }
-    struct stat st;
-    if (fstat (fileno (r.f), &st) != 0 || !S_ISREG (st.st_mode)) {
-        kiln_error (err, KILN_EIO, "'%s' is not a regular file", path);
-        goto err;
-    }
-    if ((uint64_t) st.st_size > KILN_MAX_MODEL_BYTES) {
-        kiln_error (err, KILN_ELIMIT, "'%s' is %lld bytes, more than the limit of %llu",
-                    path, (long long) st.st_size, (unsigned long long) KILN_MAX_MODEL_BYTES);
-        goto err;
-    }
-    r.left = (uint64_t) st.st_size;
-    if (s_rd_header (&r, &structure, &slen, err) != 0)
+    r->left = size;
+    if (s_rd_header (r, &structure, &slen, err) != 0)
         goto err;
     g = kiln_graph_decode (structure, slen, err);
     if (!g) {
@@ -1767,8 +1758,8 @@ kiln_graph_load (const char *path, kiln_err_t *err)
     refs = s_weights_by_digest (g, err);
     if (!refs)
         goto err;
-    for (int i = 0; r.left > 0; i++)
-        if (s_rd_blob (&r, g, refs, i, err) != 0)
+    for (int i = 0; r->left > 0; i++)
+        if (s_rd_blob (r, g, refs, i, err) != 0)
             goto err;
     for (int w = 0; w < g->n_weights; w++)
         if (!g->weights[w].data) {
@@ -1778,17 +1769,49 @@ kiln_graph_load (const char *path, kiln_err_t *err)
                         path, s_weight_label (g, w, wl, sizeof wl), hex);
             goto err;
         }
-    fclose (r.f);
     free (structure);
     free (refs);
     return g;
 err:
-    if (r.f)
-        fclose (r.f);
     free (structure);
     free (refs);
     kiln_graph_destroy (&g);
     return NULL;
+}
+
+kiln_graph_t *
+kiln_graph_load (const char *path, kiln_err_t *err)
+{
+    struct stat st;
+    int fd = kiln_open_regular (path, NULL, 0, &st, err);
+    if (fd < 0)
+        return NULL;
+    s_reader_t r = { .path = path, .f = fdopen (fd, "rb") };
+    if (!r.f) {
+        kiln_error (err, KILN_EIO, "could not open '%s': %s", path, strerror (errno));
+        close (fd);
+        return NULL;
+    }
+    kiln_graph_t *g = s_load (&r, (uint64_t) st.st_size, err);
+    fclose (r.f);
+    return g;
+}
+
+kiln_graph_t *
+kiln_graph_load_mem (const uint8_t *data, size_t len, const char *name, kiln_err_t *err)
+{
+    s_reader_t r = { .path = name };
+    if (len == 0) {
+        kiln_error (err, KILN_EFORMAT, "'%s' is empty", name);
+        return NULL;
+    }
+    if (!(r.f = fmemopen ((void *) data, len, "rb"))) {
+        kiln_error (err, KILN_ENOMEM, "out of memory reading '%s'", name);
+        return NULL;
+    }
+    kiln_graph_t *g = s_load (&r, len, err);
+    fclose (r.f);
+    return g;
 }
 
 /* --- canonical form and digest ------------------------------------- */

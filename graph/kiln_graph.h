@@ -188,8 +188,12 @@ bool kiln_graph_complete (const kiln_graph_t *g);
  * {"format":"kiln-graph","version":1,"graph":<structure bin>} followed
  * by one [digest bin32, data bin] array per distinct weight blob. */
 int kiln_graph_save (const kiln_graph_t *g, const char *path, kiln_err_t *err);
-/* Load a .kgraph file with all its blobs.  Caller owns the result. */
+/* Load a .kgraph file with all its blobs (a regular file: a FIFO or a
+ * device is refused, not waited on).  Caller owns the result. */
 kiln_graph_t *kiln_graph_load (const char *path, kiln_err_t *err);
+/* The same from `len` bytes in memory, named `name` in errors. */
+kiln_graph_t *kiln_graph_load_mem (const uint8_t *data, size_t len, const char *name,
+                                   kiln_err_t *err);
 
 /* The canonical encoding (see above).  Caller owns *out (free()). */
 int kiln_graph_canonical (const kiln_graph_t *g, uint8_t **out, size_t *len,

@@ -128,19 +128,10 @@ kiln_artifact_t *
 kiln_artcache_get (kiln_artcache_t *self, const char *path,
                    const char *keyring_dir, kiln_err_t *err)
 {
-    int fd = open (path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        kiln_error (err, errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO,
-                    "could not open artifact '%s': %s", path, strerror (errno));
-        return NULL;
-    }
     struct stat st;
-    if (fstat (fd, &st) != 0) {
-        kiln_error (err, KILN_EIO, "could not stat artifact '%s': %s", path,
-                    strerror (errno));
-        close (fd);
+    int fd = kiln_open_regular (path, "artifact", 0, &st, err);
+    if (fd < 0)
         return NULL;
-    }
     pthread_mutex_lock (&self->lock);
     s_entry_t *e = s_lookup (self, &st);
     pthread_mutex_unlock (&self->lock);
