@@ -31,6 +31,9 @@
 #define S_TAR_BLOCK   512u              /* tar's unit: headers, data padding */
 #define S_USTAR_MAX_SIZE 077777777777ULL  /* the most ustar's size field holds */
 #define S_READ_BLOCK  (64u << 10)       /* libarchive read block size */
+#define S_TAR_RECORD  10240u            /* what tar pads an archive to (20 blocks) */
+#define S_MEMBER_PERM 0644              /* every member's mode, owner "kiln" 0:0, mtime 0 */
+#define S_MEMBER_OWNER "kiln"
 #define S_ALG_MAX     32                /* signature.json "algorithm" */
 #define S_SIGNS_MAX   64                /* signature.json "signs" */
 
@@ -415,12 +418,12 @@ s_entry_new (const char *name, size_t len)
     archive_entry_set_pathname (e, name);
     archive_entry_set_size (e, (la_int64_t) len);
     archive_entry_set_filetype (e, AE_IFREG);
-    archive_entry_set_perm (e, 0644);
+    archive_entry_set_perm (e, S_MEMBER_PERM);
     archive_entry_set_mtime (e, 0, 0);
     archive_entry_set_uid (e, 0);
     archive_entry_set_gid (e, 0);
-    archive_entry_set_uname (e, "kiln");
-    archive_entry_set_gname (e, "kiln");
+    archive_entry_set_uname (e, S_MEMBER_OWNER);
+    archive_entry_set_gname (e, S_MEMBER_OWNER);
     return e;
 }
 
@@ -685,6 +688,8 @@ typedef struct {
     int n_expected;
     kiln_member_t got[KILN_MAX_MEMBERS];        /* payload read, manifest order */
     bool seen[KILN_MAX_MEMBERS];
+    const uint8_t *mem;                         /* the input in memory, or NULL */
+    int src_fd;                                 /* else the input file */
     int fd;                                     /* the file to map from, or -1 */
     uint64_t page;                              /* its page size, when fd >= 0 */
     bool mapped;                                /* a member was mapped */
@@ -816,6 +821,88 @@ done:
     return rc;
 }
 
+/* `len` bytes of the input at `at` (within it) into buf. */
+static int
+s_input_bytes (const s_reader_t *r, uint64_t at, uint8_t *buf, size_t len, kiln_err_t *err)
+{
+    if (r->mem) {
+        memcpy (buf, r->mem + at, len);
+        return 0;
+    }
+    ssize_t n = pread (r->src_fd, buf, len, (off_t) at);
+    if (n != (ssize_t) len)
+        return kiln_error (err, KILN_EIO, "could not read the end of the archive: %s",
+                           n < 0 ? strerror (errno) : "short read");
+    return 0;
+}
+
+static bool
+s_all_zero (const uint8_t *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* The archive ends where tar's end marker (two zero blocks) ends, `end`
+ * bytes in, and nothing follows it but the zeros that pad an archive to
+ * tar's 10240-byte record (GNU tar and Python's tarfile write them; kiln
+ * does not): bytes appended to an artifact are refused, not ignored. */
+static int
+s_check_end (const s_reader_t *r, uint64_t end, uint64_t input_size, kiln_err_t *err)
+{
+    uint8_t buf[S_TAR_RECORD];
+    if (end < 2 * S_TAR_BLOCK || end > input_size)
+        return kiln_error (err, KILN_EFORMAT, "the archive has no end marker (two zero blocks)");
+    int rc = s_input_bytes (r, end - 2 * S_TAR_BLOCK, buf, 2 * S_TAR_BLOCK, err);
+    if (rc)
+        return rc;
+    if (!s_all_zero (buf, 2 * S_TAR_BLOCK))
+        return kiln_error (err, KILN_EFORMAT, "the archive has no end marker (two zero blocks)");
+    uint64_t tail = input_size - end;
+    uint64_t pad = (S_TAR_RECORD - end % S_TAR_RECORD) % S_TAR_RECORD;
+    if (tail > pad)
+        return kiln_error (err, KILN_EFORMAT, "%llu bytes follow the archive's end marker",
+                           (unsigned long long) tail);
+    if (tail && ((rc = s_input_bytes (r, end, buf, (size_t) tail, err))
+                 || !s_all_zero (buf, (size_t) tail)))
+        return rc ? rc : kiln_error (err, KILN_EFORMAT, "%llu bytes follow the archive's end "
+                                     "marker, not all of them zero", (unsigned long long) tail);
+    return 0;
+}
+
+/* What a header may say besides name and size: exactly what kiln writes
+ * (mode 0644, owner and group 0 or "kiln", mtime 0), and nothing more (no
+ * extended attributes, ACLs or file flags).  So `tar xf` run as root on
+ * an artifact that kiln accepted makes plain files owned by root, never
+ * a setuid, group-writable, device or special file. */
+static int
+s_check_metadata (struct archive_entry *e, const char *name, kiln_err_t *err)
+{
+    const char *u = archive_entry_uname (e), *g = archive_entry_gname (e);
+    unsigned long set = 0, clear = 0;
+    archive_entry_fflags (e, &set, &clear);
+    unsigned mode = (unsigned) archive_entry_mode (e) & 07777;
+    if (mode != S_MEMBER_PERM || archive_entry_uid (e) != 0 || archive_entry_gid (e) != 0
+        || (u && *u && strcmp (u, S_MEMBER_OWNER) != 0)
+        || (g && *g && strcmp (g, S_MEMBER_OWNER) != 0)
+        || (archive_entry_mtime_is_set (e) && archive_entry_mtime (e) != 0))
+        return kiln_error (err, KILN_EFORMAT, "member '%s' has mode %04o, owner %lld:%lld "
+                           "(%s:%s), mtime %lld; an artifact's members have mode %04o, "
+                           "owner 0:0 (%s) and mtime 0", name, mode,
+                           (long long) archive_entry_uid (e), (long long) archive_entry_gid (e),
+                           u ? u : "", g ? g : "", (long long) archive_entry_mtime (e),
+                           S_MEMBER_PERM, S_MEMBER_OWNER);
+    if (archive_entry_xattr_count (e) > 0 || set || clear
+        || archive_entry_acl_count (e, ARCHIVE_ENTRY_ACL_TYPE_ACCESS
+                                       | ARCHIVE_ENTRY_ACL_TYPE_DEFAULT
+                                       | ARCHIVE_ENTRY_ACL_TYPE_NFS4) > 0)
+        return kiln_error (err, KILN_EFORMAT, "member '%s' carries extended attributes, "
+                           "ACLs or file flags", name);
+    return 0;
+}
+
 /* Walk the entries: bounds and names from each header before anything is
  * allocated, the manifest (which must come first) parsed as soon as it is
  * read so that every payload entry is checked against it. */
@@ -828,8 +915,14 @@ s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
     struct archive_entry *e;
     for (;;) {
         int ar = archive_read_next_header (a, &e);
-        if (ar == ARCHIVE_EOF)
+        if (ar == ARCHIVE_EOF) {
+            int64_t end = archive_filter_bytes (a, 0);
+            int rc;
+            if (entries > 0 && (rc = s_check_end (r, end < 0 ? 0 : (uint64_t) end,
+                                                  input_size, err)))
+                return rc;
             break;
+        }
         if (ar != ARCHIVE_OK)
             return kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
                                archive_error_string (a) ? archive_error_string (a)
@@ -845,6 +938,9 @@ s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
         if (archive_entry_filetype (e) != AE_IFREG || archive_entry_hardlink (e)
             || archive_entry_symlink (e) || archive_entry_sparse_count (e) > 0)
             return kiln_error (err, KILN_EFORMAT, "member '%s' is not a regular file", name);
+        int mrc = s_check_metadata (e, name, err);
+        if (mrc)
+            return mrc;
         if (!archive_entry_size_is_set (e) || archive_entry_size (e) < 0)
             return kiln_error (err, KILN_EFORMAT, "member '%s' has no size", name);
         uint64_t size = (uint64_t) archive_entry_size (e);
@@ -989,10 +1085,11 @@ s_adopt (kiln_artifact_t *self, s_reader_t *r, kiln_err_t *err)
 
 /* Read an opened archive of `input_size` bytes into a new artifact,
  * mapping large members from `map_fd` when it is not -1.  *mapped says
- * whether anything was. */
+ * whether anything was.  The input is `mem` or, when that is NULL, the
+ * file `src_fd` (for the check of its end). */
 static kiln_artifact_t *
-s_read_archive (struct archive *a, uint64_t input_size, int map_fd, bool *mapped,
-                kiln_err_t *err)
+s_read_archive (struct archive *a, const uint8_t *mem, int src_fd, uint64_t input_size,
+                int map_fd, bool *mapped, kiln_err_t *err)
 {
     kiln_artifact_t *self = kiln_artifact_new ();
     s_reader_t *r = calloc (1, sizeof *r);
@@ -1001,6 +1098,8 @@ s_read_archive (struct archive *a, uint64_t input_size, int map_fd, bool *mapped
         kiln_error (err, KILN_ENOMEM, "out of memory");
         goto err;
     }
+    r->mem = mem;
+    r->src_fd = src_fd;
     r->fd = map_fd;
     long page = sysconf (_SC_PAGESIZE);
     r->page = page > 0 ? (uint64_t) page : KILN_ARTIFACT_ALIGN;
@@ -1048,7 +1147,7 @@ kiln_artifact_read_mem (const uint8_t *data, size_t len, kiln_err_t *err)
         kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
                     archive_error_string (a) ? archive_error_string (a) : "read error");
     else
-        self = s_read_archive (a, len, -1, &mapped, err);
+        self = s_read_archive (a, data, -1, len, -1, &mapped, err);
     archive_read_free (a);
     return self;
 }
@@ -1092,7 +1191,7 @@ kiln_artifact_read_fd (int fd, const char *path, unsigned flags, kiln_err_t *err
             kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
                         archive_error_string (a) ? archive_error_string (a) : "read error");
         else
-            self = s_read_archive (a, (uint64_t) st.st_size, map_fd, &mapped, err);
+            self = s_read_archive (a, NULL, fd, (uint64_t) st.st_size, map_fd, &mapped, err);
         archive_read_free (a);
     }
     //  The digests were taken from the mapped pages; a write to the file

@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,14 +101,34 @@ kiln_key_generate (kiln_err_t *err)
     return s_key_wrap (&pkey, true, "the generated key", err);
 }
 
+/* PEM blocks in `data`: the lines that open one. */
+static int
+s_pem_blocks (const uint8_t *data, size_t len)
+{
+    static const char begin[] = "-----BEGIN ";
+    int n = 0;
+    for (const uint8_t *p = data, *end = data + len;
+         (p = memmem (p, (size_t) (end - p), begin, sizeof begin - 1)); p++)
+        n++;
+    return n;
+}
+
 /* Parse PEM text; `private_key` chooses PKCS#8 or SPKI; `what` names it
- * in errors ("'PATH'"). */
+ * in errors ("'PATH'").  Text of more than one PEM block is refused
+ * (KILN_EVERIFY): OpenSSL would take the first and ignore the rest, so
+ * what a reader of the file sees need not be the key that is trusted. */
 static kiln_key_t *
 s_key_parse (const void *data, size_t len, bool private_key, const char *what,
              kiln_err_t *err)
 {
     if (len > KILN_MAX_KEY_BYTES) {
         kiln_error (err, KILN_ELIMIT, "%s is longer than %u bytes", what, KILN_MAX_KEY_BYTES);
+        return NULL;
+    }
+    int blocks = s_pem_blocks (data, len);
+    if (blocks > 1) {
+        kiln_error (err, KILN_EVERIFY, "%s holds %d PEM blocks; a key file holds exactly one",
+                    what, blocks);
         return NULL;
     }
     EVP_PKEY *pkey = NULL;
@@ -160,14 +181,15 @@ kiln_key_public_pem (const kiln_key_t *self, char **pem, kiln_err_t *err)
     return *pem ? 0 : kiln_error (err, KILN_ENOMEM, "out of memory");
 }
 
-/* Load a PEM key file; `private_key` chooses PKCS#8 or SPKI.  The file
- * bytes are wiped before they are freed whichever it holds. */
+/* Load a PEM key file (opened with `flags` too); `private_key` chooses
+ * PKCS#8 or SPKI.  The file bytes are wiped before they are freed
+ * whichever it holds. */
 static kiln_key_t *
-s_key_load (const char *path, bool private_key, kiln_err_t *err)
+s_key_load (const char *path, bool private_key, int flags, kiln_err_t *err)
 {
     uint8_t *data;
     size_t len;
-    if (kiln_read_file (path, KILN_MAX_KEY_BYTES, &data, &len, err))
+    if (kiln_read_file_flags (path, flags, KILN_MAX_KEY_BYTES, &data, &len, err))
         return NULL;
     char what[PATH_MAX + 16];
     snprintf (what, sizeof what, "'%s'", path);
@@ -180,13 +202,13 @@ s_key_load (const char *path, bool private_key, kiln_err_t *err)
 kiln_key_t *
 kiln_key_load_private (const char *path, kiln_err_t *err)
 {
-    return s_key_load (path, true, err);
+    return s_key_load (path, true, 0, err);
 }
 
 kiln_key_t *
 kiln_key_load_public (const char *path, kiln_err_t *err)
 {
-    return s_key_load (path, false, err);
+    return s_key_load (path, false, 0, err);
 }
 
 void
@@ -325,18 +347,29 @@ s_key_cmp (const void *a, const void *b)
 
 /* Parse `path` as an Ed25519 public key, or NULL for anything else (a
  * private key, another algorithm, not PEM, too big, not a regular file):
- * such files are skipped, not errors. */
+ * such files are skipped, not errors.  A symbolic link is skipped however
+ * good the key it leads to, and so is a file of more than one PEM block,
+ * both with a warning: whoever can change where a link points, or adds a
+ * second key below the first, would otherwise choose what is trusted
+ * without changing what the keyring directory seems to hold. */
 static kiln_key_t *
 s_keyring_try (const char *path)
 {
     struct stat st;
-    if (stat (path, &st) != 0 || !S_ISREG (st.st_mode)
-        || (uint64_t) st.st_size > KILN_MAX_KEY_BYTES)
+    if (lstat (path, &st) != 0)
+        return NULL;
+    if (S_ISLNK (st.st_mode)) {
+        kiln_log_warn ("keyring: skipping %s: a symbolic link (keys in a keyring must be "
+                       "regular files)", path);
+        return NULL;
+    }
+    if (!S_ISREG (st.st_mode) || (uint64_t) st.st_size > KILN_MAX_KEY_BYTES)
         return NULL;
     kiln_err_t err;
-    kiln_key_t *key = kiln_key_load_public (path, &err);
+    kiln_key_t *key = s_key_load (path, false, O_NOFOLLOW, &err);
     if (!key)
-        kiln_log_debug ("keyring: skipping %s: %s", path, err.msg);
+        KILN_LOG (err.code == KILN_EVERIFY ? LOG_WARNING : LOG_DEBUG,
+                  "keyring: skipping %s: %s", path, err.msg);
     return key;
 }
 

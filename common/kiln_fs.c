@@ -44,10 +44,17 @@ int
 kiln_read_file (const char *path, uint64_t max, uint8_t **data, size_t *len,
                 kiln_err_t *err)
 {
+    return kiln_read_file_flags (path, 0, max, data, len, err);
+}
+
+int
+kiln_read_file_flags (const char *path, int flags, uint64_t max, uint8_t **data, size_t *len,
+                      kiln_err_t *err)
+{
     *data = NULL;
     *len = 0;
     struct stat st;
-    int fd = kiln_open_regular (path, NULL, 0, &st, err);
+    int fd = kiln_open_regular (path, NULL, flags, &st, err);
     if (fd < 0)
         return fd;
     if ((uint64_t) st.st_size > max) {

@@ -33,6 +33,10 @@ int kiln_open_regular (const char *path, const char *what, int flags,
  * *data is NUL-terminated one byte past *len for convenience. */
 int kiln_read_file (const char *path, uint64_t max, uint8_t **data,
                     size_t *len, kiln_err_t *err);
+/* The same with more open(2) flags (O_NOFOLLOW: a symbolic link is
+ * refused, "'PATH' is a symbolic link"). */
+int kiln_read_file_flags (const char *path, int flags, uint64_t max, uint8_t **data,
+                          size_t *len, kiln_err_t *err);
 
 /* Write `len` bytes to `path` atomically and durably with `mode`. */
 int kiln_write_file_atomic (const char *path, const void *data, size_t len,

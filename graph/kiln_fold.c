@@ -629,9 +629,13 @@ static const struct {
     { "Exp", S_EXP, 1 }, { "Log", S_LOG, 1 }, { "Sign", S_SIGN, 1 },
 };
 
-/* Integer a op b; *ok false for a division by zero. */
+/* Why an integer op could not be folded. */
+typedef enum { S_INT_OK, S_INT_DIV_ZERO, S_INT_OVERFLOW } s_int_why_t;
+
+/* Integer a op b; *why says when it has no value: a division by zero, or
+ * INT64_MIN / -1 (and % -1), whose quotient int64 cannot hold. */
 static int64_t
-s_int_op (s_ew_t k, int64_t a, int64_t b, bool fmod_mode, bool *ok)
+s_int_op (s_ew_t k, int64_t a, int64_t b, bool fmod_mode, s_int_why_t *why)
 {
     /* Wrapping arithmetic, as the runtime's integer kernels do. */
     uint64_t ua = (uint64_t) a, ub = (uint64_t) b;
@@ -642,7 +646,7 @@ s_int_op (s_ew_t k, int64_t a, int64_t b, bool fmod_mode, bool *ok)
     case S_DIV:
     case S_MOD:
         if (b == 0 || (a == INT64_MIN && b == -1)) {
-            *ok = false;
+            *why = b == 0 ? S_INT_DIV_ZERO : S_INT_OVERFLOW;
             return 0;
         }
         if (k == S_DIV)
@@ -817,12 +821,15 @@ s_eval_elementwise (s_fold_t *f)
                 continue;
             }
             int64_t acc = s_geti (v[0], i0);
-            bool ok = true;
-            for (int j = 1; j < n; j++)
+            s_int_why_t why = S_INT_OK;
+            for (int j = 1; j < n && why == S_INT_OK; j++)
                 acc = s_int_op (k == S_MEAN ? S_SUM : k, acc,
-                                s_geti (v[j], s_bcast_index (&y, &v[j]->shape, i)), fmod_mode, &ok);
-            if (!ok)
+                                s_geti (v[j], s_bcast_index (&y, &v[j]->shape, i)), fmod_mode, &why);
+            if (why == S_INT_DIV_ZERO)
                 return s_fail (f, KILN_EINVAL, "integer division by zero in a constant");
+            if (why == S_INT_OVERFLOW)
+                return s_fail (f, KILN_EINVAL, "integer overflow in a constant: %lld / -1 "
+                               "does not fit in int64", (long long) INT64_MIN);
             if (k == S_MEAN)
                 acc /= n;
             s_seti (dt, f->out[0], i, acc);

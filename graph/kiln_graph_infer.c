@@ -609,7 +609,20 @@ s_pool_window (s_ctx_t *ctx, kiln_window_t *w, kiln_shape_t *y)
     y->rank = x->rank;
     y->dims[0] = x->dims[0];
     y->dims[1] = x->dims[1];
-    return s_window (ctx, x, w, true, y->dims + 2);
+    if ((rc = s_window (ctx, x, w, true, y->dims + 2)))
+        return rc;
+    /* A pad as wide as the kernel lets a window lie in the padding alone:
+     * MaxPool would output -inf there and AveragePool divide by nothing.
+     * ONNX Runtime refuses such pads when they are given; so does kiln
+     * (pads that auto_pad works out are never that wide, dilation aside). */
+    bool given = kiln_node_attr (ctx->node, "pads") != NULL;
+    for (int i = 0; given && i < 2 * w->n; i++)
+        if (w->pads[i] >= w->kernel[i % w->n])
+            return s_fail (ctx, KILN_EFORMAT, "attribute 'pads'[%d] is %lld, not smaller than "
+                           "the kernel (%lld on spatial axis %d): a window could hold "
+                           "padding only", i, (long long) w->pads[i],
+                           (long long) w->kernel[i % w->n], i % w->n);
+    return 0;
 }
 
 static int

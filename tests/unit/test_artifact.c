@@ -25,6 +25,7 @@
 #include "artifact/kiln_artifact.h"
 #include "common/kiln_fs.h"
 #include "common/kiln_hash.h"
+#include "graph/kiln_graph.h"
 #include "tests/unit/testlib.h"
 
 #define PROGRAM_MARKER "KILNPROGRAM-MARKER-0123456789"
@@ -746,14 +747,25 @@ END_TEST
 
 /* --- reader bounds and structure ------------------------------------- */
 
-START_TEST (test_artifact_read_rejects_truncated_archives)
+/* The signed sample (with provenance) as kiln writes it; caller frees. */
+static uint8_t *
+s_sample_bytes (size_t *len)
 {
     kiln_err_t err;
     kiln_artifact_t *a = s_sample_signed (s_key, PROVENANCE);
     uint8_t *data;
-    size_t len;
-    ck_assert (kiln_artifact_write_mem (a, &data, &len, &err) == 0);
+    ck_assert_msg (kiln_artifact_write_mem (a, &data, len, &err) == 0, "%s", err.msg);
     kiln_artifact_destroy (&a);
+    return data;
+}
+
+
+START_TEST (test_artifact_read_rejects_truncated_archives)
+{
+    kiln_err_t err;
+    kiln_artifact_t *a;
+    size_t len;
+    uint8_t *data = s_sample_bytes (&len);
     long prog = s_find (data, len, PROGRAM_MARKER);
     long weights = s_find (data, len, WEIGHTS_MARKER);
     ck_assert (prog > 0 && weights > prog);
@@ -854,6 +866,185 @@ START_TEST (test_artifact_read_rejects_unsafe_or_unlisted_members)
     free (manifest);
     free (program);
     free (weights);
+}
+END_TEST
+
+static void s_setuid (struct archive_entry *e) { archive_entry_set_perm (e, 04755); }
+static void s_owner (struct archive_entry *e) { archive_entry_set_uid (e, 1000); }
+static void s_uname (struct archive_entry *e) { archive_entry_set_uname (e, "root"); }
+static void s_mtime (struct archive_entry *e) { archive_entry_set_mtime (e, 1700000000, 0); }
+static void s_group_w (struct archive_entry *e) { archive_entry_set_perm (e, 0664); }
+static void s_xattr (struct archive_entry *e)
+{
+    archive_entry_xattr_add_entry (e, "user.kiln", "x", 1);
+}
+
+START_TEST (test_artifact_read_refuses_bytes_after_the_end_marker)
+{
+    //  An artifact changed in any byte is refused (README): bytes appended
+    //  after tar's end marker were ignored (issue 14, finding 9).
+    kiln_err_t err;
+    kiln_artifact_t *a;
+    size_t len;
+    uint8_t *data = s_sample_bytes (&len);
+    uint8_t *more = calloc (1, len + 30000);
+    memcpy (more, data, len);
+    struct {
+        size_t extra;
+        uint8_t byte;
+        bool ok;
+        const char *needle;
+    } cases[] = {
+        { 1, 'x', false, "1 bytes follow the archive's end marker, not all of them zero" },
+        { 512, 0, true, NULL },          /* zeros up to tar's record: as tar pads */
+        { 30000, 0, false, "30000 bytes follow the archive's end marker" },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        memset (more + len, 0, 30000);
+        more[len + cases[c].extra - 1] = cases[c].byte;
+        kiln_err_t e = { 0 };
+        a = kiln_artifact_read_mem (more, len + cases[c].extra, &e);
+        ck_assert_msg ((a != NULL) == cases[c].ok, "case %zu: %s", c, e.msg);
+        if (!cases[c].ok)
+            ck_assert_msg (e.code == KILN_EFORMAT && strstr (e.msg, cases[c].needle),
+                           "case %zu: %s", c, e.msg);
+        kiln_artifact_destroy (&a);
+        //  The same through a file, as kiln verify and kiln-run read it.
+        s_spit (s_path ("more.kar"), more, len + cases[c].extra);
+        a = kiln_artifact_open_verified (s_path ("more.kar"), s_keys, &e);
+        ck_assert_msg ((a != NULL) == cases[c].ok, "file case %zu: %s", c, e.msg);
+        if (!cases[c].ok)
+            ck_assert_msg (strstr (e.msg, cases[c].needle) && strstr (e.msg, "more.kar"),
+                           "file case %zu: %s", c, e.msg);
+        kiln_artifact_destroy (&a);
+    }
+    //  No end marker at all: cut right after the last member's data.
+    a = kiln_artifact_read_mem (data, len - 1024, &err);
+    ck_assert_ptr_null (a);
+    ck_assert_msg (strstr (err.msg, "no end marker"), "%s", err.msg);
+    free (more);
+    free (data);
+}
+END_TEST
+
+START_TEST (test_artifact_read_refuses_header_metadata_kiln_does_not_write)
+{
+    //  Mode, owner and mtime were accepted whatever they said, so an
+    //  artifact could carry a setuid file for `tar xf` as root (issue 14,
+    //  finding 9).
+    kiln_err_t err;
+    kiln_artifact_t *a;
+    size_t len;
+    uint8_t *data = s_sample_bytes (&len);
+    struct {
+        void (*edit) (struct archive_entry *);
+        const char *needle;
+    } cases[] = {
+        { s_setuid, "mode 4755" },
+        { s_group_w, "mode 0664" },
+        { s_owner, "owner 1000:0" },
+        { s_uname, "(root:kiln)" },
+        { s_mtime, "mtime 1700000000" },
+        { s_xattr, "extended attributes" },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t n;
+        uint8_t *tar = testlib_tar_copy (data, len, cases[c].edit, &n);
+        kiln_err_t e = { 0 };
+        a = kiln_artifact_read_mem (tar, n, &e);
+        ck_assert_msg (!a, "case %zu was read", c);
+        ck_assert_msg (e.code == KILN_EFORMAT && strstr (e.msg, cases[c].needle)
+                       && strstr (e.msg, "'manifest.json'"), "case %zu: %s", c, e.msg);
+        free (tar);
+    }
+    //  Copied as it is by another tar writer (10240-byte records): fine.
+    size_t n;
+    uint8_t *tar = testlib_tar_copy (data, len, NULL, &n);
+    ck_assert_uint_eq (n % 10240, 0);
+    a = kiln_artifact_read_mem (tar, n, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    ck_assert_int_eq (kiln_artifact_verify (a, s_keys, &err), 0);
+    kiln_artifact_destroy (&a);
+    free (tar);
+    free (data);
+}
+END_TEST
+
+START_TEST (test_keyring_skips_symlinks_and_files_of_two_pem_blocks)
+{
+    //  Another key, outside the keyring, signs an artifact.
+    kiln_err_t err;
+    char other_keys[PATH_MAX], src[2 * PATH_MAX], dst[2 * PATH_MAX];
+    kiln_key_t *other = NULL;
+    char *other_dir = testlib_keydir ("kiln-test-other-", other_keys, &other);
+    kiln_artifact_t *a = s_sample_signed (other, NULL);
+    ck_assert_int_eq (kiln_artifact_verify (a, s_keys, &err), -KILN_EVERIFY);
+
+    //  A symbolic link in the keyring to its public key: followed before
+    //  (issue 14, finding 10), skipped now.
+    snprintf (src, sizeof src, "%s/kiln.pub", other_keys);
+    snprintf (dst, sizeof dst, "%s/link.pub", s_keys);
+    ck_assert_int_eq (symlink (src, dst), 0);
+    ck_assert_int_eq (kiln_artifact_verify (a, s_keys, &err), -KILN_EVERIFY);
+    ck_assert_msg (strstr (err.msg, "not in keyring"), "%s", err.msg);
+    ck_assert_int_eq (unlink (dst), 0);
+
+    //  A .pub of two PEM blocks, the other key first: OpenSSL read the
+    //  first and the keyring trusted it.  Refused now, and skipped.
+    size_t la, lb;
+    uint8_t *pa = s_slurp (src, &la);
+    snprintf (src, sizeof src, "%s/kiln.pub", s_keys);
+    uint8_t *pb = s_slurp (src, &lb);
+    uint8_t *both = malloc (la + lb);
+    memcpy (both, pa, la);
+    memcpy (both + la, pb, lb);
+    snprintf (dst, sizeof dst, "%s/two.pub", s_keys);
+    s_spit (dst, both, la + lb);
+    ck_assert_int_eq (kiln_artifact_verify (a, s_keys, &err), -KILN_EVERIFY);
+    ck_assert_msg (strstr (err.msg, "not in keyring"), "%s", err.msg);
+    kiln_key_t *k = kiln_key_load_public (dst, &err);
+    ck_assert_ptr_null (k);
+    ck_assert_int_eq (err.code, KILN_EVERIFY);
+    ck_assert_msg (strstr (err.msg, "2 PEM blocks") && strstr (err.msg, "two.pub"), "%s", err.msg);
+    //  The keyring's own key still counts, once.
+    kiln_keyring_t *ring = kiln_keyring_load (s_keys, &err);
+    ck_assert_msg (ring, "%s", err.msg);
+    ck_assert_int_eq (kiln_keyring_count (ring), 1);
+    kiln_keyring_destroy (&ring);
+
+    free (pa);
+    free (pb);
+    free (both);
+    kiln_artifact_destroy (&a);
+    kiln_key_destroy (&other);
+    testlib_rmdir (&other_dir);
+}
+END_TEST
+
+START_TEST (test_fifos_and_directories_are_refused_without_waiting)
+{
+    //  open(2) of a FIFO with no writer blocks; kiln verify, kiln-run,
+    //  kiln import, kiln-cc and kiln inspect hung on one (issue 14,
+    //  finding 10).  Check's timeout fails this test if anything waits.
+    kiln_err_t err;
+    const char *fifo = s_path ("pipe.kar");
+    ck_assert_int_eq (mkfifo (fifo, 0600), 0);
+    const char *paths[] = { fifo, s_dir };
+    for (size_t i = 0; i < 2; i++) {
+        kiln_artifact_t *a = kiln_artifact_read (paths[i], &err);
+        ck_assert_ptr_null (a);
+        ck_assert_msg (strstr (err.msg, "not a regular file") && strstr (err.msg, paths[i]),
+                       "%s", err.msg);
+        kiln_graph_t *g = kiln_graph_load (paths[i], &err);
+        ck_assert_ptr_null (g);
+        ck_assert_msg (strstr (err.msg, "not a regular file"), "%s", err.msg);
+        uint8_t *data;
+        size_t len;
+        ck_assert_int_lt (kiln_read_file (paths[i], 1 << 20, &data, &len, &err), 0);
+        ck_assert_msg (strstr (err.msg, "not a regular file"), "%s", err.msg);
+        ck_assert_ptr_null (kiln_key_load_public (paths[i], &err));
+        ck_assert_msg (strstr (err.msg, "not a regular file"), "%s", err.msg);
+    }
 }
 END_TEST
 
@@ -1333,6 +1524,10 @@ s_suite (void)
     tcase_add_test (tc, test_keyring_skips_private_keys_and_other_files);
     tcase_add_test (tc, test_artifact_read_rejects_truncated_archives);
     tcase_add_test (tc, test_artifact_read_rejects_unsafe_or_unlisted_members);
+    tcase_add_test (tc, test_artifact_read_refuses_bytes_after_the_end_marker);
+    tcase_add_test (tc, test_artifact_read_refuses_header_metadata_kiln_does_not_write);
+    tcase_add_test (tc, test_keyring_skips_symlinks_and_files_of_two_pem_blocks);
+    tcase_add_test (tc, test_fifos_and_directories_are_refused_without_waiting);
     tcase_add_test (tc, test_manifest_parse_is_strict_and_bounded);
     tcase_add_test (tc, test_manifest_io_structure_is_optional_and_round_trips);
     tcase_add_test (tc, test_manifest_io_structure_is_bounded_and_strict);

@@ -221,6 +221,38 @@ START_TEST (test_fold_refuses_a_constant_larger_than_the_limit)
 }
 END_TEST
 
+/* Div of two int64 constants, folded; returns the error code. */
+static int
+s_fold_int_div (int64_t a, int64_t b, kiln_err_t *err)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int ta = s_const_i64 (g, "a", (int64_t[]) { a }, 1, false);
+    int tb = s_const_i64 (g, "b", (int64_t[]) { b }, 1, false);
+    int q = s_value (g, "q");
+    s_node (g, "Div", "quotient", (int[]) { ta, tb }, 2, q);
+    ck_assert_int_eq (kiln_graph_add_output (g, q, err), 0);
+    int rc = kiln_graph_fold (g, err);
+    kiln_graph_destroy (&g);
+    return rc;
+}
+
+START_TEST (test_fold_tells_int64_overflow_from_division_by_zero)
+{
+    /* INT64_MIN / -1 has no int64 value: an overflow, named as one (it
+     * was reported as a division by zero, issue 14 finding 10). */
+    kiln_err_t err;
+    ck_assert_int_lt (s_fold_int_div (INT64_MIN, -1, &err), 0);
+    ck_assert_int_eq (err.code, KILN_EINVAL);
+    ck_assert_msg (strstr (err.msg, "overflow") && strstr (err.msg, "-9223372036854775808 / -1")
+                   && strstr (err.msg, "quotient") && !strstr (err.msg, "by zero"),
+                   "message: %s", err.msg);
+    ck_assert_int_lt (s_fold_int_div (7, 0, &err), 0);
+    ck_assert_msg (strstr (err.msg, "division by zero") && strstr (err.msg, "quotient"),
+                   "message: %s", err.msg);
+    ck_assert_int_ge (s_fold_int_div (INT64_MIN, 1, &err), 0);
+}
+END_TEST
+
 START_TEST (test_fold_removes_dead_nodes_and_keeps_live_ones)
 {
     /* y = Relu (x); an unused Transpose of x is dead code. */
@@ -545,6 +577,7 @@ s_suite (void)
     tcase_add_test (tc, test_fold_refuses_range_of_a_graph_input_naming_node_and_input);
     tcase_add_test (tc, test_fold_refuses_a_constant_larger_than_the_limit);
     tcase_add_test (tc, test_fold_removes_dead_nodes_and_keeps_live_ones);
+    tcase_add_test (tc, test_fold_tells_int64_overflow_from_division_by_zero);
     tcase_add_test (tc, test_fold_of_a_view_of_a_weight_shares_its_bytes);
     tcase_add_test (tc, test_slice_params_clamp_and_count_from_the_end);
     tcase_add_test (tc, test_convtranspose_params_follow_the_onnx_formulas);

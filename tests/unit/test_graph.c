@@ -1487,6 +1487,25 @@ START_TEST (test_infer_maxpool_shapes)
     s_assert_shape (g, y, SHAPE (2, 4, 7, 3));
     kiln_graph_destroy (&g);
 
+    /* Pads as wide as the kernel: a window of padding alone, whose max
+     * is -inf.  Refused, as ONNX Runtime does (issue 14, finding 10),
+     * at the begin and at the end; one less is fine. */
+    g = s_pool_graph (SHAPE (1, 1, 7, 7), &n, &y);
+    s_ints (g, n, "kernel_shape", 2, 2, 2);
+    s_ints (g, n, "pads", 4, 2, 0, 0, 0);
+    s_validate_fails (g, KILN_EFORMAT, "'pads'[0] is 2, not smaller than the kernel", "'pool'", NULL);
+    kiln_graph_destroy (&g);
+    g = s_pool_graph (SHAPE (1, 1, 7, 7), &n, &y);
+    s_ints (g, n, "kernel_shape", 2, 3, 3);
+    s_ints (g, n, "pads", 4, 0, 0, 0, 5);
+    s_validate_fails (g, KILN_EFORMAT, "'pads'[3] is 5", "spatial axis 1", NULL);
+    kiln_graph_destroy (&g);
+    g = s_pool_graph (SHAPE (1, 1, 7, 7), &n, &y);
+    s_ints (g, n, "kernel_shape", 2, 3, 3);
+    s_ints (g, n, "pads", 4, 2, 2, 2, 2);
+    s_validate_ok (g);
+    kiln_graph_destroy (&g);
+
     /* SAME_UPPER: ceil(7 / 2) = 4 */
     g = s_pool_graph (SHAPE (1, 1, 7, 7), &n, &y);
     s_ints (g, n, "kernel_shape", 2, 3, 3);

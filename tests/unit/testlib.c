@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <archive.h>
+#include <archive_entry.h>
+
 #include "common/kiln_fs.h"
 
 /* --- temporary directories and keys --------------------------------- */
@@ -274,4 +277,32 @@ testlib_run_in_tmpdir (Suite *suite, const char *name)
     int status = testlib_run (suite);
     testlib_rmdir (&root);
     return status;
+}
+
+uint8_t *
+testlib_tar_copy (const uint8_t *data, size_t len, void (*edit) (struct archive_entry *),
+                  size_t *out_len)
+{
+    size_t cap = len + (64 << 10);
+    uint8_t *buf = malloc (cap);
+    struct archive *in = archive_read_new (), *out = archive_write_new ();
+    ck_assert_int_eq (archive_read_support_format_tar (in), ARCHIVE_OK);
+    ck_assert_int_eq (archive_read_open_memory (in, data, len), ARCHIVE_OK);
+    ck_assert_int_eq (archive_write_set_format_pax_restricted (out), ARCHIVE_OK);
+    ck_assert_int_eq (archive_write_set_bytes_in_last_block (out, 10240), ARCHIVE_OK);
+    ck_assert_int_eq (archive_write_open_memory (out, buf, cap, out_len), ARCHIVE_OK);
+    struct archive_entry *e;
+    static char chunk[1 << 16];
+    while (archive_read_next_header (in, &e) == ARCHIVE_OK) {
+        if (edit)
+            edit (e);
+        ck_assert_int_eq (archive_write_header (out, e), ARCHIVE_OK);
+        la_ssize_t n;
+        while ((n = archive_read_data (in, chunk, sizeof chunk)) > 0)
+            ck_assert_int_eq (archive_write_data (out, chunk, (size_t) n), n);
+    }
+    ck_assert_int_eq (archive_write_close (out), ARCHIVE_OK);
+    archive_write_free (out);
+    archive_read_free (in);
+    return buf;
 }

@@ -119,6 +119,13 @@ void testlib_sign_write (kiln_artifact_t **art_p, const kiln_key_t *key,
 void testlib_resign (kiln_artifact_t *src, const uint8_t *prog, size_t len,
                      const kiln_key_t *key, const char *path);
 
+/* Copy a tar archive entry by entry with libarchive's own pax writer,
+ * records of 10240 bytes as tar writes them, each header first passed to
+ * `edit` (may be NULL).  Caller frees the result (*out_len bytes). */
+struct archive_entry;
+uint8_t *testlib_tar_copy (const uint8_t *data, size_t len,
+                           void (*edit) (struct archive_entry *), size_t *out_len);
+
 /* --- running -------------------------------------------------------- */
 
 /* Run every test of `suite` and return the process's exit status.  Takes
