@@ -19,6 +19,7 @@ int kiln_resolve_listen (const char *what, const char *listen, struct sockaddr_s
 /* An HTTP library's error logger (libmicrohttpd's
  * MHD_OPTION_EXTERNAL_LOGGER): one warning "PREFIX: message", trailing
  * line ends cut; `prefix` is a const char *. */
-void kiln_net_log (void *prefix, const char *fmt, va_list ap);
+void kiln_net_log (void *prefix, const char *fmt, va_list ap)
+    __attribute__ ((format (printf, 2, 0)));
 
 #endif

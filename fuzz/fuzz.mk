@@ -35,9 +35,9 @@ fuzz: deps
 	@rm -rf $(FUZZ_BUILD)/seeds && \
 	  $(FUZZ_BUILD)/bin/fuzz-seeds $(FUZZ_BUILD)/seeds $(FUZZ_MODELS) 2>/dev/null
 	@fail=0; for h in $(FUZZ_ONLY); do \
-	  mkdir -p $(FUZZ_BUILD)/corpus/$$h $(FUZZ_BUILD)/crashes fuzz/regress/$$h; \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$h $(FUZZ_BUILD)/crashes; \
 	  echo "== fuzz_$$h: fuzz/regress/$$h, then $(FUZZ_SECONDS) s"; \
-	  if ls fuzz/regress/$$h | grep -q .; then \
+	  if ls fuzz/regress/$$h 2>/dev/null | grep -q .; then \
 	    $(FUZZ_BUILD)/bin/fuzz_$$h $(FUZZ_FLAGS) fuzz/regress/$$h/* \
 	      > $(FUZZ_BUILD)/fuzz_$$h.regress.log 2>&1 \
 	      || { fail=1; tail -40 $(FUZZ_BUILD)/fuzz_$$h.regress.log; continue; }; fi; \
