@@ -172,6 +172,7 @@ static const s_route_t s_routes[] = {
     { KILN_CMD_PING,         KILN_PEER_CLIENT,  broker_on_ping },                /* status */
     { KILN_CMD_STATUS,       KILN_PEER_CLIENT,  broker_on_status },              /* status */
     { KILN_CMD_KEY,          KILN_PEER_CLIENT,  broker_on_key },                 /* status */
+    { KILN_CMD_WHERE,        KILN_PEER_CLIENT,  broker_on_where },               /* progress */
     { KILN_CMD_HEARTBEAT,    KILN_PEER_CLIENT,  broker_on_client_heartbeat },    /* peers */
     { KILN_CMD_DISCONNECT,   KILN_PEER_CLIENT,  broker_on_client_disconnect },   /* peers */
 };
@@ -642,6 +643,7 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
         goto fail;
     }
     self->started = zclock_mono ();
+    self->history = broker_history_new ();
     broker_metrics_render (self);
     uint8_t random[16];
     if (RAND_bytes (random, sizeof random) != 1) {
@@ -666,6 +668,7 @@ kiln_broker_destroy (kiln_broker_t **self_p)
     kiln_broker_t *self = *self_p;
     zloop_destroy (&self->loop);
     broker_metrics_destroy (&self->metrics);    /* its threads read nothing of ours */
+    broker_history_destroy (&self->history);
     zactor_destroy (&self->monitor);
     zsock_destroy (&self->router);
     /* after the socket: it waits for ZeroMQ to let go of its chunks */

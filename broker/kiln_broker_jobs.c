@@ -568,6 +568,7 @@ s_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w, kiln_
     w->done++;
     self->stats.done++;
     broker_metrics_job_built (self, job);
+    broker_progress_job_built (self, job);
     s_job_remove (self, job);
 done:
     kiln_artifact_destroy (&art);

@@ -22,6 +22,7 @@
  *                            a GET's CREDIT, PIN, UNPIN
  *   kiln_broker_status.c     PING, STATUS and KEY
  *   kiln_broker_metrics.c    GET /metrics for Prometheus (--metrics)
+ *   kiln_broker_progress.c   WHERE (a job's progress) and the build-time history
  *
  * Names: the public API is kiln_broker_*; what the files share here is
  * broker_* (BROKER_* for constants); what one file keeps to itself is
@@ -201,6 +202,7 @@ struct kiln_broker {
     uint64_t queued_bytes;               /* structures held for jobs */
     uint64_t uploads;                    /* uploads in progress */
     struct broker_metrics *metrics;      /* --metrics: /metrics server, or NULL */
+    struct broker_history *history;      /* build times, for estimates (progress) */
     int64_t started;                     /* zclock_mono at start */
     struct {
         uint64_t lookups, hits, failure_hits, submitted, done, failed, canceled,
@@ -314,6 +316,17 @@ int broker_on_downloads (zloop_t *loop, zmq_pollitem_t *item, void *arg);
 /* --- status (kiln_broker_status.c) --------------------------------------------- */
 
 broker_handler_fn broker_on_ping, broker_on_status, broker_on_key;
+
+/* --- progress (kiln_broker_progress.c) ------------------------------------------- */
+
+typedef struct broker_history broker_history_t;
+/* Build times by graph and size, in memory.  NULL when out of memory (the
+ * broker then gives no estimates). */
+broker_history_t *broker_history_new (void);
+void broker_history_destroy (broker_history_t **self_p);
+/* A job was built: remember how long it took. */
+void broker_progress_job_built (kiln_broker_t *self, const broker_job_t *job);
+broker_handler_fn broker_on_where;
 
 /* --- Prometheus metrics (kiln_broker_metrics.c) --------------------------------- */
 

@@ -251,6 +251,16 @@ kiln_sched_tenant_size (const kiln_sched_t *self, const char *tenant)
     return 0;
 }
 
+size_t
+kiln_sched_position (const kiln_sched_item_t *item, size_t max)
+{
+    size_t pos = 1;
+    for (const kiln_sched_item_t *it = item->tenant->head; it && it != item && pos < max;
+         it = it->next)
+        pos++;
+    return pos;
+}
+
 void
 kiln_sched_each_tenant (const kiln_sched_t *self, kiln_sched_tenant_fn *fn, void *arg)
 {

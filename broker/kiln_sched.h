@@ -63,6 +63,10 @@ void *kiln_sched_pop (kiln_sched_t *self, kiln_sched_can_run_fn *can_run, void *
 size_t kiln_sched_size (const kiln_sched_t *self);
 size_t kiln_sched_tenant_size (const kiln_sched_t *self, const char *tenant);
 
+/* A queued job's place in its tenant's order (1: its next), counting at
+ * most `max` (a bound on the walk: O(position)). */
+size_t kiln_sched_position (const kiln_sched_item_t *item, size_t max);
+
 /* Call fn for each tenant that has queued jobs or was served: its name,
  * queued jobs and jobs dispatched so far. */
 typedef void (kiln_sched_tenant_fn) (const char *tenant, size_t queued, uint64_t served,

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <czmq.h>
 #include <jansson.h>
@@ -11,6 +12,7 @@
 #include "client/kiln_client.h"
 #include "client/kiln_cmds.h"
 #include "client/kiln_junit.h"
+#include "client/kiln_progress.h"
 #include "common/kiln_error.h"
 
 #define S_MAX_JOBS      100000        /* jobs in one batch */
@@ -33,6 +35,8 @@ static const char *s_usage =
     "  --client-name, --cert, --broker-cert: as for `kiln compile`, for every job\n"
     "                            (a jobs file line overrides them)\n"
     "  --wait SECONDS            give up on what is left after this long\n"
+    "  -q, --quiet               no progress line (it is shown only on a terminal,\n"
+    "                            on stderr)\n"
     "  --junit FILE              also write a JUnit XML report: one testcase per\n"
     "                            model, a failure with the compiler's log tail\n";
 
@@ -47,6 +51,7 @@ typedef struct {
     const s_line_t *lines;
     int64_t t0;                  /* zclock_usecs at the batch's start */
     kiln_junit_t *junit;         /* NULL without --junit */
+    kiln_progress_t *progress;   /* NULL unless stderr is a terminal */
 } s_ctx_t;
 
 /* Add job `index` to the JUnit report. */
@@ -89,12 +94,15 @@ s_print_job (kiln_client_job_t *job, size_t index, void *arg)
                          "code", kiln_errname (job->err.code), "error", job->err.msg,
                          "failure_cached", (int) job->failure_cached);
     char *text = obj ? json_dumps (obj, JSON_COMPACT) : NULL;
+    kiln_progress_clear (ctx->progress);      /* stdout may be the same terminal */
     if (text) {
         puts (text);
         fflush (stdout);
     }
     free (text);
     json_decref (obj);
+    kiln_progress_job_done (ctx->progress, job->err.code == 0,
+                            job->err.code == 0 ? job->result.cached : job->failure_cached);
 }
 
 /* Read a jobs file into lines[]; returns the count or -1 (message printed). */
@@ -181,6 +189,7 @@ cmd_batch (int argc, char **argv)
     kiln_client_config_t ccfg = { 0 };
     kiln_compile_opts_t base = { 0 };
     long wait_s = 0, v;
+    int quiet = 0;
     enum { OPT_BROKER = 256, OPT_ARGS, OPT_TIMEOUT, OPT_WAIT, OPT_PRIORITY, OPT_RETRY,
            OPT_TOOLCHAIN, OPT_TARGET, OPT_NAME, OPT_CERT, OPT_BROKER_CERT, OPT_OUT_DIR,
            OPT_JOBS, OPT_JUNIT };
@@ -199,12 +208,13 @@ cmd_batch (int argc, char **argv)
         { "out-dir", required_argument, NULL, OPT_OUT_DIR },
         { "jobs", required_argument, NULL, OPT_JOBS },
         { "junit", required_argument, NULL, OPT_JUNIT },
+        { "quiet", no_argument, NULL, 'q' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     int c;
     optind = 1;
-    while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long (argc, argv, "qh", opts, NULL)) != -1) {
         char *end;
         switch (c) {
         case OPT_BROKER: broker = optarg; break;
@@ -218,6 +228,7 @@ cmd_batch (int argc, char **argv)
         case OPT_OUT_DIR: out_dir = optarg; break;
         case OPT_JOBS: jobs_file = optarg; break;
         case OPT_JUNIT: junit_path = optarg; break;
+        case 'q': quiet = 1; break;
         case OPT_TIMEOUT:
         case OPT_WAIT:
             v = strtol (optarg, &end, 10);
@@ -309,10 +320,13 @@ cmd_batch (int argc, char **argv)
         goto done;
     }
     kiln_client_catch_signals ();
+    if (!quiet && (ctx.progress = kiln_progress_new (STDERR_FILENO, (size_t) n)))
+        kiln_client_set_progress (client, kiln_progress_event, ctx.progress, 1000);
     ctx.t0 = zclock_usecs ();
     int rc = kiln_client_compile_batch (client, jobs, (size_t) n, (int) (wait_s * 1000),
                                         s_print_job, &ctx, &err);
     double seconds = (double) (zclock_usecs () - ctx.t0) / 1e6;
+    kiln_progress_destroy (&ctx.progress);
     size_t ok = 0;
     for (long i = 0; i < n; i++)
         ok += jobs[i].err.code == 0;
@@ -352,6 +366,7 @@ cmd_batch (int argc, char **argv)
         }
     }
 done:
+    kiln_progress_destroy (&ctx.progress);
     kiln_junit_destroy (&ctx.junit);
     kiln_client_destroy (&client);
     for (long i = 0; jobs && i < n; i++)

@@ -3,9 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/kiln_client.h"
 #include "client/kiln_cmds.h"
+#include "client/kiln_progress.h"
 
 static const char *s_usage =
     "usage: kiln compile MODEL.onnx|MODEL.kgraph -o OUT.kar [options]\n"
@@ -39,6 +41,8 @@ static const char *s_usage =
     "                            with exit status 3 (none)\n"
     "  --no-fallback             the same as --fallback none\n"
     "  --fallback-after SECONDS  how long the farm has to answer (default 5)\n"
+    "  -q, --quiet               no progress line (it is shown only on a terminal,\n"
+    "                            on stderr, and never with --json)\n"
     "  --json                    print one JSON object: artifact, cached,\n"
     "                            worker, action_key, graph_digest, broker,\n"
     "                            fallback, output\n"
@@ -66,13 +70,20 @@ s_fallback_arg (const char *text)
 static int
 s_compile_remote (kiln_client_config_t *ccfg, kiln_graph_t *g, const kiln_compile_opts_t *copts,
                   const char *out, const char *key, bool fallback, long fallback_ms,
-                  kiln_compile_result_t *res, bool *fell_back, kiln_err_t *err)
+                  kiln_progress_t *prog, kiln_compile_result_t *res, bool *fell_back,
+                  kiln_err_t *err)
 {
     *fell_back = false;
     kiln_client_t *client = kiln_client_new_config (ccfg, err);
     if (!client)
         return -err->code;
     kiln_client_catch_signals ();
+    if (prog) {
+        kiln_client_set_progress (client, kiln_progress_event, prog, 1000);
+        char text[300];
+        snprintf (text, sizeof text, "sending the graph to the farm at %.200s", ccfg->endpoint);
+        kiln_progress_phase (prog, text);
+    }
     /* A farm that is down would otherwise cost the client's whole broker
      * timeout (a minute) before the fallback: ask it first, briefly. */
     int rc = fallback ? kiln_client_ping (client, (int) fallback_ms, err) : 0;
@@ -81,11 +92,13 @@ s_compile_remote (kiln_client_config_t *ccfg, kiln_graph_t *g, const kiln_compil
     kiln_client_destroy (&client);
     if (rc == 0 || !fallback || err->code != KILN_EUNREACHABLE)
         return rc;
+    kiln_progress_clear (prog);
     fprintf (stderr, "kiln compile: %s; compiling locally instead, signed with your own "
              "key (hosts that trust only the farm's key will refuse it; --fallback none "
              "fails instead)\n", err->msg);
     kiln_err_clear (err);
     *fell_back = true;
+    kiln_progress_phase (prog, "compiling locally");
     return kiln_compile_local_fallback (g, copts, key, out, ccfg->endpoint, res, err);
 }
 
@@ -104,7 +117,7 @@ cmd_compile (int argc, char **argv)
     const char *out = NULL, *broker = getenv ("KILN_BROKER"), *key = NULL;
     kiln_client_config_t ccfg = { 0 };
     kiln_compile_opts_t copts = { 0 };
-    int json = 0, local = 0;
+    int json = 0, local = 0, quiet = 0;
     const char *env_fallback = getenv ("KILN_FALLBACK");
     int fallback = env_fallback && *env_fallback ? s_fallback_arg (env_fallback) : 1;
     long v, fallback_ms = 5000;
@@ -131,6 +144,7 @@ cmd_compile (int argc, char **argv)
         { "cert", required_argument, NULL, OPT_CERT },
         { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
         { "json", no_argument, NULL, OPT_JSON },
+        { "quiet", no_argument, NULL, 'q' },
         { "local", no_argument, NULL, OPT_LOCAL },
         { "fallback", required_argument, NULL, OPT_FALLBACK },
         { "no-fallback", no_argument, NULL, OPT_NO_FALLBACK },
@@ -140,13 +154,14 @@ cmd_compile (int argc, char **argv)
     };
     int c;
     optind = 1;
-    while ((c = getopt_long (argc, argv, "o:h", opts, NULL)) != -1) {
+    while ((c = getopt_long (argc, argv, "o:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
         case OPT_BROKER: broker = optarg; break;
         case OPT_ARGS: copts.compiler_args = optarg; break;
         case OPT_KEY: key = optarg; break;
         case OPT_JSON: json = 1; break;
+        case 'q': quiet = 1; break;
         case OPT_LOCAL: local = 1; break;
         case OPT_RETRY: copts.retry_failed = true; break;
         case OPT_TOOLCHAIN: copts.toolchain = optarg; break;
@@ -200,19 +215,28 @@ cmd_compile (int argc, char **argv)
     kiln_err_t err = { 0 };
     kiln_compile_result_t res;
     memset (&res, 0, sizeof res);
+    kiln_progress_t *prog = json || quiet ? NULL : kiln_progress_new (STDERR_FILENO, 1);
+    char text[300];
+    snprintf (text, sizeof text, "importing and hashing %.200s", argv[optind]);
+    kiln_progress_phase (prog, text);
     kiln_graph_t *g = kiln_cmd_load_model (argv[optind], &err);
-    if (!g)
+    if (!g) {
+        kiln_progress_destroy (&prog);
         return kiln_cmd_fail ("compile", &err);
+    }
 
     int rc;
     bool fell_back = false;
     if (broker) {
         ccfg.endpoint = broker;
-        rc = s_compile_remote (&ccfg, g, &copts, out, key, fallback == 1, fallback_ms, &res,
-                               &fell_back, &err);
+        rc = s_compile_remote (&ccfg, g, &copts, out, key, fallback == 1, fallback_ms, prog,
+                               &res, &fell_back, &err);
     }
-    else
+    else {
+        kiln_progress_phase (prog, "compiling locally");
         rc = kiln_compile_local (g, &copts, key, out, &res, &err);
+    }
+    kiln_progress_destroy (&prog);
     kiln_graph_destroy (&g);
     if (rc != 0)
         return kiln_cmd_fail ("compile", &err);

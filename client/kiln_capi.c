@@ -330,6 +330,52 @@ kiln_capi_compile (kiln_graph_t *g, const char *broker, const char *compiler_arg
                    long timeout_ms, const char *key_path, const char *out_path,
                    char *json, size_t size, kiln_err_t *err)
 {
+    return kiln_capi_compile_progress (g, broker, compiler_args, timeout_ms, key_path,
+                                       out_path, NULL, NULL, json, size, err);
+}
+
+/* The caller's progress callback and its argument. */
+typedef struct {
+    kiln_capi_progress_fn *fn;
+    void *arg;
+} s_progress_t;
+
+/* A kiln_progress_fn: the event as JSON for the caller. */
+static void
+s_progress_json (const kiln_progress_event_t *ev, void *arg)
+{
+    static const char *names[] = { "upload", "queued", "running", "done" };
+    const s_progress_t *p = arg;
+    json_t *obj = json_pack ("{s:s}", "phase", names[ev->phase]);
+    if (!obj)
+        return;
+    if (ev->phase == KILN_PHASE_UPLOAD) {
+        json_object_set_new (obj, "sent_bytes", json_integer ((json_int_t) ev->sent_bytes));
+        json_object_set_new (obj, "total_bytes", json_integer ((json_int_t) ev->total_bytes));
+    }
+    if (ev->phase == KILN_PHASE_QUEUED || ev->phase == KILN_PHASE_RUNNING) {
+        json_object_set_new (obj, "position", json_integer ((json_int_t) ev->position));
+        json_object_set_new (obj, "queued", json_integer ((json_int_t) ev->queued));
+        json_object_set_new (obj, "running", json_integer ((json_int_t) ev->running));
+        json_object_set_new (obj, "elapsed_ms", json_integer ((json_int_t) ev->elapsed_ms));
+        json_object_set_new (obj, "estimate_ms", json_integer ((json_int_t) ev->estimate_ms));
+        json_object_set_new (obj, "eta_ms", json_integer ((json_int_t) ev->eta_ms));
+        if (ev->worker)
+            json_object_set_new (obj, "worker", json_string (ev->worker));
+    }
+    char *text = json_dumps (obj, JSON_COMPACT | JSON_SORT_KEYS);
+    if (text)
+        p->fn (text, p->arg);
+    free (text);
+    json_decref (obj);
+}
+
+int
+kiln_capi_compile_progress (kiln_graph_t *g, const char *broker, const char *compiler_args,
+                            long timeout_ms, const char *key_path, const char *out_path,
+                            kiln_capi_progress_fn *fn, void *arg, char *json, size_t size,
+                            kiln_err_t *err)
+{
     if (!g || !out_path)
         return kiln_error (err, KILN_EINVAL, "kiln_capi_compile needs a graph and "
                            "an output path");
@@ -349,6 +395,9 @@ kiln_capi_compile (kiln_graph_t *g, const char *broker, const char *compiler_arg
         kiln_client_t *client = kiln_client_new (broker, err);
         if (!client)
             return -err->code;
+        s_progress_t progress = { fn, arg };
+        if (fn)
+            kiln_client_set_progress (client, s_progress_json, &progress, 1000);
         rc = kiln_client_compile (client, g, &opts, out_path, &res, err);
         kiln_client_destroy (&client);
     }

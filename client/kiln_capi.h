@@ -69,6 +69,19 @@ int kiln_capi_compile (kiln_graph_t *g, const char *broker,
                        const char *key_path, const char *out_path,
                        char *json, size_t size, kiln_err_t *err);
 
+/* kiln_capi_compile with progress: `fn` (may be NULL) gets each event of
+ * a farm compile as compact JSON, {"phase": "upload"|"queued"|"running"|
+ * "done", and what the phase has: "sent_bytes", "total_bytes",
+ * "position", "queued", "running", "worker", "elapsed_ms",
+ * "estimate_ms", "eta_ms"}, on the calling thread, while the call runs;
+ * the broker is asked where the job is every second. */
+typedef void (kiln_capi_progress_fn) (const char *json, void *arg);
+int kiln_capi_compile_progress (kiln_graph_t *g, const char *broker,
+                                const char *compiler_args, long timeout_ms,
+                                const char *key_path, const char *out_path,
+                                kiln_capi_progress_fn *fn, void *arg,
+                                char *json, size_t size, kiln_err_t *err);
+
 /* The user's kiln configuration directory (kiln_config_dir): local
  * builds are signed with the key in its keys/ folder. */
 int kiln_capi_config_dir (char *buf, size_t size, kiln_err_t *err);

@@ -68,6 +68,7 @@ typedef struct {
     int waiting;                     /* uploads it waits for */
     bool upload_only;                /* FIND, not COMPILE: done when nothing is missing */
     int resends;
+    uint64_t job_id;                 /* ACCEPTED's, for WHERE; 0 = none */
 } s_req_t;
 
 struct s_upload {
@@ -292,6 +293,14 @@ kiln_client_catch_signals (void)
 }
 
 void
+kiln_client_set_progress (kiln_client_t *self, kiln_progress_fn *fn, void *arg, int interval_ms)
+{
+    self->progress = fn;
+    self->progress_arg = arg;
+    self->progress_ms = interval_ms > 0 ? interval_ms : 1000;
+}
+
+void
 kiln_client_stats (const kiln_client_t *self, kiln_client_stats_t *out)
 {
     *out = self->stats;
@@ -430,7 +439,18 @@ typedef struct {
     int64_t broker_lost_since;       /* 0, or when it went silent past liveness */
     int64_t hb_at;                   /* next heartbeat */
     bool heard;                      /* the broker answered something in this call */
+    int64_t where_at;                /* next WHERE (with a progress callback) */
+    uint64_t upload_total;           /* blob bytes queued for upload in this call */
+    uint64_t upload_sent;            /* of those, sent */
 } s_engine_t;
+
+/* Tell the progress callback, if there is one. */
+static void
+s_progress (s_engine_t *e, kiln_progress_event_t *ev)
+{
+    if (e->self->progress)
+        e->self->progress (ev, e->self->progress_arg);
+}
 
 static void
 s_upload_destroy (s_upload_t **self_p)
@@ -467,6 +487,8 @@ s_finish (s_engine_t *e, s_req_t *r, const kiln_err_t *err, bool failure_cached)
     size_t index = r->index;
     s_req_destroy (&r);
     e->left--;
+    kiln_progress_event_t ev = { .index = index, .phase = KILN_PHASE_DONE };
+    s_progress (e, &ev);
     if (e->done)
         e->done (job, index, e->arg);
 }
@@ -596,6 +618,10 @@ s_send_chunk (s_engine_t *e, s_upload_t *up, kiln_err_t *err)
     self->stats.uploaded_bytes += n;
     up->sent += n;
     up->started = true;
+    e->upload_sent += n;
+    kiln_progress_event_t ev = { .index = SIZE_MAX, .phase = KILN_PHASE_UPLOAD,
+                                 .sent_bytes = e->upload_sent, .total_bytes = e->upload_total };
+    s_progress (e, &ev);
     return 0;
 }
 
@@ -683,6 +709,7 @@ s_on_missing (s_engine_t *e, s_req_t *r, kiln_msg_t *msg)
             memcpy (up->hex, hex, KILN_HEX_LEN);
             up->data = b->data;
             up->size = b->size;
+            e->upload_total += b->size;
             zhashx_insert (e->uploads, hex, up);
             zlistx_add_end (e->upload_order, up);
         }
@@ -839,9 +866,25 @@ s_handle (s_engine_t *e, kiln_msg_t *msg)
     }
     switch (msg->cmd) {
     case KILN_CMD_ACCEPTED:
-        if (r->state == R_SENT)
+        if (r->state == R_SENT) {
             r->state = R_ACCEPTED;
+            r->job_id = msg->job_id;
+            e->where_at = 0;         /* ask where it is at once: it may be running */
+            kiln_progress_event_t ev = { .index = r->index, .phase = KILN_PHASE_QUEUED };
+            s_progress (e, &ev);
+        }
         break;
+    case KILN_CMD_PROGRESS: {
+        bool running = msg->state && strcmp (msg->state, "running") == 0;
+        kiln_progress_event_t ev = {
+            .index = r->index, .phase = running ? KILN_PHASE_RUNNING : KILN_PHASE_QUEUED,
+            .position = msg->position, .queued = msg->queued, .running = msg->running,
+            .worker = msg->worker, .elapsed_ms = msg->elapsed_ms,
+            .estimate_ms = msg->estimate_ms, .eta_ms = msg->eta_ms,
+        };
+        s_progress (e, &ev);
+        break;
+    }
     case KILN_CMD_MISSING:
         if (r->state == R_SENT && r->upload_only && msg->n_blobs == 0)
             s_finish (e, r, NULL, false);
@@ -860,6 +903,28 @@ s_handle (s_engine_t *e, kiln_msg_t *msg)
         break;
     default:
         break;
+    }
+}
+
+/* With a progress callback: ask where the first accepted job is (the
+ * answer also counts all our jobs on the farm), and for a call of a few
+ * jobs, each of them. */
+static void
+s_send_where (s_engine_t *e)
+{
+    size_t asked = 0;
+    for (size_t i = 0; i < e->n && asked < 4; i++) {
+        s_req_t *r = e->reqs[i];
+        if (!r || r->state != R_ACCEPTED || !r->job_id)
+            continue;
+        kiln_msg_t *where = kiln_msg_new (KILN_CMD_WHERE);
+        kiln_err_t err = { 0 };
+        if (!where)
+            return;
+        where->req_id = r->req_id;
+        where->job_id = r->job_id;
+        kiln_msg_send (&where, e->self->dealer, NULL, &err);
+        asked++;
     }
 }
 
@@ -984,6 +1049,10 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
             s_pump_uploads (&e, &serr);
         if (serr.code != 0)
             kiln_log_warn ("%s", serr.msg);      /* the broker will be found silent */
+        if (self->progress && now >= e.where_at) {
+            s_send_where (&e);
+            e.where_at = now + self->progress_ms;
+        }
         if (now >= e.hb_at) {
             kiln_msg_t *hb = kiln_msg_new (KILN_CMD_HEARTBEAT);
             kiln_err_t herr = { 0 };

@@ -173,6 +173,36 @@ int kiln_client_farm_key (kiln_client_t *self, int wait_ms, char **pem, char key
 int kiln_client_pin (kiln_client_t *self, const char *digest_hex, bool pin, int wait_ms,
                      bool *changed, kiln_err_t *err);
 
+/* What a running compile is doing, for a progress display
+ * (client/kiln_progress.h draws one on a terminal). */
+typedef enum {
+    KILN_PHASE_UPLOAD,           /* weights going to the broker: sent_bytes of total_bytes */
+    KILN_PHASE_QUEUED,           /* waiting for a worker: position in our queue (0: not
+                                    known yet) */
+    KILN_PHASE_RUNNING,          /* on `worker` for elapsed_ms */
+    KILN_PHASE_DONE,             /* finished (job->err tells how; `done` is called too) */
+} kiln_phase_t;
+
+typedef struct kiln_progress_event {
+    size_t index;                /* the job in the batch (SIZE_MAX: the upload of all) */
+    kiln_phase_t phase;
+    uint64_t sent_bytes, total_bytes;   /* UPLOAD: this call's blob bytes */
+    uint64_t position;           /* QUEUED */
+    uint64_t queued, running;    /* QUEUED, RUNNING: all our jobs on the farm */
+    const char *worker;          /* RUNNING: who builds it (the event's, not to keep) */
+    uint64_t elapsed_ms;         /* QUEUED, RUNNING: in that state so far */
+    uint64_t estimate_ms;        /* the build time the farm expects; 0: no idea */
+    uint64_t eta_ms;             /* time left the farm expects; 0: no idea */
+} kiln_progress_event_t;
+
+typedef void (kiln_progress_fn) (const kiln_progress_event_t *ev, void *arg);
+
+/* Report progress of this client's compiles to `fn` (NULL: stop), and
+ * ask the broker where its jobs are (WHERE) every `interval_ms` (0 =
+ * 1000) while they wait. */
+void kiln_client_set_progress (kiln_client_t *self, kiln_progress_fn *fn, void *arg,
+                               int interval_ms);
+
 /* For programs (not libraries): make SIGINT and SIGTERM cancel a running
  * call (it sends CANCEL for its requests and fails with KILN_ECANCELED)
  * instead of killing the process. */

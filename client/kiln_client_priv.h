@@ -34,6 +34,9 @@ struct kiln_client {
     uint32_t credit;                 /* chunks the broker lets us send */
     uint64_t epoch;                  /* the broker instance we talk to, 0 = not known */
     atomic_int in_zmq;               /* chunk frames ZeroMQ still holds */
+    kiln_progress_fn *progress;      /* or NULL */
+    void *progress_arg;
+    int progress_ms;                 /* WHERE interval */
     kiln_client_stats_t stats;
 };
 

@@ -146,7 +146,12 @@ typedef enum {
     X (changed,          BOOL,  1,                          "the request changed the pin (false: it was so already)") \
     X (public_key,       STR,   KILN_PROTO_MAX_PUBKEY,      "the farm's artifact-signing public key (PEM, SubjectPublicKeyInfo)") \
     X (key_id,           STR,   16,                         "its key id (16 hex characters)")                   \
-    X (curve_public,     STR,   40,                         "the broker's CurveZMQ public key (Z85), when it has one")
+    X (curve_public,     STR,   40,                         "the broker's CurveZMQ public key (Z85), when it has one") \
+    X (state,            STR,   15,                         "a job's state: \"queued\" or \"running\"")         \
+    X (position,         U64,   UINT64_MAX,                 "a queued job's place in its client's queue (1: next)") \
+    X (elapsed_ms,       U64,   UINT64_MAX,                 "how long the job has been in its state")           \
+    X (estimate_ms,      U64,   UINT64_MAX,                 "the build time the farm expects (0: no idea yet)") \
+    X (eta_ms,           U64,   UINT64_MAX,                 "the time the farm expects until the result (0: no idea yet)")
 
 /*  name        from               to                  payload    meaning \
  *              fields */
@@ -198,6 +203,13 @@ typedef enum {
     C (REPORT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                             \
        "workers, queues per client, cache and job counters as JSON",                  \
        REQ (req_id) REQ (report))                                                     \
+    C (WHERE,   KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
+       "how is the job of request req_id (ACCEPTED's job_id) doing? answered by PROGRESS, nothing when it just finished", \
+       REQ (req_id) REQ (job_id))                                                     \
+    C (PROGRESS, KILN_PEER_BROKER, KILN_PEER_CLIENT, NONE,                            \
+       "a job's state, queue position or worker, and the time the farm expects it to take; `queued`, `running`: all of this client's jobs", \
+       REQ (req_id) REQ (job_id) REQ (state) OPT (position) OPT (queued) OPT (running) \
+       OPT (worker) OPT (elapsed_ms) OPT (estimate_ms) OPT (eta_ms))                  \
     C (KEY,     KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
        "ask for the key the farm signs artifacts with (kiln trust); answered by PUBKEY", \
        REQ (req_id))                                                                  \

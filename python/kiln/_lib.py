@@ -170,6 +170,8 @@ def client():
         _proto(lib, "kiln_capi_program_dump", I, S, S, E)
         _proto(lib, "kiln_capi_compile", I, P, S, S, ctypes.c_long, S, S,
                ctypes.c_char_p, ctypes.c_size_t, E)
+        _proto(lib, "kiln_capi_compile_progress", I, P, S, S, ctypes.c_long, S, S,
+               PROGRESS_FN, P, ctypes.c_char_p, ctypes.c_size_t, E)
         _proto(lib, "kiln_capi_config_dir", I, ctypes.c_char_p, ctypes.c_size_t, E)
         _client = lib
         return lib
@@ -180,6 +182,10 @@ def fs(path):
     if path is None:
         return None
     return os.fsencode(os.fspath(path))
+
+
+# kiln_capi_progress_fn: (const char *json, void *arg)
+PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_void_p)
 
 
 def error_from(err, default=errors.KilnError, prefix=None):

@@ -15,6 +15,7 @@ $KILN_CONFIG_DIR/keys, by default ~/.config/kiln/keys).
 
 import ctypes
 import json
+import logging
 import math
 import os
 import re
@@ -168,8 +169,55 @@ class _Log:
                 f.write(text.rstrip("\n") + "\n")
 
 
+def progress_sink(progress):
+    """The callable kiln.trace's `progress=` stands for, or None: a
+    callable is itself; True logs each change of phase to the
+    `kiln.progress` logger (INFO); None means $KILN_PROGRESS=1, else off."""
+    if progress is None:
+        progress = os.environ.get("KILN_PROGRESS", "") in ("1", "true", "yes")
+    if progress is False:
+        return None
+    if progress is True:
+        return _LogProgress()
+    if callable(progress):
+        return progress
+    raise TypeError(f"progress must be None, a bool or a callable, got {progress!r}")
+
+
+class _LogProgress:
+    """Progress events as log lines, one per change of phase or worker."""
+
+    def __init__(self):
+        self.log = logging.getLogger("kiln.progress")
+        self.last = None
+
+    def __call__(self, ev):
+        key = (ev["phase"], ev.get("worker"))
+        if key == self.last:
+            return
+        self.last = key
+        self.log.info("%s", describe_progress(ev))
+
+
+def describe_progress(ev):
+    """A progress event (a dict) in words."""
+    phase = ev["phase"]
+    eta = f", about {ev['eta_ms'] / 1000:.0f} s left" if ev.get("eta_ms") else ""
+    if phase == "upload":
+        return (f"uploading weights: {ev['sent_bytes'] / 2**20:.1f} of "
+                f"{ev['total_bytes'] / 2**20:.1f} MiB")
+    if phase == "queued":
+        place = f", place {ev['position']} in your queue" if ev.get("position") else ""
+        return f"queued on the farm{place}{eta}"
+    if phase == "running":
+        return f"compiling on {ev.get('worker', '?')}{eta}"
+    if phase == "local":
+        return "compiling locally"
+    return "done"
+
+
 def compile_graph(graph, kgraph_path, out_path, *, args, broker=None, timeout=None,
-                  log_path=None):
+                  log_path=None, progress=None):
     """Compile `graph` (whose .kgraph is at `kgraph_path`) into a signed
     artifact at `out_path`.  Returns the compile result: artifact (content
     hash), action_key, graph_digest, cached, worker, mode."""
@@ -186,9 +234,11 @@ def compile_graph(graph, kgraph_path, out_path, *, args, broker=None, timeout=No
         log.write(f"compile on the farm at {broker}, compiler arguments '{arg_text}', "
                   f"timeout {timeout if timeout is not None else 'default'}")
         res = _compile_lib(graph, broker, arg_text, timeout, out_path, log,
-                           cmd=f"kiln compile --broker {broker}")
+                           cmd=f"kiln compile --broker {broker}", progress=progress)
     elif timeout is None:
         mode = "local"
+        if progress:
+            progress({"phase": "local"})
         log.write(f"compile locally in-process, compiler arguments '{arg_text}'")
         res = _compile_lib(graph, None, arg_text, None, out_path, log, cmd="kiln compile")
     else:
@@ -199,13 +249,29 @@ def compile_graph(graph, kgraph_path, out_path, *, args, broker=None, timeout=No
     return res
 
 
-def _compile_lib(graph, broker, arg_text, timeout, out_path, log, cmd):
+def _compile_lib(graph, broker, arg_text, timeout, out_path, log, cmd, progress=None):
     lib = _lib.client()
     buf = ctypes.create_string_buffer(_JSON_MAX)
     err = _lib.Err()
     timeout_ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
-    rc = lib.kiln_capi_compile(graph._ptr, _lib.fs(broker), arg_text.encode(), timeout_ms,
-                               None, _lib.fs(out_path), buf, _JSON_MAX, ctypes.byref(err))
+    raised = []
+
+    def on_event(text, _arg):
+        # An exception must not cross the C frames: keep the first, raise
+        # it when the call returns.
+        if raised:
+            return
+        try:
+            progress(json.loads(text.decode()))
+        except BaseException as e:       # noqa: BLE001 -- re-raised below
+            raised.append(e)
+
+    callback = _lib.PROGRESS_FN(on_event) if progress else _lib.PROGRESS_FN()
+    rc = lib.kiln_capi_compile_progress(graph._ptr, _lib.fs(broker), arg_text.encode(),
+                                        timeout_ms, None, _lib.fs(out_path), callback, None,
+                                        buf, _JSON_MAX, ctypes.byref(err))
+    if raised:
+        raise raised[0]
     if rc != 0:
         log.write(f"failed: {err.message}")
         if err.code == errors.ETIMEOUT or (err.code == errors.EUNREACHABLE

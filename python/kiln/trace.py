@@ -594,7 +594,8 @@ def _export(func, args, kwargs, output, opset):
     return onnx_bytes, iface, base_dir
 
 
-def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir, base_dir=None):
+def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir, base_dir=None,
+                 progress=None):
     """Import and compile ONNX bytes into a loaded KilnPart and the
     compile result.  `base_dir` holds the model's external data files, if
     any.  `workdir` (or None) keeps model.onnx (and its external data),
@@ -627,7 +628,7 @@ def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir, base_di
             artifact_path = os.path.join(build_dir, _ARTIFACT)
             info = _compile.compile_graph(graph, kgraph_path, artifact_path, args=args,
                                           broker=broker, timeout=timeout,
-                                          log_path=log_path)
+                                          log_path=log_path, progress=progress)
         finally:
             graph.close()
         if keep:
@@ -664,7 +665,7 @@ def compile_onnx(onnx_bytes, *, args, broker, keyring, timeout, workdir, base_di
 def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args=None,
           compiler_timeout=None, compiler_workdir=None, check_trace=True,
           check_inputs=None, check_tolerance=1e-5, subgraph_builder_function=None,
-          fallback=True, broker=None, keyring=None):
+          fallback=True, broker=None, keyring=None, progress=None):
     """Trace `func` (a function, an nn.Module or a module's forward) on
     example inputs, compile it with kiln and return a TracedModule that
     runs the compiled code.
@@ -695,6 +696,12 @@ def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args
       keyring           (kiln) directory of public keys that verifies a farm
                         build (default $KILN_KEYRING, ~/.config/kiln/keyring);
                         local builds are verified with your own key
+      progress          (kiln) a callable that gets each event of a farm
+                        compile as a dict ({"phase": "upload" | "queued" |
+                        "running" | "local" | "done", bytes, queue place,
+                        worker, "eta_ms", ...}); True logs each phase to the
+                        `kiln.progress` logger (INFO); default off ($KILN_PROGRESS=1
+                        turns the logging on)
     A module in training mode is returned as it is, with a warning.
     """
     args, kwargs = _call_inputs(func, example_inputs, example_kwarg_inputs)
@@ -718,7 +725,8 @@ def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args
     opset = flags.opset
     broker = broker if broker is not None else os.environ.get("KILN_BROKER") or None
     workdir = os.fspath(compiler_workdir) if compiler_workdir is not None else flags.workdir
-    build = dict(args=cc_args, broker=broker, keyring=keyring, timeout=compiler_timeout)
+    build = dict(args=cc_args, broker=broker, keyring=keyring, timeout=compiler_timeout,
+                 progress=_compile.progress_sink(progress))
 
     with torch.no_grad():
         output = func(*args, **kwargs)

@@ -106,8 +106,12 @@ def test_metrics_scraped_while_jobs_run_name_the_series_and_agree(tmp_path):
         assert m[("kiln_broker_cache_lookups_total", "")] == 8
         assert abs(m[("kiln_broker_cache_hit_ratio", "")] - 3 / 8) < 1e-9
         assert m[("kiln_broker_upload_bytes_total", "")] >= 2 << 20
+        # The store commits in the background: wait until page and status agree.
         st = farm.status()
-        assert m[("kiln_broker_store_bytes", "")] == st["cache"]["bytes"] > 2 << 20
+        m = wait_for(port, lambda m: m[("kiln_broker_store_bytes", "")]
+                     == farm.status()["cache"]["bytes"] > 2 << 20
+                     and m[("kiln_broker_store_artifacts", "")] == 4)
+        st = farm.status()
         assert m[("kiln_broker_store_artifacts", "")] == st["cache"]["artifacts"] == 4
         assert m[("kiln_broker_store_evictions_total", "")] == 0
         assert ("kiln_broker_info", '{broker="%s",protocol="2"}' % st["broker"]) in m

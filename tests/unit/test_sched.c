@@ -28,6 +28,33 @@ s_pop_id (kiln_sched_t *s)
     return job ? job->id : -1;
 }
 
+START_TEST (test_a_queued_jobs_position_follows_priority_and_removals)
+{
+    kiln_sched_t *s = kiln_sched_new ();
+    s_job_t jobs[4];
+    kiln_sched_item_t *items[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (s_job_t) { "a", i, true };
+        items[i] = kiln_sched_push (s, "a", 0, false, &jobs[i]);
+        ck_assert_ptr_nonnull (items[i]);
+    }
+    /* another client's job does not count in a's queue */
+    s_job_t other = { "b", 9, true };
+    ck_assert_ptr_nonnull (kiln_sched_push (s, "b", 0, false, &other));
+    for (int i = 0; i < 4; i++)
+        ck_assert_uint_eq (kiln_sched_position (items[i], 1000), (size_t) i + 1);
+    /* a more urgent job goes first; a removed one no longer counts */
+    kiln_sched_set_priority (s, items[3], -5);
+    ck_assert_uint_eq (kiln_sched_position (items[3], 1000), 1);
+    ck_assert_uint_eq (kiln_sched_position (items[0], 1000), 2);
+    kiln_sched_remove (s, &items[0]);
+    ck_assert_uint_eq (kiln_sched_position (items[2], 1000), 3);
+    /* the walk is bounded */
+    ck_assert_uint_eq (kiln_sched_position (items[2], 2), 2);
+    kiln_sched_destroy (&s);
+}
+END_TEST
+
 START_TEST (test_one_client_is_first_come_first_served)
 {
     kiln_sched_t *s = kiln_sched_new ();
@@ -182,6 +209,7 @@ main (void)
     tcase_add_test (tc, test_jobs_no_worker_can_take_do_not_block_the_others);
     tcase_add_test (tc, test_removed_and_reprioritized_jobs);
     tcase_add_test (tc, test_a_job_deep_in_a_queue_is_found_within_the_scan_depth_only);
+    tcase_add_test (tc, test_a_queued_jobs_position_follows_priority_and_removals);
     suite_add_tcase (s, tc);
     return testlib_run (s);
 }
