@@ -4,7 +4,8 @@
     traced = kiln.trace(model, example_inputs)     # seeds 000 and 001
     traced(x)                                      # runs the compiled code
     traced.save("model.kar")
-    loaded = kiln.load("model.kar", keyring="/etc/kiln/keyring")
+    loaded = kiln.load("model.kar")                # your keyring: your own key and
+                                                   # the farms `kiln trust` pinned
     kiln.dynamic_batch(loaded)                     # any batch size
     dp = kiln.DataParallel(loaded)                 # a batch over every core
 
