@@ -106,13 +106,13 @@ kiln_junit_add (kiln_junit_t *self, const kiln_junit_case_t *c, kiln_err_t *err)
     return 0;
 }
 
-/* Write `s` (at most `max` bytes of it) escaped for XML text and
- * attribute values; bytes XML 1.0 cannot hold (control characters other
- * than tab, newline and return) become '?'.  UTF-8 passes through. */
+/* Write the first `n` bytes of `s` (at most `max` of them, the cut
+ * marked) escaped for XML text and attribute values; bytes XML 1.0
+ * cannot hold (control characters other than tab, newline and return)
+ * become '?'.  UTF-8 passes through. */
 static void
-s_escape (FILE *out, const char *s, size_t max)
+s_escape_n (FILE *out, const char *s, size_t n, size_t max)
 {
-    size_t n = strlen (s);
     bool cut = n > max;
     if (cut) {
         n = max;
@@ -133,6 +133,13 @@ s_escape (FILE *out, const char *s, size_t max)
     }
     if (cut)
         fputs (" [cut]", out);
+}
+
+/* s_escape_n of the whole string. */
+static void
+s_escape (FILE *out, const char *s, size_t max)
+{
+    s_escape_n (out, s, strlen (s), max);
 }
 
 static void
@@ -178,7 +185,7 @@ kiln_junit_xml (const kiln_junit_t *self, double total_seconds)
             fputs ("      <failure type=\"", out);
             s_escape (out, c->error_code ? c->error_code : "EREMOTE", 64);
             fputs ("\" message=\"", out);
-            s_escape (out, c->error, first < KILN_JUNIT_MAX_TEXT ? first : KILN_JUNIT_MAX_TEXT);
+            s_escape_n (out, c->error, first, KILN_JUNIT_MAX_TEXT);
             fputs ("\">", out);
             s_escape (out, c->error, KILN_JUNIT_MAX_TEXT);
             fputs ("</failure>\n", out);
