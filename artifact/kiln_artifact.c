@@ -26,6 +26,7 @@
 #include <jansson.h>
 
 #include "common/kiln_fs.h"
+#include "common/kiln_map.h"
 
 #define S_WRITE_CHUNK (1u << 20)        /* bytes handed to libarchive at once */
 #define S_TAR_BLOCK   512u              /* tar's unit: headers, data padding */
@@ -147,9 +148,10 @@ s_check_new_member (const kiln_artifact_t *self, const char *name, size_t len,
     return 0;
 }
 
-/* Insert a checked member in name order, taking `data`. */
+/* Insert a checked member in name order, taking `data` (pages mapped by
+ * kiln_map_range when `mapped`, hashed with their pages given back). */
 static void
-s_insert (kiln_artifact_t *self, const char *name, uint8_t *data, size_t len)
+s_insert (kiln_artifact_t *self, const char *name, uint8_t *data, size_t len, bool mapped)
 {
     int at = 0;
     while (at < self->n_members && strcmp (self->members[at].name, name) < 0)
@@ -161,8 +163,12 @@ s_insert (kiln_artifact_t *self, const char *name, uint8_t *data, size_t len)
     snprintf (m->name, sizeof m->name, "%s", name);
     m->data = data;
     m->len = len;
+    m->mapped = mapped;
     uint8_t digest[KILN_DIGEST_LEN];
-    kiln_sha256 (data, len, digest);
+    if (mapped)
+        kiln_sha256_mapped (data, len, digest);
+    else
+        kiln_sha256 (data, len, digest);
     kiln_hex (digest, KILN_DIGEST_LEN, m->sha256);
     self->n_members++;
 }
@@ -181,7 +187,7 @@ kiln_artifact_add_member (kiln_artifact_t *self, const char *name,
         return kiln_error (err, KILN_ENOMEM, "out of memory copying member '%s'", name);
     if (len)
         memcpy (copy, data, len);
-    s_insert (self, name, copy, len);
+    s_insert (self, name, copy, len, false);
     return 0;
 }
 
@@ -200,7 +206,40 @@ kiln_artifact_take_member (kiln_artifact_t *self, const char *name,
         free (buf);
         return rc;
     }
-    s_insert (self, name, buf, len);
+    s_insert (self, name, buf, len, false);
+    return 0;
+}
+
+int
+kiln_artifact_map_member (kiln_artifact_t *self, const char *name, int fd,
+                          uint64_t offset, uint64_t len, kiln_err_t *err)
+{
+    int rc = s_check_new_member (self, name, (size_t) len, err);
+    if (rc)
+        return rc;
+    if (len < KILN_ARTIFACT_ALIGN || offset % KILN_ARTIFACT_ALIGN) {
+        //  Too small to be worth a mapping, or not where pages start: read it.
+        uint8_t *buf = malloc (len ? (size_t) len : 1);
+        if (!buf)
+            return kiln_error (err, KILN_ENOMEM, "out of memory reading member '%s'", name);
+        for (uint64_t got = 0; got < len; ) {
+            ssize_t n = pread (fd, buf + got, (size_t) (len - got), (off_t) (offset + got));
+            if (n <= 0) {
+                free (buf);
+                return kiln_error (err, KILN_EIO, "member '%s': could not read its file: %s",
+                                   name, n < 0 ? strerror (errno) : "it is short");
+            }
+            got += (uint64_t) n;
+        }
+        s_insert (self, name, buf, (size_t) len, false);
+        return 0;
+    }
+    kiln_map_t map;
+    const uint8_t *data;
+    if ((rc = kiln_map_range (fd, offset, len, name, &map, &data, err)))
+        return rc;
+    //  The member owns the mapping: data is its start (offset is page aligned).
+    s_insert (self, name, (uint8_t *) data, (size_t) len, true);
     return 0;
 }
 
@@ -374,10 +413,15 @@ kiln_artifact_provenance (const kiln_artifact_t *self)
 
 /* --- writing --------------------------------------------------------- */
 
+/* Where the archive goes: a growing buffer, or a file descriptor
+ * (fd >= 0) written as libarchive hands bytes over.  `len` counts the
+ * bytes emitted either way: the writer is unblocked, so it is where the
+ * next byte goes. */
 typedef struct {
     uint8_t *data;
     size_t len, cap;
     bool over_limit;
+    int fd;
 } s_membuf_t;
 
 static la_ssize_t
@@ -389,6 +433,14 @@ s_membuf_write (struct archive *a, void *ctx, const void *buf, size_t n)
         archive_set_error (a, EFBIG, "artifact larger than %llu bytes",
                            (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
         return -1;
+    }
+    if (mb->fd >= 0) {
+        if (kiln_write_all (mb->fd, buf, n) != 0) {
+            archive_set_error (a, errno, "%s", strerror (errno));
+            return -1;
+        }
+        mb->len += n;
+        return (la_ssize_t) n;
     }
     if (mb->len + n > mb->cap) {
         size_t cap = mb->cap ? mb->cap : 64 << 10;
@@ -427,10 +479,11 @@ s_entry_new (const char *name, size_t len)
     return e;
 }
 
-/* One member, header and data. */
+/* One member, header and data; the pages of a `mapped` member are given
+ * back as they are written (kiln_map_drop). */
 static int
 s_write_entry (struct archive *a, const char *name, const void *data,
-               size_t len, kiln_err_t *err)
+               size_t len, bool mapped, kiln_err_t *err)
 {
     struct archive_entry *e = s_entry_new (name, len);
     if (!e)
@@ -444,6 +497,8 @@ s_write_entry (struct archive *a, const char *name, const void *data,
     while (rc == 0 && done < len) {
         size_t n = len - done < S_WRITE_CHUNK ? len - done : S_WRITE_CHUNK;
         la_ssize_t w = archive_write_data (a, p + done, n);
+        if (mapped && w > 0)
+            kiln_map_drop (p + done, (size_t) w);
         if (w <= 0)
             rc = kiln_error (err, KILN_EIO, "could not write member '%s': %s", name,
                              archive_error_string (a) ? archive_error_string (a) : "short write");
@@ -569,12 +624,10 @@ s_align_member (struct archive *a, s_membuf_t *mb, const char *name, size_t len,
     return pad ? s_write_pad (a, mb, name, (size_t) pad, err) : 0;
 }
 
-int
-kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out, size_t *len,
-                         kiln_err_t *err)
+/* Write the archive into `mb` (a buffer or a file). */
+static int
+s_write_archive (kiln_artifact_t *self, s_membuf_t *mb, kiln_err_t *err)
 {
-    *out = NULL;
-    *len = 0;
     char *manifest = NULL;
     size_t manifest_len;
     int rc = kiln_artifact_manifest_json (self, &manifest, &manifest_len, err);
@@ -597,7 +650,6 @@ kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out, size_t *len,
                            (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
     }
 
-    s_membuf_t mb = { 0 };
     struct archive *a = archive_write_new ();
     if (!a) {
         free (manifest);
@@ -607,42 +659,53 @@ kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out, size_t *len,
     //  once and the padding before a large member goes in between.
     if (archive_write_set_format_pax_restricted (a) != ARCHIVE_OK
         || archive_write_set_bytes_per_block (a, 0) != ARCHIVE_OK
-        || archive_write_open2 (a, &mb, NULL, s_membuf_write, NULL, NULL) != ARCHIVE_OK) {
+        || archive_write_open2 (a, mb, NULL, s_membuf_write, NULL, NULL) != ARCHIVE_OK) {
         rc = kiln_error (err, KILN_EIO, "could not start the archive: %s",
                          archive_error_string (a));
         goto done;
     }
-    if ((rc = s_write_entry (a, KILN_MEMBER_MANIFEST, manifest, manifest_len, err)))
+    if ((rc = s_write_entry (a, KILN_MEMBER_MANIFEST, manifest, manifest_len, false, err)))
         goto done;
     if (self->is_signed) {
         if ((rc = s_write_entry (a, KILN_MEMBER_MANIFEST_SIG, self->manifest_sig,
-                                 KILN_SIG_LEN, err))
+                                 KILN_SIG_LEN, false, err))
             || (rc = s_write_entry (a, KILN_MEMBER_SIGNATURE, self->signature_json,
-                                    self->signature_json_len, err)))
+                                    self->signature_json_len, false, err)))
             goto done;
         if (self->provenance
             && ((rc = s_write_entry (a, KILN_MEMBER_PROVENANCE, self->provenance,
-                                     self->provenance_len, err))
+                                     self->provenance_len, false, err))
                 || (rc = s_write_entry (a, KILN_MEMBER_PROVENANCE_SIG,
-                                        self->provenance_sig, KILN_SIG_LEN, err))))
+                                        self->provenance_sig, KILN_SIG_LEN, false, err))))
             goto done;
     }
     for (int i = 0; i < self->n_members; i++) {
         const kiln_member_t *m = &self->members[i];
         if ((m->len >= KILN_ARTIFACT_ALIGN
-             && (rc = s_align_member (a, &mb, m->name, m->len, err)))
-            || (rc = s_write_entry (a, m->name, m->data, m->len, err)))
+             && (rc = s_align_member (a, mb, m->name, m->len, err)))
+            || (rc = s_write_entry (a, m->name, m->data, m->len, m->mapped, err)))
             goto done;
     }
     if (archive_write_close (a) != ARCHIVE_OK)
         rc = kiln_error (err, KILN_EIO, "could not finish the archive: %s",
                          archive_error_string (a));
 done:
-    if (rc && mb.over_limit)
+    if (rc && mb->over_limit)
         rc = kiln_error (err, KILN_ELIMIT, "the archive would be larger than %llu bytes",
                          (unsigned long long) KILN_MAX_ARTIFACT_BYTES);
     archive_write_free (a);
     free (manifest);
+    return rc;
+}
+
+int
+kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out, size_t *len,
+                         kiln_err_t *err)
+{
+    *out = NULL;
+    *len = 0;
+    s_membuf_t mb = { .fd = -1 };
+    int rc = s_write_archive (self, &mb, err);
     if (rc) {
         free (mb.data);
         return rc;
@@ -653,16 +716,29 @@ done:
 }
 
 int
+kiln_artifact_write_fd (kiln_artifact_t *self, int fd, uint64_t *len, kiln_err_t *err)
+{
+    s_membuf_t mb = { .fd = fd };
+    int rc = s_write_archive (self, &mb, err);
+    if (len)
+        *len = rc ? 0 : mb.len;
+    return rc;
+}
+
+int
 kiln_artifact_write (kiln_artifact_t *self, const char *path, kiln_err_t *err)
 {
-    uint8_t *data;
-    size_t len;
-    int rc = kiln_artifact_write_mem (self, &data, &len, err);
-    if (rc)
-        return rc;
-    rc = kiln_write_file_atomic (path, data, len, 0644, err);
-    free (data);
-    return rc;
+    char tmp[PATH_MAX];
+    int fd = kiln_tmp_beside (path, tmp, sizeof tmp, 0644, err);
+    if (fd < 0)
+        return fd;
+    int rc = kiln_artifact_write_fd (self, fd, NULL, err);
+    if (rc) {
+        close (fd);
+        unlink (tmp);
+        return kiln_error_prefix (err, "writing '%s'", path);
+    }
+    return kiln_tmp_commit (fd, tmp, path, err);
 }
 
 /* --- reading --------------------------------------------------------- */
@@ -693,6 +769,7 @@ typedef struct {
     int fd;                                     /* the file to map from, or -1 */
     uint64_t page;                              /* its page size, when fd >= 0 */
     bool mapped;                                /* a member was mapped */
+    bool skim;                                  /* payload data skipped, not hashed */
 } s_reader_t;
 
 static void
@@ -998,6 +1075,16 @@ s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
         //  Where the header left the archive is where the data starts; a
         //  wrong offset could only map bytes whose digest then fails.
         int64_t data_at = archive_filter_bytes (a, 0);
+        if (r->skim) {
+            //  KILN_ARTIFACT_SKIM: the size is checked, the bytes are not.
+            if (archive_read_data_skip (a) != ARCHIVE_OK)
+                return kiln_error (err, KILN_EFORMAT, "member '%s': %s", name,
+                                   archive_error_string (a) ? archive_error_string (a)
+                                                            : "read error");
+            m->len = (size_t) size;
+            memcpy (m->sha256, r->expected[at].sha256, KILN_HEX_LEN);
+            continue;
+        }
         rc = 1;
         if (r->fd >= 0 && size >= KILN_ARTIFACT_ALIGN && data_at >= 0
             && (uint64_t) data_at % r->page == 0)
@@ -1008,7 +1095,10 @@ s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
             return rc;
         m->len = (size_t) size;
         uint8_t digest[KILN_DIGEST_LEN];
-        kiln_sha256 (m->data, m->len, digest);
+        if (m->mapped)
+            kiln_sha256_mapped (m->data, m->len, digest);
+        else
+            kiln_sha256 (m->data, m->len, digest);
         kiln_hex (digest, KILN_DIGEST_LEN, m->sha256);
         if (strcmp (m->sha256, r->expected[at].sha256) != 0)
             return kiln_error (err, KILN_EVERIFY, "member '%s': sha256 mismatch", name);
@@ -1089,7 +1179,7 @@ s_adopt (kiln_artifact_t *self, s_reader_t *r, kiln_err_t *err)
  * file `src_fd` (for the check of its end). */
 static kiln_artifact_t *
 s_read_archive (struct archive *a, const uint8_t *mem, int src_fd, uint64_t input_size,
-                int map_fd, bool *mapped, kiln_err_t *err)
+                int map_fd, bool skim, bool *mapped, kiln_err_t *err)
 {
     kiln_artifact_t *self = kiln_artifact_new ();
     s_reader_t *r = calloc (1, sizeof *r);
@@ -1101,6 +1191,7 @@ s_read_archive (struct archive *a, const uint8_t *mem, int src_fd, uint64_t inpu
     r->mem = mem;
     r->src_fd = src_fd;
     r->fd = map_fd;
+    r->skim = skim;
     long page = sysconf (_SC_PAGESIZE);
     r->page = page > 0 ? (uint64_t) page : KILN_ARTIFACT_ALIGN;
     if (s_read_entries (a, input_size, self, r, err) || s_adopt (self, r, err))
@@ -1147,7 +1238,7 @@ kiln_artifact_read_mem (const uint8_t *data, size_t len, kiln_err_t *err)
         kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
                     archive_error_string (a) ? archive_error_string (a) : "read error");
     else
-        self = s_read_archive (a, data, -1, len, -1, &mapped, err);
+        self = s_read_archive (a, data, -1, len, -1, false, &mapped, err);
     archive_read_free (a);
     return self;
 }
@@ -1191,7 +1282,8 @@ kiln_artifact_read_fd (int fd, const char *path, unsigned flags, kiln_err_t *err
             kiln_error (err, KILN_EFORMAT, "not a valid tar archive: %s",
                         archive_error_string (a) ? archive_error_string (a) : "read error");
         else
-            self = s_read_archive (a, NULL, fd, (uint64_t) st.st_size, map_fd, &mapped, err);
+            self = s_read_archive (a, NULL, fd, (uint64_t) st.st_size, map_fd,
+                                   (flags & KILN_ARTIFACT_SKIM) != 0, &mapped, err);
         archive_read_free (a);
     }
     //  The digests were taken from the mapped pages; a write to the file

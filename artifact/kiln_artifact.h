@@ -133,6 +133,24 @@ int kiln_artifact_write (kiln_artifact_t *self, const char *path,
 int kiln_artifact_write_mem (kiln_artifact_t *self, uint8_t **out,
                              size_t *len, kiln_err_t *err);
 
+/* Write the archive to the open file `fd` from its current position, as
+ * libarchive produces it (never whole in memory: mapped members are
+ * streamed from their mapping, whose pages are given back as they are
+ * written); *len (may be NULL) gets its size.  The caller syncs and
+ * closes `fd`. */
+int kiln_artifact_write_fd (kiln_artifact_t *self, int fd, uint64_t *len,
+                            kiln_err_t *err);
+
+/* Add a payload member made of `len` bytes of the file `fd` at `offset`
+ * (a multiple of KILN_ARTIFACT_ALIGN for a member of at least that
+ * size): mapped read-only and hashed, its pages given back as they are
+ * hashed, not copied into memory; smaller members are read.  The file
+ * must not change while the artifact lives (what is written is what is
+ * mapped then).  `fd` stays the caller's.  Names as for
+ * kiln_artifact_add_member. */
+int kiln_artifact_map_member (kiln_artifact_t *self, const char *name, int fd,
+                              uint64_t offset, uint64_t len, kiln_err_t *err);
+
 /* Read an archive (bounded by KILN_MAX_* limits), parse its manifest and
  * check every payload member's size and SHA-256 against it; an error
  * names the member at fault.  Does not check the signature.  Caller owns
@@ -201,7 +219,14 @@ kiln_artifact_t *kiln_artifact_open_verified_mem (const uint8_t *data,
                                                   kiln_err_t *err);
 
 /* Flags of kiln_artifact_read_fd. */
-#define KILN_ARTIFACT_MAP 1u    /* map large members instead of reading them */
+#define KILN_ARTIFACT_MAP  1u   /* map large members instead of reading them */
+#define KILN_ARTIFACT_SKIM 2u   /* check the manifest, signature members and every
+                                   member's name and size, but skip the payload
+                                   bytes: neither read nor hashed, so the result
+                                   has no member data (kiln_artifact_member gives
+                                   NULL) and must not be written.  For a store
+                                   that wrote and hashed the file itself and
+                                   serves it to readers who check every byte. */
 
 /* Read the archive open on `fd` as kiln_artifact_read does (from offset 0;
  * the file position moves); `path` names it in errors.  `fd` stays the

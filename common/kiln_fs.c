@@ -105,18 +105,24 @@ s_write_all (int fd, const void *data, size_t len)
     return 0;
 }
 
-static void
-s_fsync_dir_of (const char *path)
+void
+kiln_dirname (const char *path, char *dir, size_t size)
 {
-    char dir[PATH_MAX];
-    snprintf (dir, sizeof dir, "%s", path);
+    snprintf (dir, size, "%s", path);
     char *slash = strrchr (dir, '/');
     if (slash == dir)
         slash[1] = '\0';
     else if (slash)
         *slash = '\0';
     else
-        snprintf (dir, sizeof dir, ".");
+        snprintf (dir, size, ".");
+}
+
+static void
+s_fsync_dir_of (const char *path)
+{
+    char dir[PATH_MAX];
+    kiln_dirname (path, dir, sizeof dir);
     int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
         fsync (fd);
@@ -125,23 +131,37 @@ s_fsync_dir_of (const char *path)
 }
 
 int
-kiln_write_file_atomic (const char *path, const void *data, size_t len,
-                        mode_t mode, kiln_err_t *err)
+kiln_write_all (int fd, const void *data, size_t len)
 {
-    char tmp[PATH_MAX];
-    if (snprintf (tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int) sizeof tmp)
+    return s_write_all (fd, data, len);
+}
+
+int
+kiln_tmp_beside (const char *path, char *tmp, size_t size, mode_t mode, kiln_err_t *err)
+{
+    if (snprintf (tmp, size, "%s.tmp.XXXXXX", path) >= (int) size)
         return kiln_error (err, KILN_ELIMIT, "path too long: '%s'", path);
     int fd = mkostemp (tmp, O_CLOEXEC);
     if (fd < 0)
         return kiln_error (err, KILN_EIO, "could not create '%s': %s", tmp,
                            strerror (errno));
-    if (fchmod (fd, mode) != 0 || s_write_all (fd, data, len) != 0
-        || fsync (fd) != 0) {
+    if (fchmod (fd, mode) != 0) {
         int e = errno;
         close (fd);
         unlink (tmp);
-        return kiln_error (err, KILN_EIO, "could not write '%s': %s", path,
-                           strerror (e));
+        return kiln_error (err, KILN_EIO, "could not create '%s': %s", tmp, strerror (e));
+    }
+    return fd;
+}
+
+int
+kiln_tmp_commit (int fd, const char *tmp, const char *path, kiln_err_t *err)
+{
+    if (fsync (fd) != 0) {
+        int e = errno;
+        close (fd);
+        unlink (tmp);
+        return kiln_error (err, KILN_EIO, "could not write '%s': %s", path, strerror (e));
     }
     close (fd);
     if (rename (tmp, path) != 0) {
@@ -152,6 +172,24 @@ kiln_write_file_atomic (const char *path, const void *data, size_t len,
     }
     s_fsync_dir_of (path);
     return 0;
+}
+
+int
+kiln_write_file_atomic (const char *path, const void *data, size_t len,
+                        mode_t mode, kiln_err_t *err)
+{
+    char tmp[PATH_MAX];
+    int fd = kiln_tmp_beside (path, tmp, sizeof tmp, mode, err);
+    if (fd < 0)
+        return fd;
+    if (s_write_all (fd, data, len) != 0) {
+        int e = errno;
+        close (fd);
+        unlink (tmp);
+        return kiln_error (err, KILN_EIO, "could not write '%s': %s", path,
+                           strerror (e));
+    }
+    return kiln_tmp_commit (fd, tmp, path, err);
 }
 
 int

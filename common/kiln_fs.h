@@ -42,6 +42,21 @@ int kiln_read_file_flags (const char *path, int flags, uint64_t max, uint8_t **d
 int kiln_write_file_atomic (const char *path, const void *data, size_t len,
                             mode_t mode, kiln_err_t *err);
 
+/* The directory part of `path` into dir[size] ("." when it has none). */
+void kiln_dirname (const char *path, char *dir, size_t size);
+
+/* Write all `len` bytes to `fd` (retrying short writes); -1 with errno. */
+int kiln_write_all (int fd, const void *data, size_t len);
+
+/* A new file "PATH.tmp.XXXXXX" beside `path` with `mode`, its name into
+ * tmp[size]: returns its descriptor, to be written and then given to
+ * kiln_tmp_commit (or closed and unlinked by the caller on failure). */
+int kiln_tmp_beside (const char *path, char *tmp, size_t size, mode_t mode,
+                     kiln_err_t *err);
+/* fsync and close `fd`, rename `tmp` onto `path`, fsync the directory.
+ * Consumes `fd`; `tmp` is removed on failure. */
+int kiln_tmp_commit (int fd, const char *tmp, const char *path, kiln_err_t *err);
+
 /* Create a new file with O_EXCL|O_NOFOLLOW and `mode`, write, fsync.
  * Fails if the file exists: used for private keys. */
 int kiln_write_file_excl (const char *path, const void *data, size_t len,

@@ -1,4 +1,12 @@
 #include "compiler/kiln_cc_lower.h"
+
+#include <errno.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/kiln_map.h"
+
+#define S_SCRATCH_MIN_BYTES (1u << 20)   /* made weights this big go to the scratch file */
 #include "common/kiln_pack.h"
 #include "compiler/kiln_cc_fuse.h"
 #include "compiler/kiln_lower_math.h"
@@ -44,6 +52,7 @@ kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
                   const kiln_cc_options_t *opts, kiln_err_t *err)
 {
     memset (cx, 0, sizeof *cx);
+    cx->scratch_fd = -1;
     cx->g = g;
     cx->opts = *opts;
     cx->prog = kiln_program_new ();
@@ -72,8 +81,12 @@ void
 kiln_cc_ctx_release (kiln_cc_ctx_t *cx)
 {
     kiln_program_destroy (&cx->prog);
-    for (int i = 0; i < cx->n_st; i++)
-        free (cx->st[i].data);
+    for (int i = 0; i < cx->n_st; i++) {
+        if (cx->st[i].map_len)
+            munmap (cx->st[i].data, cx->st[i].map_len);
+        else
+            free (cx->st[i].data);
+    }
     free (cx->tmap);
     free (cx->hmap);
     free (cx->producer);
@@ -457,6 +470,53 @@ kiln_cc_temp (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
     return s_ptensor (cx, dt, shape, KILN_TK_TEMP, s, err);
 }
 
+void
+kiln_cc_drop_weight_pages (kiln_cc_ctx_t *cx)
+{
+    for (int i = 0; i < cx->n_st; i++)
+        if (cx->st[i].map_len)
+            kiln_map_drop (cx->st[i].data, cx->st[i].map_len);
+    for (int w = 0; w < cx->g->n_weights; w++)
+        if (cx->g->weights[w].map.base)
+            kiln_map_drop (cx->g->weights[w].data, (size_t) cx->g->weights[w].size);
+}
+
+/* Zeroed room for a made weight of `bytes`: in the scratch file when
+ * there is one and the weight is large (*map_len set), else malloc'd.
+ * The pages of the weights made before (finished by now, or not: a
+ * shared file mapping loses nothing) and of the graph's mapped weights
+ * are given back first, so that packing a model's weights one by one
+ * holds about one of them in memory. */
+static uint8_t *
+s_scratch_alloc (kiln_cc_ctx_t *cx, uint64_t bytes, size_t *map_len, kiln_err_t *err)
+{
+    *map_len = 0;
+    if (cx->scratch_fd < 0 || bytes < S_SCRATCH_MIN_BYTES) {
+        uint8_t *buf = calloc (1, bytes ? (size_t) bytes : 1);
+        if (!buf)
+            kiln_error (err, KILN_ENOMEM, "out of memory");
+        return buf;
+    }
+    kiln_cc_drop_weight_pages (cx);
+    long page = sysconf (_SC_PAGESIZE);
+    uint64_t at = (cx->scratch_end + (uint64_t) page - 1) / (uint64_t) page * (uint64_t) page;
+    if (ftruncate (cx->scratch_fd, (off_t) (at + bytes)) != 0) {
+        kiln_error (err, KILN_EIO, "could not grow the compiler's scratch file to %llu "
+                    "bytes: %s", (unsigned long long) (at + bytes), strerror (errno));
+        return NULL;
+    }
+    void *p = mmap (NULL, (size_t) bytes, PROT_READ | PROT_WRITE, MAP_SHARED, cx->scratch_fd,
+                    (off_t) at);
+    if (p == MAP_FAILED) {
+        kiln_error (err, KILN_ENOMEM, "could not map %llu bytes of the compiler's scratch "
+                    "file: %s", (unsigned long long) bytes, strerror (errno));
+        return NULL;
+    }
+    cx->scratch_end = at + bytes;
+    *map_len = (size_t) bytes;
+    return p;
+}
+
 int
 kiln_cc_made_weight_dt (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *shape,
                         void **data, kiln_err_t *err)
@@ -468,15 +528,20 @@ kiln_cc_made_weight_dt (kiln_cc_ctx_t *cx, kiln_dtype_t dt, const kiln_shape_t *
     if (bytes > KILN_MAX_BLOB_BYTES)
         return s_fail (cx, KILN_ELIMIT, err, "a folded weight of %llu bytes is "
                        "too large", (unsigned long long) bytes);
-    uint8_t *buf = calloc (1, bytes ? (size_t) bytes : 1);
+    size_t map_len = 0;
+    uint8_t *buf = s_scratch_alloc (cx, bytes, &map_len, err);
     if (!buf)
-        return kiln_error (err, KILN_ENOMEM, "out of memory");
+        return -err->code;
     int st = s_storage_new (cx, true, -1, bytes, -1, err);
     if (st < 0) {
-        free (buf);
+        if (map_len)
+            munmap (buf, map_len);
+        else
+            free (buf);
         return st;
     }
     cx->st[st].data = buf;
+    cx->st[st].map_len = map_len;
     int pt = s_ptensor (cx, dt, shape, KILN_TK_WEIGHT, st, err);
     if (pt < 0)
         return pt;

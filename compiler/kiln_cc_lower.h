@@ -51,6 +51,8 @@ typedef struct kiln_cc_storage {
     int graph_weight;       /* weights[] index when `weight`, -1 when `data` */
     uint8_t *data;          /* a weight the compiler made (folded, packed):
                              * its bytes, owned; else NULL */
+    size_t map_len;         /* data is mapped from the scratch file (munmap
+                             * this many bytes), not malloc'd; else 0 */
     uint64_t size;          /* bytes */
     int def;                /* first op writing it; -1 before the first op */
     int last;               /* last op reading it; KILN_CC_END for outputs */
@@ -98,7 +100,16 @@ typedef struct kiln_cc_ctx {
     int *producer;                  /* graph tensor -> node writing it, or -1 */
     uint8_t *skip;                  /* per node: 1 when dead or fused away */
     kiln_cc_fusion_t *fusion;       /* per node (kiln_cc_fuse.h) */
+    int scratch_fd;                 /* large made weights live in this file, or -1:
+                                     * mapped, their pages given back as more are
+                                     * made, so that they are never whole in memory */
+    uint64_t scratch_end;           /* bytes of the scratch file in use */
 } kiln_cc_ctx_t;
+
+/* Give back the pages of every made weight in the scratch file and of the
+ * graph's mapped weights (they are read again from their files when
+ * next touched). */
+void kiln_cc_drop_weight_pages (kiln_cc_ctx_t *cx);
 
 /* Lower one node; `kernel` is the kernel of its table entry (ops that
  * share a lowering, such as Add and Sub, differ only in it). */

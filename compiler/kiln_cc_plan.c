@@ -1,5 +1,13 @@
 #include "compiler/kiln_cc_plan.h"
 
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/kiln_map.h"
+
+#define S_SPILL_STEP (8u << 20)     /* bytes copied into the weights file at once */
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,9 +109,39 @@ s_plan_arena (kiln_cc_ctx_t *cx, uint64_t *arena_end, kiln_err_t *err)
     return rc;
 }
 
-/* Lay out weights.bin and copy the weight bytes into it. */
+/* Write weights.bin (`total` bytes, offsets set) into the file `fd`: the
+ * gaps stay holes of zeros, and a mapped weight's pages are given back
+ * as they are copied. */
 static int
-s_pack_weights (kiln_cc_ctx_t *cx, uint8_t **out, size_t *out_len,
+s_spill_weights (kiln_cc_ctx_t *cx, int fd, uint64_t total, kiln_err_t *err)
+{
+    if (ftruncate (fd, (off_t) total) != 0)
+        return kiln_error (err, KILN_EIO, "could not size the weights file (%llu bytes): %s",
+                           (unsigned long long) total, strerror (errno));
+    for (int i = 0; i < cx->n_st; i++) {
+        const kiln_cc_storage_t *s = &cx->st[i];
+        if (!s->weight || !s->size)
+            continue;
+        const kiln_weight_t *gw = s->data ? NULL : &cx->g->weights[s->graph_weight];
+        const uint8_t *src = s->data ? s->data : gw->data;
+        for (uint64_t done = 0; done < s->size; ) {
+            uint64_t n = s->size - done < S_SPILL_STEP ? s->size - done : S_SPILL_STEP;
+            ssize_t w = pwrite (fd, src + done, (size_t) n, (off_t) (s->offset + done));
+            if (w <= 0)
+                return kiln_error (err, KILN_EIO, "could not write the weights file: %s",
+                                   w < 0 ? strerror (errno) : "short write");
+            if ((gw && gw->map.base) || s->map_len)
+                kiln_map_drop (src + done, (size_t) w);
+            done += (uint64_t) w;
+        }
+    }
+    return 0;
+}
+
+/* Lay out weights.bin and copy the weight bytes into it (memory or the
+ * file spill_fd). */
+static int
+s_pack_weights (kiln_cc_ctx_t *cx, int spill_fd, uint8_t **out, size_t *out_len,
                 kiln_err_t *err)
 {
     uint64_t total = 0;
@@ -118,6 +156,11 @@ s_pack_weights (kiln_cc_ctx_t *cx, uint8_t **out, size_t *out_len,
                                "bytes", (unsigned long long) KILN_MAX_MEMBER_BYTES);
         s->offset = total;
         total += size;
+    }
+    if (spill_fd >= 0) {
+        *out = NULL;
+        *out_len = (size_t) total;
+        return s_spill_weights (cx, spill_fd, total, err);
     }
     uint8_t *buf = calloc (1, total ? (size_t) total : 1);
     if (!buf)
@@ -136,14 +179,14 @@ s_pack_weights (kiln_cc_ctx_t *cx, uint8_t **out, size_t *out_len,
 }
 
 int
-kiln_cc_plan (kiln_cc_ctx_t *cx, uint8_t **weights, size_t *weights_len,
+kiln_cc_plan (kiln_cc_ctx_t *cx, int spill_fd, uint8_t **weights, size_t *weights_len,
               kiln_cc_stats_t *stats, kiln_err_t *err)
 {
     uint64_t end = 0;
     int rc = s_plan_arena (cx, &end, err);
     if (rc)
         return rc;
-    rc = s_pack_weights (cx, weights, weights_len, err);
+    rc = s_pack_weights (cx, spill_fd, weights, weights_len, err);
     if (rc)
         return rc;
     kiln_program_t *p = cx->prog;

@@ -22,8 +22,12 @@
 #include "compiler/kiln_cc_lower.h"
 
 /* Place every storage of `cx`, set the offset of every program tensor and
- * the arena size, and build weights.bin.  Caller owns *weights (free()). */
-int kiln_cc_plan (kiln_cc_ctx_t *cx, uint8_t **weights, size_t *weights_len,
+ * the arena size, and build weights.bin: in memory (caller owns *weights,
+ * free()) when `spill_fd` is -1, else written into the empty file
+ * `spill_fd` from offset 0 (*weights is NULL then): each weight copied
+ * from the graph's bytes, whose mapped pages are given back as they are
+ * copied, so that a model's weights are never whole in memory. */
+int kiln_cc_plan (kiln_cc_ctx_t *cx, int spill_fd, uint8_t **weights, size_t *weights_len,
                   kiln_cc_stats_t *stats, kiln_err_t *err);
 
 #endif

@@ -5,6 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <unistd.h>
 
 #include "common/kiln_program.h"
 #include "compiler/kiln_cc_lower.h"
@@ -180,6 +184,34 @@ kiln_artifact_t *
 kiln_cc_compile_ex (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats,
                     kiln_err_t *err)
 {
+    return kiln_cc_compile_spill (g, args, stats, NULL, err);
+}
+
+/* A file in `dir` that nobody else can open (unlinked at once): weights.bin
+ * is written there and mapped from it.  -1 with `err` on failure. */
+static int
+s_spill_file (const char *dir, kiln_err_t *err)
+{
+    char path[PATH_MAX];
+    if (snprintf (path, sizeof path, "%s/.kiln-weights.XXXXXX", dir) >= (int) sizeof path) {
+        kiln_error (err, KILN_ELIMIT, "directory '%s': path too long", dir);
+        return -1;
+    }
+    int fd = mkostemp (path, O_CLOEXEC);
+    if (fd < 0) {
+        kiln_error (err, KILN_EIO, "could not create a weights file in '%s': %s", dir,
+                    strerror (errno));
+        return -1;
+    }
+    unlink (path);
+    return fd;
+}
+
+kiln_artifact_t *
+kiln_cc_compile_spill (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats,
+                       const char *spill_dir, kiln_err_t *err)
+{
+    int spill_fd = -1;
     kiln_cc_options_t opts;
     char norm[KILN_MAX_ARGS_BYTES], digest[KILN_HEX_LEN], given[KILN_HEX_LEN];
     if (kiln_cc_parse_args (args, &opts, err)
@@ -209,8 +241,10 @@ kiln_cc_compile_ex (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats,
     size_t weights_len = 0, prog_len = 0;
     if (kiln_cc_ctx_init (&cx, g, &opts, err))
         return NULL;
-    if (kiln_cc_lower (&cx, err)
-        || kiln_cc_plan (&cx, &weights, &weights_len, stats, err))
+    if ((spill_dir && (cx.scratch_fd = s_spill_file (spill_dir, err)) < 0)
+        || kiln_cc_lower (&cx, err)
+        || (spill_dir && (spill_fd = s_spill_file (spill_dir, err)) < 0)
+        || kiln_cc_plan (&cx, spill_fd, &weights, &weights_len, stats, err))
         goto fail;
     /* The runtime will refuse anything that breaks the format; so must
      * the compiler, before it signs off on it. */
@@ -228,17 +262,27 @@ kiln_cc_compile_ex (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats,
     if (s_fill_manifest (art, g, digest, norm, err)
         || kiln_artifact_take_member (art, KILN_PROGRAM_MEMBER, &prog, prog_len,
                                       err)
-        || kiln_artifact_take_member (art, KILN_WEIGHTS_MEMBER, &weights,
-                                      weights_len, err))
+        || (spill_fd < 0 && kiln_artifact_take_member (art, KILN_WEIGHTS_MEMBER, &weights,
+                                                       weights_len, err))
+        || (spill_fd >= 0 && kiln_artifact_map_member (art, KILN_WEIGHTS_MEMBER, spill_fd, 0,
+                                                       weights_len, err)))
         goto fail;
     free (prog);
     free (weights);
+    if (spill_fd >= 0)
+        close (spill_fd);        /* the mapping keeps the (unlinked) file */
+    if (cx.scratch_fd >= 0)
+        close (cx.scratch_fd);
     kiln_cc_ctx_release (&cx);
     return art;
 fail:
     kiln_artifact_destroy (&art);
     free (prog);
     free (weights);
+    if (spill_fd >= 0)
+        close (spill_fd);
+    if (cx.scratch_fd >= 0)
+        close (cx.scratch_fd);
     kiln_cc_ctx_release (&cx);
     return NULL;
 }

@@ -52,4 +52,14 @@ typedef struct kiln_cc_stats {
 kiln_artifact_t *kiln_cc_compile_ex (kiln_graph_t *g, const char *args,
                                      kiln_cc_stats_t *stats, kiln_err_t *err);
 
+/* kiln_cc_compile_ex that writes weights.bin into an unlinked file in
+ * `spill_dir` (NULL: in memory, as kiln_cc_compile_ex) and maps it into
+ * the artifact, so that neither the graph's weights (when they are
+ * mapped, kiln_graph_map_weight) nor weights.bin are whole in memory;
+ * kiln_artifact_write then streams it.  For kiln-cc, which writes the
+ * artifact beside the spill file. */
+kiln_artifact_t *kiln_cc_compile_spill (kiln_graph_t *g, const char *args,
+                                        kiln_cc_stats_t *stats, const char *spill_dir,
+                                        kiln_err_t *err);
+
 #endif

@@ -5,12 +5,14 @@
  */
 #include <stdarg.h>
 #include <stdbool.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "artifact/kiln_artifact.h"
+#include "common/kiln_fs.h"
 #include "compiler/kiln_compiler.h"
 #include "graph/kiln_graph.h"
 
@@ -133,7 +135,11 @@ main (int argc, char **argv)
         goto done;
     if (!(g = kiln_graph_load (model, &err)))
         goto done;
-    if (!(art = kiln_cc_compile_ex (g, args, &stats, &err)))
+    /* weights.bin is spilled beside the output and mapped, not built in
+     * memory: a model's weights are never whole in this process. */
+    char spill[PATH_MAX];
+    kiln_dirname (out, spill, sizeof spill);
+    if (!(art = kiln_cc_compile_spill (g, args, &stats, spill, &err)))
         goto done;
     if (key) {
         char host[256] = "unknown", prov[600] = "{\"builder\":\"kiln-cc\",\"host\":";

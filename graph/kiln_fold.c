@@ -1360,7 +1360,7 @@ s_compact_weights (kiln_graph_t *g, const bool *created)
     int k = 0;
     for (int w = 0; w < g->n_weights; w++) {
         if (map[w] < 0) {
-            free (g->weights[w].data);
+            kiln_weight_release (&g->weights[w]);
             continue;
         }
         map[w] = k;

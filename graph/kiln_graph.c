@@ -245,7 +245,7 @@ kiln_graph_destroy (kiln_graph_t **self_p)
         s_node_release (&g->nodes[n]);
     free (g->nodes);
     for (int w = 0; w < g->n_weights; w++)
-        free (g->weights[w].data);
+        kiln_weight_release (&g->weights[w]);
     free (g->weights);
     free (g->inputs);
     free (g->outputs);
@@ -284,14 +284,23 @@ kiln_graph_add_tensor (kiln_graph_t *g, const char *name, kiln_dtype_t dt,
     return g->n_tensors++;
 }
 
-int
-kiln_graph_set_weight (kiln_graph_t *g, int t, uint8_t **data, uint64_t size,
-                       kiln_err_t *err)
+void
+kiln_weight_release (kiln_weight_t *w)
+{
+    if (w->map.base)
+        kiln_map_release (&w->map);
+    else
+        free (w->data);
+    w->data = NULL;
+}
+
+/* kiln_graph_set_weight for bytes that are malloc'd (`map` NULL) or
+ * mapped (*map, taken); `digest` NULL: hashed here. */
+static int
+s_set_weight (kiln_graph_t *g, int t, uint8_t *bytes, kiln_map_t *map,
+              const uint8_t *digest, uint64_t size, kiln_err_t *err)
 {
     int rc = 0;
-    uint8_t *bytes = data ? *data : NULL;
-    if (data)
-        *data = NULL;
     if (t < 0 || t >= g->n_tensors) {
         rc = kiln_error (err, KILN_EINVAL, "no tensor with index %d", t);
         goto err;
@@ -356,15 +365,60 @@ kiln_graph_set_weight (kiln_graph_t *g, int t, uint8_t **data, uint64_t size,
         memset (&g->weights[w], 0, sizeof g->weights[w]);
     }
     kiln_weight_t *weight = &g->weights[w];
-    free (weight->data);
-    kiln_sha256 (bytes, (size_t) size, weight->digest);
+    kiln_weight_release (weight);
+    if (digest)
+        memcpy (weight->digest, digest, KILN_DIGEST_LEN);
+    else if (map)
+        kiln_sha256_mapped (bytes, (size_t) size, weight->digest);
+    else
+        kiln_sha256 (bytes, (size_t) size, weight->digest);
     weight->data = bytes;
     weight->size = size;
+    if (map) {
+        weight->map = *map;
+        memset (map, 0, sizeof *map);
+    }
     tensor->weight = w;
     return 0;
 err:
-    free (bytes);
+    if (map && map->base)
+        kiln_map_release (map);
+    else
+        free (bytes);
     return rc;
+}
+
+int
+kiln_graph_set_weight (kiln_graph_t *g, int t, uint8_t **data, uint64_t size,
+                       kiln_err_t *err)
+{
+    uint8_t *bytes = data ? *data : NULL;
+    if (data)
+        *data = NULL;
+    return s_set_weight (g, t, bytes, NULL, NULL, size, err);
+}
+
+int
+kiln_graph_map_weight (kiln_graph_t *g, int t, int fd, uint64_t offset, uint64_t size,
+                       const uint8_t *digest, kiln_err_t *err)
+{
+    if (size > KILN_MAX_BLOB_BYTES)
+        return kiln_error (err, KILN_ELIMIT, "a weight of %llu bytes is larger than %llu",
+                           (unsigned long long) size,
+                           (unsigned long long) KILN_MAX_BLOB_BYTES);
+    if (size == 0) {
+        uint8_t *none = NULL;
+        return kiln_graph_set_weight (g, t, &none, 0, err);
+    }
+    kiln_map_t map;
+    const uint8_t *data;
+    char what[KILN_MAX_NAME + 16];
+    snprintf (what, sizeof what, "weight '%s'",
+              t >= 0 && t < g->n_tensors && g->tensors[t].name ? g->tensors[t].name : "?");
+    int rc = kiln_map_range (fd, offset, size, what, &map, &data, err);
+    if (rc)
+        return rc;
+    return s_set_weight (g, t, (uint8_t *) data, &map, digest, size, err);
 }
 
 int
@@ -1656,6 +1710,45 @@ s_rd_header (s_reader_t *r, uint8_t **structure, size_t *slen, kiln_err_t *err)
     return 0;
 }
 
+#define S_MAP_BLOB_BYTES (1u << 20)   /* blobs at least this big are mapped */
+
+/* The data of blob `digest` (`size` bytes) starts at the reader's
+ * position: map it for each weight that uses it (after checking it once
+ * against its digest), and move past it. */
+static int
+s_rd_blob_mapped (s_reader_t *r, kiln_graph_t *g, const s_wref_t *refs, int first,
+                  const uint8_t digest[KILN_DIGEST_LEN], uint64_t size, const char *wl,
+                  kiln_err_t *err)
+{
+    off_t at = ftello (r->f);
+    if (at < 0)
+        return kiln_error (err, KILN_EIO, "could not read '%s': %s", r->path, strerror (errno));
+    int fd = fileno (r->f);
+    int rc = 0;
+    uint8_t got[KILN_DIGEST_LEN];
+    kiln_map_t map;
+    const uint8_t *data;
+    if ((rc = kiln_map_range (fd, (uint64_t) at, size, wl, &map, &data, err)))
+        return rc;
+    kiln_sha256_mapped (data, (size_t) size, got);
+    kiln_map_release (&map);
+    if (memcmp (got, digest, KILN_DIGEST_LEN) != 0) {
+        char hex[KILN_HEX_LEN];
+        kiln_hex (digest, KILN_DIGEST_LEN, hex);
+        return kiln_error (err, KILN_EVERIFY, "'%s': blob %s (%s) does not match its digest",
+                           r->path, hex, wl);
+    }
+    for (int i = first; rc == 0 && i < g->n_weights
+                        && memcmp (refs[i].digest, digest, KILN_DIGEST_LEN) == 0; i++) {
+        kiln_weight_t *w = &g->weights[refs[i].w];
+        if ((rc = kiln_map_range (fd, (uint64_t) at, size, wl, &w->map, &data, err)) == 0)
+            w->data = (uint8_t *) data;
+    }
+    if (rc == 0)
+        rc = s_rd_skip (r, size, err);
+    return rc;
+}
+
 /* Read one [digest, data] pair and give it to the weights that use it. */
 static int
 s_rd_blob (s_reader_t *r, kiln_graph_t *g, const s_wref_t *refs, int index,
@@ -1707,6 +1800,12 @@ s_rd_blob (s_reader_t *r, kiln_graph_t *g, const s_wref_t *refs, int index,
         }
     if (size > r->left) {
         rc = kiln_error (err, KILN_EFORMAT, "'%s' is truncated in blob %s (%s)", r->path, hex, wl);
+        goto err;
+    }
+    if (size >= S_MAP_BLOB_BYTES) {
+        /* A large blob is mapped from the file, not read: hashed with its
+         * pages given back, then each weight that uses it maps it. */
+        rc = s_rd_blob_mapped (r, g, refs, first, digest, size, wl, err);
         goto err;
     }
     data = malloc (size ? (size_t) size : 1);

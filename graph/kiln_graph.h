@@ -46,6 +46,7 @@
 #include "common/kiln_dtype.h"
 #include "common/kiln_error.h"
 #include "common/kiln_hash.h"
+#include "common/kiln_map.h"
 
 #define KILN_GRAPH_FORMAT_VERSION 1
 
@@ -79,6 +80,9 @@ typedef struct kiln_weight {
     uint8_t digest[KILN_DIGEST_LEN];   /* SHA-256 of data */
     uint64_t size;                     /* bytes */
     uint8_t *data;                     /* owned; NULL until the blob is attached */
+    kiln_map_t map;                    /* when data is mapped read-only from a file
+                                          (kiln_graph_map_weight), else zero: never
+                                          write through data then */
 } kiln_weight_t;
 
 typedef struct kiln_node {
@@ -121,6 +125,16 @@ int kiln_graph_add_tensor (kiln_graph_t *g, const char *name, kiln_dtype_t dt,
  * has a weight gets the new bytes in its place. */
 int kiln_graph_set_weight (kiln_graph_t *g, int t, uint8_t **data,
                            uint64_t size, kiln_err_t *err);
+/* Make tensor `t` a constant whose `size` bytes are `size` bytes of the
+ * file `fd` at `offset`, mapped read-only rather than read (kiln_map.h):
+ * a model's weights then cost no memory until used, and streaming them
+ * (hashing, uploading) gives their pages back.  `digest` is the bytes'
+ * SHA-256 when the caller knows it, else NULL: hashed here.  `fd` stays
+ * the caller's.  The file must not shrink while the graph lives. */
+int kiln_graph_map_weight (kiln_graph_t *g, int t, int fd, uint64_t offset,
+                           uint64_t size, const uint8_t *digest, kiln_err_t *err);
+/* Give back a weight's bytes (free or unmap); data becomes NULL. */
+void kiln_weight_release (kiln_weight_t *w);
 /* Add a node.  Returns its index or a negative error. */
 int kiln_graph_add_node (kiln_graph_t *g, const char *op, const char *name,
                          const int *inputs, int n_inputs, const int *outputs,

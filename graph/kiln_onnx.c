@@ -585,6 +585,8 @@ s_define (importer_t *imp, const char *name, kiln_dtype_t dt,
     return t;
 }
 
+#define S_MAP_EXTERNAL_BYTES (1u << 20)   /* external weights this big are mapped */
+
 /* Define `name` as a weight tensor holding `size` bytes; takes ownership
  * of *data and NULLs it, whether or not it succeeds. */
 static int
@@ -608,7 +610,7 @@ s_define_weight (importer_t *imp, const char *name, kiln_dtype_t dt,
 static int
 s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_onnx_external_t *ext,
                kiln_dtype_t *dt, kiln_shape_t *shape, uint8_t **data, uint64_t *size,
-               kiln_err_t *err)
+               int *ext_fd, uint64_t *ext_offset, kiln_err_t *err)
 {
     *data = NULL;
     bool external = t->has_data_location
@@ -675,6 +677,15 @@ s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_onnx_external_t *ext
                                name, n_typed > 0 ? field : "raw_data");
         char what[sizeof shape_text + 32];
         snprintf (what, sizeof what, "%s %s", kiln_dtype_name (*dt), shape_text);
+        /* A large weight is mapped by the caller, not read here. */
+        if (ext_fd && bytes >= S_MAP_EXTERNAL_BYTES) {
+            if ((rc = kiln_onnx_external_open (ext, name, t->external_data,
+                                               t->n_external_data, what, bytes, ext_fd,
+                                               ext_offset, err)))
+                return rc;
+            *size = bytes;
+            return 0;
+        }
         if ((rc = kiln_onnx_external_read (ext, name, t->external_data,
                                            t->n_external_data, what, bytes, data, err)))
             return rc;
@@ -755,8 +766,20 @@ s_add_initializer (importer_t *imp, Onnx__TensorProto *t, size_t i, kiln_err_t *
     kiln_shape_t shape;
     uint8_t *data;
     uint64_t size;
-    if ((rc = s_tensor_data (t, name, imp->ext, &dt, &shape, &data, &size, err)))
+    int fd = -1;
+    uint64_t offset = 0;
+    if ((rc = s_tensor_data (t, name, imp->ext, &dt, &shape, &data, &size, &fd, &offset,
+                             err)))
         return rc;
+    if (fd >= 0) {
+        /* External data, mapped: its pages cost nothing until used, and
+         * hashing it gives them back. */
+        int tensor = s_define (imp, name, dt, &shape, "initializer", err);
+        rc = tensor < 0 ? tensor : kiln_graph_map_weight (imp->g, tensor, fd, offset, size,
+                                                          NULL, err);
+        close (fd);
+        return rc < 0 ? rc : 0;
+    }
     rc = s_define_weight (imp, name, dt, &shape, &data, size, "initializer", err);
     return rc < 0 ? rc : 0;
 }
@@ -881,7 +904,8 @@ s_add_constant (importer_t *imp, Onnx__NodeProto *node, const char *label, kiln_
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR:
         if (!a->t)
             return kiln_error (err, KILN_EFORMAT, "%s: attribute 'value' holds no tensor", label);
-        if ((rc = s_tensor_data (a->t, out, imp->ext, &dt, &shape, &data, &size, err)))
+        if ((rc = s_tensor_data (a->t, out, imp->ext, &dt, &shape, &data, &size, NULL, NULL,
+                                 err)))
             return rc;
         break;
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT:
@@ -928,7 +952,8 @@ s_add_fill_value (importer_t *imp, int n, const char *label, Onnx__TensorProto *
     kiln_shape_t shape;
     uint8_t *data = NULL;
     uint64_t size;
-    int rc = s_tensor_data (t, "value", imp->ext, &dt, &shape, &data, &size, err);
+    int rc = s_tensor_data (t, "value", imp->ext, &dt, &shape, &data, &size, NULL, NULL,
+                           err);
     if (rc)
         return kiln_error_prefix (err, "%s", label);
     if (size != kiln_dtype_size (dt)) {

@@ -264,16 +264,16 @@ s_pread_all (int fd, uint8_t *buf, uint64_t len, uint64_t offset, const char *na
 }
 
 int
-kiln_onnx_external_read (kiln_onnx_external_t *self, const char *name,
+kiln_onnx_external_open (kiln_onnx_external_t *self, const char *name,
                          Onnx__StringStringEntryProto *const *entries, size_t n,
-                         const char *what, uint64_t bytes, uint8_t **data,
-                         kiln_err_t *err)
+                         const char *what, uint64_t bytes, int *fd_out,
+                         uint64_t *offset_out, kiln_err_t *err)
 {
     refs_t refs;
     uint64_t offset = 0, length = 0, size = 0;
-    uint8_t *buf = NULL;
     int fd = -1;
-    *data = NULL;
+    *fd_out = -1;
+    *offset_out = 0;
 
     int rc = s_refs (name, entries, n, &refs, err);
     if (rc)
@@ -326,17 +326,35 @@ kiln_onnx_external_read (kiln_onnx_external_t *self, const char *name,
                          (unsigned long long) length);
         goto done;
     }
-    if (bytes >= SIZE_MAX || !(buf = malloc ((size_t) bytes + 1))) {
+    self->total += bytes;
+    *fd_out = fd;
+    *offset_out = offset;
+    return 0;
+done:
+    close (fd);
+    return rc;
+}
+
+int
+kiln_onnx_external_read (kiln_onnx_external_t *self, const char *name,
+                         Onnx__StringStringEntryProto *const *entries, size_t n,
+                         const char *what, uint64_t bytes, uint8_t **data,
+                         kiln_err_t *err)
+{
+    int fd;
+    uint64_t offset;
+    uint8_t *buf = NULL;
+    *data = NULL;
+    int rc = kiln_onnx_external_open (self, name, entries, n, what, bytes, &fd, &offset, err);
+    if (rc)
+        return rc;
+    if (bytes >= SIZE_MAX || !(buf = malloc ((size_t) bytes + 1)))
         rc = kiln_error (err, KILN_ENOMEM, "out of memory for weight '%s' (%llu bytes)",
                          name, (unsigned long long) bytes);
-        goto done;
+    else if ((rc = s_pread_all (fd, buf, bytes, offset, name, "its external file", err)) == 0) {
+        *data = buf;
+        buf = NULL;
     }
-    if ((rc = s_pread_all (fd, buf, bytes, offset, name, refs.location, err)))
-        goto done;
-    self->total += bytes;
-    *data = buf;
-    buf = NULL;
-done:
     free (buf);
     close (fd);
     return rc;

@@ -59,4 +59,13 @@ int kiln_onnx_external_read (kiln_onnx_external_t *self, const char *name,
                              size_t n, const char *what, uint64_t bytes,
                              uint8_t **data, kiln_err_t *err);
 
+/* The same checks as kiln_onnx_external_read, without reading: on
+ * success *fd is the external file, open for reading (the caller closes
+ * it), and *offset where the tensor's `bytes` bytes start in it, so that
+ * the caller can map them (kiln_graph_map_weight). */
+int kiln_onnx_external_open (kiln_onnx_external_t *self, const char *name,
+                             Onnx__StringStringEntryProto *const *entries,
+                             size_t n, const char *what, uint64_t bytes,
+                             int *fd, uint64_t *offset, kiln_err_t *err);
+
 #endif
