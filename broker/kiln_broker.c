@@ -16,6 +16,8 @@
  */
 #include "broker/kiln_broker_priv.h"
 
+#include <sys/eventfd.h>
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -129,8 +131,10 @@ broker_post_result (kiln_broker_t *self, zframe_t *rid, uint64_t req_id, const c
     memcpy (msg->action_key, action_key, KILN_HEX_LEN);
     memcpy (msg->graph_digest, graph_digest, KILN_HEX_LEN);
     msg->cached = cached;
+    if (!data)
+        msg->artifact_apart = len;    /* large: the client GETs it by its content hash */
     if (kiln_msg_set_str (&msg->worker, worker) != 0
-        || kiln_msg_put_artifact (msg, data, len, &err) != 0) {
+        || (data && kiln_msg_put_artifact (msg, data, len, &err) != 0)) {
         kiln_msg_destroy (&msg);
         kiln_log_err ("action %.*s: cannot send the artifact: %s", BROKER_KEY_SHORT, action_key,
                       err.msg);
@@ -160,6 +164,7 @@ static const s_route_t s_routes[] = {
     { KILN_CMD_DONE,         KILN_PEER_WORKER,  broker_on_done },                /* jobs */
     { KILN_CMD_FETCH,        KILN_PEER_WORKER,  broker_on_fetch },               /* jobs */
     { KILN_CMD_LOG,          KILN_PEER_WORKER,  broker_on_log },                 /* jobs */
+    { KILN_CMD_SLICE,        KILN_PEER_WORKER,  broker_on_slice },               /* collect */
     { KILN_CMD_DISCONNECT,   KILN_PEER_WORKER,  broker_on_worker_disconnect },   /* peers */
     { KILN_CMD_COMPILE,      KILN_PEER_CLIENT,  broker_on_compile },             /* admit */
     { KILN_CMD_CANCEL,       KILN_PEER_CLIENT,  broker_on_cancel },              /* admit */
@@ -578,9 +583,12 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
     self->outbox = zlistx_new ();
     self->pending = zhashx_new ();
     self->fresh = zlistx_new ();
+    self->signing = zlistx_new ();
+    self->sign_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
     self->loop = zloop_new ();
     if (!self->sched || !self->workers || !self->clients || !self->jobs || !self->jobs_by_id
-        || !self->outbox || !self->pending || !self->fresh || !self->loop) {
+        || !self->outbox || !self->pending || !self->fresh || !self->signing
+        || self->sign_efd < 0 || !self->loop) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
         goto fail;
     }
@@ -631,9 +639,11 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
     zmq_pollitem_t commit = { NULL, kiln_store_commit_fd (self->store), ZMQ_POLLIN, 0 };
     zmq_pollitem_t uploads = { NULL, kiln_store_upload_fd (self->store), ZMQ_POLLIN, 0 };
     zmq_pollitem_t downloads = { NULL, kiln_downloads_fd (self->downloads), ZMQ_POLLIN, 0 };
+    zmq_pollitem_t signed_ = { NULL, self->sign_efd, ZMQ_POLLIN, 0 };
     if (zloop_poller (self->loop, &commit, s_on_commit, self) != 0
         || zloop_poller (self->loop, &uploads, broker_on_uploads, self) != 0
-        || zloop_poller (self->loop, &downloads, broker_on_downloads, self) != 0) {
+        || zloop_poller (self->loop, &downloads, broker_on_downloads, self) != 0
+        || zloop_poller (self->loop, &signed_, broker_on_signed, self) != 0) {
         kiln_error (err, KILN_ESYS, "could not set up the event loop");
         goto fail;
     }
@@ -686,6 +696,11 @@ kiln_broker_destroy (kiln_broker_t **self_p)
         }
     zhashx_destroy (&self->jobs_by_id);
     zhashx_destroy (&self->jobs);
+    /* after the jobs, which let go of what their threads sign */
+    broker_collect_shutdown (self);
+    zlistx_destroy (&self->signing);
+    if (self->sign_efd > 0)
+        close (self->sign_efd);
     zhashx_destroy (&self->clients);
     zhashx_destroy (&self->workers);
     kiln_sched_destroy (&self->sched);

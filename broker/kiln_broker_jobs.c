@@ -82,6 +82,7 @@ broker_job_destroy (broker_job_t **self_p)
     if (!*self_p)
         return;
     broker_job_t *job = *self_p;
+    broker_collect_release (&job->collect);
     free (job->args);
     free (job->structure);
     free (job->blobs);
@@ -191,6 +192,7 @@ broker_job_requeue (kiln_broker_t *self, broker_job_t *job, const char *reason, 
     const char *worker = job->worker ? job->worker->name : "?";
     s_append (&job->history, BROKER_MAX_HISTORY, "attempt %d on worker %s: %s", job->dispatches,
               worker, reason);
+    broker_collect_release (&job->collect);
     if (job->worker) {
         job->worker->busy--;
         job->worker = NULL;
@@ -468,9 +470,38 @@ broker_dispatch (kiln_broker_t *self)
             broker_worker_drop (self, w, "its connection is closed", true);
     }
 }
-/* Provenance of a farm build.  Caller frees. */
-static char *
-s_provenance (kiln_broker_t *self, const broker_worker_t *w, const broker_job_t *job)
+void
+broker_expect_fill (const broker_job_t *job, broker_expect_t *x)
+{
+    memcpy (x->action_key, job->action_key, KILN_HEX_LEN);
+    memcpy (x->graph_digest, job->graph_digest, KILN_HEX_LEN);
+    x->toolchain = job->toolchain;
+    snprintf (x->args, sizeof x->args, "%s", job->args ? job->args : "");
+}
+
+bool
+broker_expect_check (const broker_expect_t *x, const kiln_manifest_t *m, const char *worker,
+                     char *message, size_t size)
+{
+    if (strcmp (m->action_key, x->action_key) == 0
+        && strcmp (m->graph_digest, x->graph_digest) == 0
+        && strcmp (m->compiler_id, x->toolchain.id) == 0
+        && strcmp (m->compiler_version, x->toolchain.version) == 0
+        && strcmp (m->target, x->toolchain.target) == 0
+        && strcmp (m->compiler_args, x->args) == 0)
+        return true;
+    broker_fmt (message, size,
+                "worker %s returned an artifact for action %.*s / graph %.*s built by "
+                "%s %s for %s, not the job's action %.*s / graph %.*s for %s %s %s", worker,
+                BROKER_KEY_SHORT, m->action_key, BROKER_KEY_SHORT, m->graph_digest,
+                m->compiler_id, m->compiler_version, m->target, BROKER_KEY_SHORT,
+                x->action_key, BROKER_KEY_SHORT, x->graph_digest, x->toolchain.id,
+                x->toolchain.version, x->toolchain.target);
+    return false;
+}
+
+char *
+broker_provenance (kiln_broker_t *self, const broker_worker_t *w, const broker_job_t *job)
 {
     char stamp[32];
     time_t now = time (NULL);
@@ -485,8 +516,55 @@ s_provenance (kiln_broker_t *self, const broker_worker_t *w, const broker_job_t 
     return text;
 }
 
-/* Check the worker's unsigned artifact against the job, sign it, store it
- * and answer every waiting client. */
+void
+broker_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w,
+                    const char *digest, uint8_t **bytes, uint64_t len, int *fd_p,
+                    const char *tmp)
+{
+    kiln_err_t err = { 0 };
+    /* A store failure loses the cache entry, not the build: the clients
+     * still get their artifact (a large one only while it is staged). */
+    int rc = bytes && *bytes
+             ? kiln_store_put_artifact (self->store, digest, *bytes, (size_t) len, &err)
+             : kiln_store_put_artifact_file (self->store, digest, tmp, fd_p, len, &err);
+    if (rc != 0 || kiln_store_put_action (self->store, job->action_key, digest, &err) != 0)
+        kiln_log_err ("job %llu action %.*s: could not store the artifact: %s",
+                      (unsigned long long) job->id, BROKER_KEY_SHORT, job->action_key, err.msg);
+    kiln_store_forget_failure (self->store, job->action_key);
+    kiln_log_notice ("job %llu action %.*s: built by %s in %lld ms, artifact %.*s "
+                     "(%llu bytes), %zu client%s", (unsigned long long) job->id,
+                     BROKER_KEY_SHORT, job->action_key, w->name,
+                     (long long) (zclock_mono () - job->started), BROKER_KEY_SHORT, digest,
+                     (unsigned long long) len, job->n_waiters, job->n_waiters == 1 ? "" : "s");
+    const uint8_t *data = bytes ? *bytes : NULL;
+    for (size_t i = 0; i < job->n_waiters; i++)
+        broker_post_result (self, job->waiters[i].client->rid, job->waiters[i].req_id, digest,
+                            job->action_key, job->graph_digest, false, w->name, data, len);
+    /* Until the store has it on disk, the same action is served from here. */
+    broker_pending_t *pending = calloc (1, sizeof *pending);
+    if (pending) {
+        memcpy (pending->action_key, job->action_key, KILN_HEX_LEN);
+        memcpy (pending->artifact, digest, KILN_HEX_LEN);
+        memcpy (pending->graph_digest, job->graph_digest, KILN_HEX_LEN);
+        snprintf (pending->worker, sizeof pending->worker, "%s", w->name);
+        pending->bytes = bytes ? *bytes : NULL;
+        pending->len = len;
+        pending->ticket = BROKER_THIS_BATCH;
+        if (bytes)
+            *bytes = NULL;
+        zhashx_update (self->pending, pending->action_key, pending);
+    }
+    for (uint32_t i = 0; i < job->n_blobs; i++)
+        broker_worker_holds (w, job->blobs[i].digest);
+    w->done++;
+    self->stats.done++;
+    broker_metrics_job_built (self, job);
+    broker_progress_job_built (self, job);
+    s_job_remove (self, job);
+}
+
+/* Check the worker's unsigned artifact (inline in DONE) against the job,
+ * sign it, store it and answer every waiting client. */
 static void
 s_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w, kiln_msg_t *msg)
 {
@@ -497,6 +575,8 @@ s_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w, kiln_
     char digest[KILN_HEX_LEN];
     char message[KILN_ERR_MSG_MAX];
     kiln_artifact_t *art = NULL;
+    broker_expect_t expect;
+    broker_expect_fill (job, &expect);
 
     if (kiln_msg_part (msg, 0, &bytes, &len, &err) != 0
         || !(art = kiln_artifact_read_mem (bytes, len, &err))) {
@@ -507,26 +587,14 @@ s_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w, kiln_
         broker_job_requeue (self, job, message, false);
         goto done;
     }
-    const kiln_manifest_t *m = kiln_artifact_manifest (art);
-    if (strcmp (m->action_key, job->action_key) != 0
-        || strcmp (m->graph_digest, job->graph_digest) != 0
-        || strcmp (m->compiler_id, job->toolchain.id) != 0
-        || strcmp (m->compiler_version, job->toolchain.version) != 0
-        || strcmp (m->target, job->toolchain.target) != 0
-        || strcmp (m->compiler_args, job->args) != 0) {
-        broker_fmt (message, sizeof message,
-                    "worker %s returned an artifact for action %.*s / graph %.*s built by "
-                    "%s %s for %s, not the job's action %.*s / graph %.*s for %s %s %s", w->name,
-                    BROKER_KEY_SHORT, m->action_key, BROKER_KEY_SHORT, m->graph_digest,
-                    m->compiler_id, m->compiler_version, m->target, BROKER_KEY_SHORT,
-                    job->action_key, BROKER_KEY_SHORT, job->graph_digest, job->toolchain.id,
-                    job->toolchain.version, job->toolchain.target);
+    if (!broker_expect_check (&expect, kiln_artifact_manifest (art), w->name, message,
+                              sizeof message)) {
         kiln_log_err ("job %llu: %s", (unsigned long long) job->id, message);
         w->failed++;
         broker_job_requeue (self, job, message, false);
         goto done;
     }
-    provenance = s_provenance (self, w, job);
+    provenance = broker_provenance (self, w, job);
     if (!provenance || kiln_artifact_sign (art, self->key, provenance, &err) != 0
         || kiln_artifact_digest (art, digest, &err) != 0
         || kiln_artifact_write_mem (art, &signed_bytes, &signed_len, &err) != 0) {
@@ -535,41 +603,7 @@ s_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w, kiln_
         broker_job_fail (self, job, err.code ? err.code : KILN_ENOMEM, message, NULL, false);
         goto done;
     }
-    /* A store failure loses the cache entry, not the build: the clients
-     * still get their artifact. */
-    if (kiln_store_put_artifact (self->store, digest, signed_bytes, signed_len, &err) != 0
-        || kiln_store_put_action (self->store, job->action_key, digest, &err) != 0)
-        kiln_log_err ("job %llu action %.*s: could not store the artifact: %s",
-                      (unsigned long long) job->id, BROKER_KEY_SHORT, job->action_key, err.msg);
-    kiln_store_forget_failure (self->store, job->action_key);
-    kiln_log_notice ("job %llu action %.*s: built by %s in %lld ms, artifact %.*s, "
-                     "%zu client%s", (unsigned long long) job->id, BROKER_KEY_SHORT,
-                     job->action_key, w->name, (long long) (zclock_mono () - job->started),
-                     BROKER_KEY_SHORT, digest, job->n_waiters, job->n_waiters == 1 ? "" : "s");
-    for (size_t i = 0; i < job->n_waiters; i++)
-        broker_post_result (self, job->waiters[i].client->rid, job->waiters[i].req_id, digest,
-                            job->action_key, job->graph_digest, false, w->name, signed_bytes,
-                            signed_len);
-    /* Until the store has it on disk, the same action is served from here. */
-    broker_pending_t *pending = calloc (1, sizeof *pending);
-    if (pending) {
-        memcpy (pending->action_key, job->action_key, KILN_HEX_LEN);
-        memcpy (pending->artifact, digest, KILN_HEX_LEN);
-        memcpy (pending->graph_digest, job->graph_digest, KILN_HEX_LEN);
-        snprintf (pending->worker, sizeof pending->worker, "%s", w->name);
-        pending->bytes = signed_bytes;
-        pending->len = signed_len;
-        pending->ticket = BROKER_THIS_BATCH;
-        signed_bytes = NULL;
-        zhashx_update (self->pending, pending->action_key, pending);
-    }
-    for (uint32_t i = 0; i < job->n_blobs; i++)
-        broker_worker_holds (w, job->blobs[i].digest);
-    w->done++;
-    self->stats.done++;
-    broker_metrics_job_built (self, job);
-    broker_progress_job_built (self, job);
-    s_job_remove (self, job);
+    broker_job_succeed (self, job, w, digest, &signed_bytes, signed_len, NULL, NULL);
 done:
     kiln_artifact_destroy (&art);
     free (bytes);
@@ -577,9 +611,8 @@ done:
     free (provenance);
 }
 
-/* The running job `w` holds with id `job_id`, or NULL (logged). */
-static broker_job_t *
-s_worker_job (kiln_broker_t *self, broker_worker_t *w, uint64_t job_id, const char *what)
+broker_job_t *
+broker_worker_job (kiln_broker_t *self, broker_worker_t *w, uint64_t job_id, const char *what)
 {
     char id_key[24];
     snprintf (id_key, sizeof id_key, "%llu", (unsigned long long) job_id);
@@ -596,9 +629,13 @@ void
 broker_on_done (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
 {
     broker_worker_t *w = from->worker;
-    broker_job_t *job = s_worker_job (self, w, msg->job_id, "DONE");
+    broker_job_t *job = broker_worker_job (self, w, msg->job_id, "DONE");
     if (!job)
         return;
+    if (msg->ok && msg->artifact_apart) {
+        broker_collect_start (self, job, w, msg->artifact_apart);
+        return;
+    }
     if (msg->ok) {
         s_job_succeed (self, job, w, msg);
         return;
@@ -626,7 +663,7 @@ void
 broker_on_log (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
 {
     broker_worker_t *w = from->worker;
-    broker_job_t *job = s_worker_job (self, w, msg->job_id, "LOG");
+    broker_job_t *job = broker_worker_job (self, w, msg->job_id, "LOG");
     if (!job || !msg->log)
         return;
     size_t add = strlen (msg->log);
@@ -648,7 +685,7 @@ void
 broker_on_fetch (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
 {
     broker_worker_t *w = from->worker;
-    broker_job_t *job = s_worker_job (self, w, msg->job_id, "FETCH");
+    broker_job_t *job = broker_worker_job (self, w, msg->job_id, "FETCH");
     if (!job)
         return;
     const kiln_blob_ref_t *ref = NULL;

@@ -89,6 +89,8 @@ typedef struct {
     uint64_t req_id;           /* its request id, echoed in the reply */
 } broker_waiter_t;
 
+typedef struct broker_collect broker_collect_t;
+
 typedef struct {
     uint64_t id;                         /* unique in this broker's life */
     char id_key[24];                     /* id in decimal, key in jobs_by_id */
@@ -116,7 +118,19 @@ typedef struct {
     broker_waiter_t *waiters;            /* owned, n_waiters used */
     size_t n_waiters;
     uint64_t ticket;                     /* store commit its blobs wait for; 0 = none */
+    broker_collect_t *collect;           /* RUNNING, its DONE came with the artifact
+                                            apart: being collected and signed, owned
+                                            (kiln_broker_collect.c) */
 } broker_job_t;
+
+/* What a job's artifact must say of itself: a copy, so that a thread can
+ * check it while the loop goes on. */
+typedef struct {
+    char action_key[KILN_HEX_LEN];
+    char graph_digest[KILN_HEX_LEN];
+    kiln_toolchain_id_t toolchain;
+    char args[KILN_MAX_ARGS_BYTES];
+} broker_expect_t;
 
 /* An artifact built and staged, until its store commit is durable: a
  * request for the same action in between is answered from here. */
@@ -125,8 +139,9 @@ typedef struct {
     char artifact[KILN_HEX_LEN];
     char graph_digest[KILN_HEX_LEN];
     char worker[KILN_PROTO_MAX_NAME + 1];
-    uint8_t *bytes;                      /* the signed archive, owned */
-    size_t len;
+    uint8_t *bytes;                      /* the signed archive, owned; NULL when it is
+                                            large (sent apart: the client GETs it) */
+    size_t len;                          /* its bytes */
     uint64_t ticket;
 } broker_pending_t;
 
@@ -196,6 +211,9 @@ struct kiln_broker {
     zlistx_t *outbox;                    /* broker_outgoing_t, in order */
     zhashx_t *pending;                   /* action key -> broker_pending_t (owns) */
     zlistx_t *fresh;                     /* jobs of this batch whose blobs await a commit */
+    zlistx_t *signing;                   /* broker_collect_t being checked and signed on
+                                            threads of their own (owns) */
+    int sign_efd;                        /* eventfd: a signing thread is through */
     uint64_t epoch;                      /* this instance, random; in replies to clients */
     uint64_t next_job_id;                /* starts at a random point: a stale DONE from a
                                             worker of an earlier instance names no job */
@@ -225,8 +243,9 @@ void broker_post (kiln_broker_t *self, zframe_t *rid, kiln_msg_t **msg);
  * the message is left out). */
 void broker_post_error (kiln_broker_t *self, zframe_t *rid, uint64_t req_id, uint64_t job_id,
                         int code, const char *message, const char *log);
-/* Post a RESULT carrying the artifact's bytes (copied), or an ERROR when
- * they cannot be sent. */
+/* Post a RESULT carrying the artifact's bytes (copied), or, with `data`
+ * NULL, saying that its `len` bytes are sent apart (the client GETs them);
+ * or an ERROR when they cannot be sent. */
 void broker_post_result (kiln_broker_t *self, zframe_t *rid, uint64_t req_id,
                          const char *artifact, const char *action_key,
                          const char *graph_digest, bool cached, const char *worker,
@@ -276,6 +295,41 @@ bool broker_worker_offers_any (kiln_broker_t *self, const kiln_toolchain_id_t *t
 /* Hand queued jobs to idle workers, as the scheduler orders them. */
 void broker_dispatch (kiln_broker_t *self);
 broker_handler_fn broker_on_done, broker_on_log, broker_on_fetch;
+/* The running job `w` holds with id `job_id`, or NULL (logged, naming
+ * `what` the worker sent about it). */
+broker_job_t *broker_worker_job (kiln_broker_t *self, broker_worker_t *w, uint64_t job_id,
+                                 const char *what);
+/* The job's expectations of its artifact, and whether manifest `m` meets
+ * them (else `message` says how it does not, naming `worker`).  Both
+ * touch nothing of the broker's: a thread may check. */
+void broker_expect_fill (const broker_job_t *job, broker_expect_t *x);
+bool broker_expect_check (const broker_expect_t *x, const kiln_manifest_t *m,
+                          const char *worker, char *message, size_t size);
+/* Provenance of a farm build of `job` by `w` (JSON).  Caller frees. */
+char *broker_provenance (kiln_broker_t *self, const broker_worker_t *w,
+                         const broker_job_t *job);
+/* The job's artifact was checked and signed: store it (from *bytes, taken,
+ * or the file `tmp` open on *fd_p, taken), answer every waiter, remove
+ * the job. */
+void broker_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w,
+                         const char *digest, uint8_t **bytes, uint64_t len, int *fd_p,
+                         const char *tmp);
+
+/* --- large artifacts collected from workers (kiln_broker_collect.c) ----------- */
+
+/* DONE with `size` bytes of artifact apart: collect it from `w` (COLLECT,
+ * SLICEs to a file), then check and sign it on a thread. */
+void broker_collect_start (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w,
+                           uint64_t size);
+/* The job lets go of its collection (requeued, failed, removed): its files
+ * go, or, when a thread still signs it, its result will be dropped.
+ * *self_p becomes NULL. */
+void broker_collect_release (broker_collect_t **self_p);
+broker_handler_fn broker_on_slice;
+/* zloop poller on sign_efd: signing threads that are through. */
+int broker_on_signed (zloop_t *loop, zmq_pollitem_t *item, void *arg);
+/* Wait for every signing thread and drop what they made (shutdown). */
+void broker_collect_shutdown (kiln_broker_t *self);
 
 /* --- workers and clients (kiln_broker_peers.c) ------------------------------ */
 

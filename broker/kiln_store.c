@@ -487,6 +487,49 @@ kiln_store_trust_key (kiln_store_t *self, const kiln_key_t *key, kiln_err_t *err
 
 /* --- lookups ------------------------------------------------------------------ */
 
+/* A hit on an artifact too large to read on the loop: its manifest,
+ * signature and member sizes are checked (KILN_ARTIFACT_SKIM), its bytes
+ * are not: whoever downloads it checks every member (kiln_client_get), and
+ * kiln_store_check hashes everything.  *len gets its size, no bytes. */
+static int
+s_lookup_large (kiln_store_t *self, const char *action_key, const char *record,
+                const char *hex, const char *cas, store_entry_t *e,
+                char artifact_hex[KILN_HEX_LEN], size_t *len, kiln_err_t *err)
+{
+    int fd = open (cas, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT)
+            return kiln_error (err, KILN_EIO, "stored artifact '%s': %s", cas, strerror (errno));
+        unlink (record);               /* evicted: a plain miss */
+        if (e)
+            s_unindex (self, e);
+        return -KILN_ENOTFOUND;
+    }
+    struct stat st;
+    kiln_artifact_t *art = NULL;
+    char actual[KILN_HEX_LEN] = "";
+    int rc = 0;
+    if (fstat (fd, &st) != 0)
+        rc = kiln_error (err, KILN_EIO, "stored artifact '%s': %s", cas, strerror (errno));
+    else if (!(art = kiln_artifact_read_fd (fd, cas, KILN_ARTIFACT_SKIM, err))
+             || kiln_artifact_digest (art, actual, err) != 0
+             || (self->keyring && kiln_artifact_verify (art, self->keyring, err) != 0))
+        rc = kiln_error_prefix (err, "stored artifact '%s'", cas);
+    else if (strcmp (actual, hex) != 0)
+        rc = kiln_error (err, KILN_EVERIFY, "stored artifact '%s' has content hash %s", cas,
+                         actual);
+    kiln_artifact_destroy (&art);
+    close (fd);
+    if (rc)
+        return rc;
+    if (e)
+        s_touch (self, e, cas);
+    memcpy (artifact_hex, hex, KILN_HEX_LEN);
+    *len = (size_t) st.st_size;
+    (void) action_key;
+    return 0;
+}
+
 int
 kiln_store_lookup (kiln_store_t *self, const char *action_key,
                    char artifact_hex[KILN_HEX_LEN], uint8_t **data, size_t *len,
@@ -527,6 +570,9 @@ kiln_store_lookup (kiln_store_t *self, const char *action_key,
     if (store_path (self, STORE_ART, hex, false, cas, sizeof cas, err) != 0)
         return -err->code;
     store_entry_t *e = store_find (self, STORE_ART, hex);
+    struct stat st;
+    if (stat (cas, &st) == 0 && (uint64_t) st.st_size > KILN_STORE_INLINE_MAX)
+        return s_lookup_large (self, action_key, path, hex, cas, e, artifact_hex, len, err);
     uint8_t *bytes = NULL;
     size_t bytes_len = 0;
     rc = kiln_read_file (cas, KILN_MAX_ARTIFACT_BYTES, &bytes, &bytes_len, &rerr);

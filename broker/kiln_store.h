@@ -93,6 +93,19 @@ int kiln_store_trust_key (kiln_store_t *self, const kiln_key_t *key,
  * visible or durable before kiln_store_commit. */
 int kiln_store_put_artifact (kiln_store_t *self, const char *digest_hex,
                              const uint8_t *data, size_t len, kiln_err_t *err);
+/* A new file in STATE/tmp, open for writing and reading, its path into
+ * path[size]: for an artifact written off the loop (then staged with
+ * kiln_store_put_artifact_file) or collected from a worker.  Returns the
+ * descriptor; the caller closes and unlinks it when it does not stage it.
+ * Everything in STATE/tmp is removed at the next start. */
+int kiln_store_tmp_open (kiln_store_t *self, char *path, size_t size, kiln_err_t *err);
+/* Stage the artifact archive already written to `tmp` (from
+ * kiln_store_tmp_open; `size` bytes) under its content hash, taking its
+ * descriptor *fd_p (-1 afterwards, also on failure, when the file is
+ * removed): kiln_store_commit makes it durable and visible like
+ * kiln_store_put_artifact. */
+int kiln_store_put_artifact_file (kiln_store_t *self, const char *digest_hex, const char *tmp,
+                                  int *fd_p, uint64_t size, kiln_err_t *err);
 int kiln_store_put_action (kiln_store_t *self, const char *action_key,
                            const char *digest_hex, kiln_err_t *err);
 int kiln_store_put_failure (kiln_store_t *self, const char *action_key, int code,
@@ -122,9 +135,15 @@ uint64_t kiln_store_last_ticket (const kiln_store_t *self);
 
 /* --- lookups ---------------------------------------------------------- */
 
+#define KILN_STORE_INLINE_MAX (1u << 20)   /* hits this big or smaller come as bytes */
+
 /* Look an action up: on a hit fill artifact_hex and return the archive
  * bytes in *data (caller frees) after checking that they parse, carry
  * that content hash and (see kiln_store_trust_key) a good signature.
+ * An archive larger than KILN_STORE_INLINE_MAX is not read: *data is
+ * NULL, *len its size, and only its manifest, signature and member sizes
+ * are checked (its bytes are checked by whoever downloads it, and by
+ * kiln_store_check).
  * Returns -KILN_ENOTFOUND on a miss (also when the artifact was evicted);
  * other errors (a damaged entry) are returned too, and the caller treats
  * them as a miss after logging them. */

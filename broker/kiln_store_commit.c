@@ -65,22 +65,38 @@ s_write_all (int fd, const void *data, size_t len)
     return 0;
 }
 
-static int
-s_stage (kiln_store_t *self, store_kind_t kind, const char *hex, const void *data, size_t len,
-         kiln_err_t *err)
+/* Room for one more staged entry (not counted yet), zeroed; NULL when
+ * the name is not a digest or memory is out. */
+static store_staged_t *
+s_stage_slot (kiln_store_t *self, const char *hex, int *rc, kiln_err_t *err)
 {
-    if (!kiln_is_digest_hex (hex))
-        return kiln_error (err, KILN_EINVAL, "'%.80s' is not a SHA-256 in hex", hex);
+    if (!kiln_is_digest_hex (hex)) {
+        *rc = kiln_error (err, KILN_EINVAL, "'%.80s' is not a SHA-256 in hex", hex);
+        return NULL;
+    }
     if (self->n_staged == self->cap_staged) {
         size_t cap = self->cap_staged ? self->cap_staged * 2 : 64;
         store_staged_t *grown = realloc (self->staged, cap * sizeof *grown);
-        if (!grown)
-            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        if (!grown) {
+            *rc = kiln_error (err, KILN_ENOMEM, "out of memory");
+            return NULL;
+        }
         self->staged = grown;
         self->cap_staged = cap;
     }
     store_staged_t *s = &self->staged[self->n_staged];
     memset (s, 0, sizeof *s);
+    return s;
+}
+
+static int
+s_stage (kiln_store_t *self, store_kind_t kind, const char *hex, const void *data, size_t len,
+         kiln_err_t *err)
+{
+    int rc = 0;
+    store_staged_t *s = s_stage_slot (self, hex, &rc, err);
+    if (!s)
+        return rc;
     s->kind = kind;
     memcpy (s->hex, hex, KILN_HEX_LEN);
     s->size = len;
@@ -101,6 +117,34 @@ kiln_store_put_artifact (kiln_store_t *self, const char *digest_hex,
                          const uint8_t *data, size_t len, kiln_err_t *err)
 {
     return s_stage (self, STORE_ART, digest_hex, data, len, err);
+}
+
+int
+kiln_store_tmp_open (kiln_store_t *self, char *path, size_t size, kiln_err_t *err)
+{
+    return store_tmp_file (self, path, size, err);
+}
+
+int
+kiln_store_put_artifact_file (kiln_store_t *self, const char *digest_hex, const char *tmp,
+                              int *fd_p, uint64_t size, kiln_err_t *err)
+{
+    int fd = *fd_p;
+    *fd_p = -1;
+    int rc = 0;
+    store_staged_t *s = s_stage_slot (self, digest_hex, &rc, err);
+    if (!s) {
+        close (fd);
+        unlink (tmp);
+        return rc;
+    }
+    s->kind = STORE_ART;
+    memcpy (s->hex, digest_hex, KILN_HEX_LEN);
+    snprintf (s->tmp, sizeof s->tmp, "%s", tmp);
+    s->fd = fd;
+    s->size = size;
+    self->n_staged++;
+    return 0;
 }
 
 int

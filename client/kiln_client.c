@@ -11,6 +11,8 @@
  *                     └──RESULT/ERROR──────────────────────────▶ DONE
  *   broker lost, or it holds fewer requests than we think: SENT,
  *   UPLOADING, ACCEPTED ──▶ NEW (sent again, same id)
+ *   RESULT with the artifact apart (a large one) ──▶ FETCH: fetched with
+ *   kiln_client_get (in chunks, checked) once the others are answered
  *
  * Blobs the broker lacks are uploaded in the order asked for, two at a
  * time, each chunk costing one unit of the credit the broker grants; a
@@ -34,6 +36,7 @@
 #include "common/kiln_fs.h"
 #include "common/kiln_limits.h"
 #include "common/kiln_log.h"
+#include "common/kiln_map.h"
 #include "common/kiln_proto.h"
 #include "compiler/kiln_compiler.h"
 
@@ -42,7 +45,7 @@
 #define S_UPLOADS_AT_ONCE  2          /* blobs whose chunks take turns */
 #define S_DRAIN_MS         5000       /* wait for ZeroMQ to let go of our buffers */
 
-typedef enum { R_NEW, R_SENT, R_UPLOADING, R_ACCEPTED, R_DONE } s_state_t;
+typedef enum { R_NEW, R_SENT, R_UPLOADING, R_ACCEPTED, R_FETCH, R_DONE } s_state_t;
 
 typedef struct s_upload s_upload_t;
 
@@ -51,6 +54,7 @@ typedef struct {
     uint8_t digest[KILN_DIGEST_LEN];
     uint64_t size;
     const uint8_t *data;             /* the caller's weight bytes */
+    bool mapped;                     /* mapped from a file: pages given back once sent */
 } s_blob_t;
 
 typedef struct {
@@ -74,6 +78,7 @@ typedef struct {
 struct s_upload {
     char hex[KILN_HEX_LEN];
     const uint8_t *data;             /* the caller's bytes */
+    bool mapped;                     /* mapped from a file (kiln_map.h) */
     uint64_t size;
     uint64_t sent;                   /* bytes sent so far */
     bool started;                    /* its first chunk went out */
@@ -163,11 +168,24 @@ kiln_client_refused (kiln_client_t *self, kiln_err_t *err)
     return refused;
 }
 
+/* A chunk ZeroMQ holds: which bytes, and whose. */
+typedef struct {
+    kiln_client_t *self;
+    size_t len;
+    bool mapped;
+} s_zc_t;
+
+/* ZeroMQ let go of a chunk (on its I/O thread): the pages of a mapped
+ * weight go back to the kernel, so that uploading 10 GB of weights keeps
+ * only the chunks in flight resident. */
 static void
 s_zc_free (void *data, void *hint)
 {
-    kiln_client_t *self = hint;
-    atomic_fetch_sub (&self->in_zmq, 1);
+    s_zc_t *zc = hint;
+    if (zc->mapped)
+        kiln_map_drop (data, zc->len);
+    atomic_fetch_sub (&zc->self->in_zmq, 1);
+    free (zc);
 }
 
 /* user@host, in the characters a name may hold. */
@@ -405,6 +423,7 @@ s_req_new (kiln_client_job_t *job, size_t index, kiln_err_t *err)
         memcpy (r->blobs[i].digest, g->weights[i].digest, KILN_DIGEST_LEN);
         r->blobs[i].size = g->weights[i].size;
         r->blobs[i].data = g->weights[i].data;
+        r->blobs[i].mapped = g->weights[i].map.base != NULL;
     }
     qsort (r->blobs, (size_t) g->n_weights, sizeof *r->blobs, s_blob_cmp);
     for (int i = 0; i < g->n_weights; i++)
@@ -438,6 +457,7 @@ typedef struct {
     int64_t broker_seen;             /* zclock_mono of the broker's last message */
     int64_t broker_lost_since;       /* 0, or when it went silent past liveness */
     int64_t hb_at;                   /* next heartbeat */
+    size_t fetching;                 /* of `left`, answered by RESULTs sent apart (R_FETCH) */
     bool heard;                      /* the broker answered something in this call */
     int64_t where_at;                /* next WHERE (with a progress callback) */
     uint64_t upload_total;           /* blob bytes queued for upload in this call */
@@ -604,10 +624,17 @@ s_send_chunk (s_engine_t *e, s_upload_t *up, kiln_err_t *err)
     chunk->blob_size = up->size;
     chunk->offset = up->sent;
     if (n > 0) {
+        s_zc_t *zc = malloc (sizeof *zc);
+        if (!zc) {
+            kiln_msg_destroy (&chunk);
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        }
+        *zc = (s_zc_t) { .self = self, .len = (size_t) n, .mapped = up->mapped };
         atomic_fetch_add (&self->in_zmq, 1);
-        if (kiln_msg_put_chunk_ref (chunk, up->data + up->sent, (size_t) n, s_zc_free, self,
+        if (kiln_msg_put_chunk_ref (chunk, up->data + up->sent, (size_t) n, s_zc_free, zc,
                                     err) != 0) {
             atomic_fetch_sub (&self->in_zmq, 1);
+            free (zc);
             kiln_msg_destroy (&chunk);
             return -err->code;
         }
@@ -708,6 +735,7 @@ s_on_missing (s_engine_t *e, s_req_t *r, kiln_msg_t *msg)
             }
             memcpy (up->hex, hex, KILN_HEX_LEN);
             up->data = b->data;
+            up->mapped = b->mapped;
             up->size = b->size;
             e->upload_total += b->size;
             zhashx_insert (e->uploads, hex, up);
@@ -736,6 +764,14 @@ s_take_result (const kiln_msg_t *msg, const char *out_path, kiln_compile_result_
         || strcmp (msg->graph_digest, res->graph_digest) != 0) {
         rc = kiln_error (err, KILN_EVERIFY, "the broker answered for action %.12s, not %.12s",
                          msg->action_key, res->action_key);
+        goto done;
+    }
+    if (msg->artifact_apart) {
+        /* Large: it is fetched apart, in chunks, by its content hash. */
+        memcpy (res->artifact, msg->artifact, KILN_HEX_LEN);
+        res->cached = msg->cached;
+        snprintf (res->worker, sizeof res->worker, "%s", msg->worker ? msg->worker : "");
+        rc = 0;
         goto done;
     }
     if ((rc = kiln_msg_part (msg, 0, &bytes, &len, err)) != 0)
@@ -790,7 +826,7 @@ s_resend_all (s_engine_t *e, bool only_accepted, const char *why)
     size_t count = 0;
     for (size_t i = 0; i < e->n; i++) {
         s_req_t *r = e->reqs[i];
-        if (!r || r->state == R_NEW || r->state == R_DONE
+        if (!r || r->state == R_NEW || r->state == R_DONE || r->state == R_FETCH
             || (only_accepted && r->state != R_ACCEPTED))
             continue;
         if (++r->resends > S_MAX_RESENDS) {
@@ -894,6 +930,10 @@ s_handle (s_engine_t *e, kiln_msg_t *msg)
     case KILN_CMD_RESULT:
         if (s_take_result (msg, r->job->out_path, &r->job->result, &err) != 0)
             s_finish (e, r, &err, false);
+        else if (msg->artifact_apart && r->job->out_path) {
+            r->state = R_FETCH;          /* fetched when the others are answered */
+            e->fetching++;
+        }
         else
             s_finish (e, r, NULL, false);
         break;
@@ -1000,7 +1040,7 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
     e.broker_seen = start;
     e.hb_at = start + self->heartbeat_ms;
     zsock_set_sndtimeo (self->dealer, 60000);
-    while (e.left > 0) {
+    while (e.left > e.fetching) {
         int64_t now = zclock_mono ();
         if (zsys_interrupted) {
             s_cancel_all (&e, KILN_ECANCELED, "interrupted");
@@ -1084,7 +1124,7 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
             s_cancel_all (&e, err->code, err->msg);
             break;
         }
-        for (int k = 0; got > 0 && k < 1024 && e.left > 0; k++) {
+        for (int k = 0; got > 0 && k < 1024 && e.left > e.fetching; k++) {
             if (!(zsock_events (self->dealer) & ZMQ_POLLIN))
                 break;
             kiln_err_t rerr = { 0 };
@@ -1108,6 +1148,21 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
             s_handle (&e, msg);
             kiln_msg_destroy (&msg);
         }
+    }
+    /* The large artifacts, fetched one after the other in chunks. */
+    for (size_t i = 0; i < n && e.reqs; i++) {
+        s_req_t *r = e.reqs[i];
+        if (!r || r->state != R_FETCH)
+            continue;
+        kiln_err_t gerr = { 0 };
+        int64_t left = wait_ms > 0 ? deadline - zclock_mono () : 0;
+        if (wait_ms > 0 && left <= 0)
+            s_fail (&e, r, KILN_ETIMEOUT, "gave up waiting after %d s", (wait_ms + 999) / 1000);
+        else if (kiln_client_get (self, r->job->result.artifact, r->job->out_path, NULL,
+                                  (int) left, NULL, &gerr) != 0)
+            s_finish (&e, r, &gerr, false);
+        else
+            s_finish (&e, r, NULL, false);
     }
 done:
     /* ZeroMQ may still hold chunks that point into the caller's buffers:

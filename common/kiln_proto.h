@@ -127,6 +127,7 @@ typedef enum {
     X (count,            U64,   KILN_PROTO_MAX_CREDIT,      "chunks asked for")                                 \
     X (credit,           U64,   KILN_PROTO_MAX_CREDIT,      "more chunks the peer may send")                    \
     X (artifact_size,    U64,   KILN_MAX_ARTIFACT_BYTES,    "bytes of the artifact archive")                    \
+    X (artifact_apart,   U64,   KILN_MAX_ARTIFACT_BYTES,    "bytes of an artifact sent apart from this message (DONE: COLLECTed in SLICEs; RESULT: fetched with GET)") \
     X (cached,           BOOL,  1,                          "served from the action (or failure) cache")        \
     X (worker,           STR,   KILN_PROTO_MAX_NAME,        "name of the worker that built it")                 \
     X (ok,               BOOL,  1,                          "the compile succeeded")                            \
@@ -179,9 +180,9 @@ typedef enum {
        "the peer may send `credit` more chunks: broker to client for uploads (`digest`: that blob is stored), client to broker for the GET `req_id`", \
        REQ (credit) OPT (req_id) OPT (digest) OPT (epoch))                            \
     C (RESULT,  KILN_PEER_BROKER, KILN_PEER_CLIENT, ARTIFACT,                         \
-       "the signed artifact for a COMPILE",                                           \
+       "the signed artifact for a COMPILE (a large one apart: GET it by its content hash)", \
        REQ (req_id) REQ (artifact) REQ (action_key) REQ (graph_digest) REQ (cached)   \
-       OPT (worker) REQ (artifact_size))                                              \
+       OPT (worker) REQ (artifact_size) OPT (artifact_apart))                         \
     C (ERROR,   KILN_PEER_ANY,    KILN_PEER_ANY,    NONE,                             \
        "a request failed or a message was refused",                                   \
        OPT (req_id) OPT (job_id) REQ (code) REQ (message) OPT (log) OPT (cached)      \
@@ -249,8 +250,15 @@ typedef enum {
        "more output of a running compile (kept for the job's failure report)",        \
        REQ (job_id) REQ (log))                                                        \
     C (DONE,    KILN_PEER_WORKER, KILN_PEER_BROKER, ARTIFACT,                         \
-       "a job finished: the unsigned artifact, or a failure with its log",            \
-       REQ (job_id) REQ (ok) OPT (code) OPT (message) OPT (log) OPT (artifact_size))  \
+       "a job finished: the unsigned artifact (a large one apart: COLLECTed), or a failure with its log", \
+       REQ (job_id) REQ (ok) OPT (code) OPT (message) OPT (log) OPT (artifact_size)   \
+       OPT (artifact_apart))                                                          \
+    C (COLLECT, KILN_PEER_BROKER, KILN_PEER_WORKER, NONE,                             \
+       "send `count` SLICEs of job job_id's artifact (sent apart) from `offset`",     \
+       REQ (job_id) REQ (offset) REQ (count))                                         \
+    C (SLICE,   KILN_PEER_WORKER, KILN_PEER_BROKER, PART,                             \
+       "one chunk of a job's artifact a COLLECT asked for: offset .. offset + 1 MiB", \
+       REQ (job_id) REQ (artifact_size) REQ (offset))                                 \
     C (DISCONNECT, KILN_PEER_CLIENT | KILN_PEER_WORKER, KILN_PEER_BROKER, NONE,       \
        "a peer leaves: a worker's jobs are requeued, a client's requests dropped", )
 

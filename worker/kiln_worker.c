@@ -27,6 +27,7 @@
 #include "common/kiln_proto.h"
 #include "compiler/kiln_compiler.h"
 #include "worker/kiln_blobcache.h"
+#include "worker/kiln_outgoing.h"
 #include "worker/kiln_sandbox.h"
 #include "worker/kiln_toolchain.h"
 
@@ -105,6 +106,7 @@ struct kiln_worker {
     zloop_t *loop;
     s_run_t **runs;                      /* cfg.slots entries, NULL = free */
     zhashx_t *fetches;                   /* hex digest -> s_fetch_t (owns) */
+    kiln_outgoing_t *outgoing;           /* large artifacts the broker collects */
     int64_t broker_seen;                 /* zclock_mono of the broker's last message */
     uint64_t session;                    /* of our last READY; JOBs of older ones are stale */
     bool reconnect;                      /* the loop stopped to reconnect */
@@ -511,6 +513,54 @@ s_send_artifact (kiln_worker_t *self, s_run_t *run, uint8_t **bytes, size_t len,
     *bytes = NULL;
 }
 
+/* DONE for an artifact too large for one message: its size only; the
+ * file is kept open for the broker's COLLECTs (kiln_outgoing.h).  False
+ * when the artifact at `path` is small (or unreadable): the caller sends
+ * it inline, or reports why it cannot. */
+static bool
+s_send_artifact_apart (kiln_worker_t *self, s_run_t *run, const char *path, const char *log)
+{
+    int fd = open (path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat (fd, &st) != 0 || !S_ISREG (st.st_mode)
+        || (uint64_t) st.st_size <= KILN_PROTO_INLINE_TOTAL
+        || (uint64_t) st.st_size > KILN_MAX_ARTIFACT_BYTES) {
+        if (fd >= 0)
+            close (fd);
+        return false;
+    }
+    kiln_msg_t *msg = kiln_msg_new (KILN_CMD_DONE);
+    if (!msg || (log && *log && kiln_msg_set_str (&msg->log, log) != 0)) {
+        kiln_msg_destroy (&msg);
+        close (fd);
+        return false;
+    }
+    msg->job_id = run->id;
+    msg->ok = true;
+    msg->artifact_apart = (uint64_t) st.st_size;
+    kiln_outgoing_add (self->outgoing, run->id, &fd, (uint64_t) st.st_size);
+    kiln_log_notice ("job %llu action %.12s: compiled in %lld ms (%llu bytes, to be collected)",
+                     (unsigned long long) run->id, run->action_key,
+                     (long long) (zclock_mono () - run->started),
+                     (unsigned long long) st.st_size);
+    s_send (self, &msg);
+    return true;
+}
+
+/* COLLECT: send the broker the slices of an artifact it asked for. */
+static void
+s_on_collect (kiln_worker_t *self, kiln_msg_t *msg)
+{
+    kiln_err_t err = { 0 };
+    if (!self->dealer
+        || kiln_outgoing_collect (self->outgoing, self->dealer, msg->job_id, msg->offset,
+                                  msg->count, &err) == 0)
+        return;
+    kiln_log_warn ("%s", err.msg);
+    s_send_failure (self, msg->job_id, err.code == KILN_ENOTFOUND ? KILN_ENOTFOUND : KILN_EIO,
+                    err.msg, NULL);
+}
+
 /* The job's keys, for wrapping an external toolchain's output. */
 static kiln_wrap_job_t
 s_wrap_job (s_run_t *run, const char *kgraph, const char *output, const char *kar)
@@ -602,6 +652,8 @@ s_run_finish (kiln_worker_t *self, int slot)
             if (s_wrap_output (self, slot, run->log_len ? log : NULL))
                 return;                  /* the wrapper runs; the slot stays taken */
         }
+        else if (s_send_artifact_apart (self, run, out, run->log_len ? log : NULL))
+            ;                            /* large: the broker collects it */
         else {
             uint8_t *bytes = NULL;
             size_t len = 0;
@@ -947,6 +999,7 @@ s_on_job (kiln_worker_t *self, kiln_msg_t *msg)
 static void
 s_on_cancel (kiln_worker_t *self, kiln_msg_t *msg)
 {
+    kiln_outgoing_drop (self->outgoing, msg->job_id);
     int slot = s_find_run (self, msg->job_id);
     if (slot < 0)
         return;
@@ -968,6 +1021,7 @@ s_drop_runs (kiln_worker_t *self, const char *why)
             s_run_destroy (self, &self->runs[i]);
         }
     zhashx_purge (self->fetches);
+    kiln_outgoing_purge (self->outgoing);
 }
 
 /* --- the loop ---------------------------------------------------------------- */
@@ -1001,6 +1055,9 @@ s_on_message (zloop_t *loop, zsock_t *sock, void *arg)
             break;
         case KILN_CMD_CANCEL:
             s_on_cancel (self, msg);
+            break;
+        case KILN_CMD_COLLECT:
+            s_on_collect (self, msg);
             break;
         case KILN_CMD_HEARTBEAT:
             break;
@@ -1047,6 +1104,7 @@ s_on_tick (zloop_t *loop, int timer_id, void *arg)
                 zhashx_delete (self->fetches, f->hex);
             break;                  /* the table changed: one per tick */
         }
+    kiln_outgoing_expire (self->outgoing, now);
     return 0;
 }
 
@@ -1291,8 +1349,9 @@ kiln_worker_new (const kiln_worker_config_t *cfg, kiln_err_t *err)
     self->endpoint = strdup (cfg->endpoint);
     self->runs = calloc ((size_t) self->cfg.slots, sizeof *self->runs);
     self->fetches = zhashx_new ();
+    self->outgoing = kiln_outgoing_new ();
     self->loop = zloop_new ();
-    if (!self->endpoint || !self->runs || !self->loop || !self->fetches) {
+    if (!self->endpoint || !self->runs || !self->loop || !self->fetches || !self->outgoing) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
         goto fail;
     }
@@ -1329,6 +1388,7 @@ kiln_worker_destroy (kiln_worker_t **self_p)
             s_run_destroy (self, &self->runs[i]);
     free (self->runs);
     zhashx_destroy (&self->fetches);
+    kiln_outgoing_destroy (&self->outgoing);
     if (self->loop)
         s_disconnect (self);
     zloop_destroy (&self->loop);
