@@ -42,6 +42,7 @@
 #include "common/kiln_dtype.h"
 #include "common/kiln_error.h"
 #include "common/kiln_limits.h"
+#include "common/kiln_ops_unary.h"
 
 #define KILN_PROGRAM_FORMAT       "kiln-program"
 #define KILN_PROGRAM_VERSION      1
@@ -136,7 +137,8 @@
     X (INSTANCE_NORM,      "instance_norm",      3, 3, 1)          \
     X (LAYER_NORM,         "layer_norm",         2, 3, 1)          \
     X (LAYER_NORM_STATS,   "layer_norm_stats",   2, 3, 3)          \
-    X (LRN,                "lrn",                1, 1, 1)
+    X (LRN,                "lrn",                1, 1, 1)          \
+    KILN_UNARY_OPS (KILN_UNARY_KERNEL_ROW, X)
 
 /* The data-movement, resize and window kernels
  * (runtime/kiln_kernels_shape.c). */

@@ -1679,6 +1679,11 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "ConvTranspose",     kiln_lower_shape_conv_transpose, KILN_K_CONV_TRANSPOSE2D, false },
     { "AveragePool",       kiln_lower_shape_avgpool, KILN_K_AVGPOOL2D, false },
     { "GlobalMaxPool",     kiln_lower_shape_global_pool, KILN_K_GLOBAL_MAXPOOL, true },
+    /* the float unary ops of common/kiln_ops_unary.h */
+#define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
+    { onnx, kiln_lower_math_unary, KILN_K_##id, false },
+    KILN_UNARY_OPS (S_ROW, _)
+#undef S_ROW
 };
 
 const kiln_cc_lowering_t *

@@ -150,6 +150,18 @@ kiln_lower_math_unary (kiln_cc_ctx_t *cx, const kiln_node_t *node,
         if (!(rc = s_set_f (cx, op, "alpha", s_attr_f (node, "alpha", (float) 0.2), err)))
             rc = s_set_f (cx, op, "beta", s_attr_f (node, "beta", 0.5), err);
     }
+    /* the attributes of a row of common/kiln_ops_unary.h */
+#define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr)                           \
+    if (k == KILN_K_##id) {                                                       \
+        const char *names[2] = { an, bn };                                        \
+        double defs[2] = { ad, bd };                                              \
+        for (int i = 0; i < 2 && !rc; i++)                                        \
+            if (names[i])                                                         \
+                rc = s_set_f (cx, op, names[i], s_attr_f (node, names[i], (float) defs[i]), \
+                              err);                                               \
+    }
+    KILN_UNARY_OPS (S_ROW, _)
+#undef S_ROW
     return rc < 0 ? rc : 0;
 }
 

@@ -14,6 +14,7 @@
  * writes its outputs through s_out.  Semantics follow the ONNX operator
  * specification.
  */
+#include "common/kiln_ops_unary.h"
 #include "graph/kiln_graph.h"
 #include "graph/kiln_infer.h"
 #include "graph/kiln_infer_math.h"
@@ -878,12 +879,24 @@ s_op_cmp (const void *key, const void *elem)
     return strcmp ((const char *) key, ((const s_op_t *) elem)->op);
 }
 
+/* The float unary ops of common/kiln_ops_unary.h, one row each there. */
+static const s_op_t s_unary_ops[] = {
+#define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
+    { onnx, 1, 1, 1, 1, kiln_infer_float_unary },
+    KILN_UNARY_OPS (S_ROW, _)
+#undef S_ROW
+};
+
 static const s_op_t *
 s_op_find (const char *op)
 {
     if (!op)
         return NULL;
-    return bsearch (op, s_ops, S_N_OPS, sizeof s_ops[0], s_op_cmp);
+    const s_op_t *o = bsearch (op, s_ops, S_N_OPS, sizeof s_ops[0], s_op_cmp);
+    for (size_t i = 0; !o && i < sizeof s_unary_ops / sizeof s_unary_ops[0]; i++)
+        if (strcmp (op, s_unary_ops[i].op) == 0)
+            o = &s_unary_ops[i];
+    return o;
 }
 
 bool

@@ -316,6 +316,42 @@ static const s_tab_t s_tab_abs = {
 };
 static const s_tab_t s_tab_not = { [S_BOOL] = (s_fn_t) s_not_b };
 
+/* The rows of KILN_UNARY_OPS (common/kiln_ops_unary.h): a float and a
+ * double loop, their table, and the names of their float parameters. */
+#define S_ROW_LOOPS(X_, id, name, onnx, an, ad, bn, bd, expr)                  \
+    S_ROW_LOOP (id, f32, float, expr) S_ROW_LOOP (id, f64, double, expr)        \
+    static const s_tab_t s_tab_u_##id = { [S_F32] = (s_fn_t) s_u_##id##_f32,  \
+                                          [S_F64] = (s_fn_t) s_u_##id##_f64 };
+#define S_ROW_LOOP(id, TN, T_, expr)                                           \
+    static void                                                               \
+    s_u_##id##_##TN (int64_t n, const void *x_, void *y_,                     \
+                     const kiln_kmath_plan_t *mp)                             \
+    {                                                                         \
+        typedef T_ T;                                                         \
+        const T *restrict xs = x_;                                            \
+        T *restrict y = y_;                                                   \
+        const T A = (T) mp->f[0], B = (T) mp->f[1];                           \
+        (void) A;                                                             \
+        (void) B;                                                             \
+        for (int64_t i = 0; i < n; i++) {                                     \
+            T x = xs[i];                                                      \
+            y[i] = expr;                                                      \
+        }                                                                     \
+    }
+KILN_UNARY_OPS (S_ROW_LOOPS, _)
+#undef S_ROW_LOOP
+#undef S_ROW_LOOPS
+
+static const struct {
+    kiln_kernel_t k;
+    const s_fn_t *tab;
+    const char *a, *b;              /* parameter names, or NULL */
+} s_unary_rows[] = {
+#define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) { KILN_K_##id, s_tab_u_##id, an, bn },
+    KILN_UNARY_OPS (S_ROW, _)
+#undef S_ROW
+};
+
 static void
 s_run_unary (const kiln_kplan_t *plan, void *const *data)
 {
@@ -1364,6 +1400,11 @@ s_prep_unary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err)))
         return rc;
     const char *names[3] = { NULL, NULL, NULL };
+    for (size_t i = 0; i < sizeof s_unary_rows / sizeof s_unary_rows[0]; i++)
+        if (s_unary_rows[i].k == plan->kernel) {
+            names[0] = s_unary_rows[i].a;
+            names[1] = s_unary_rows[i].b;
+        }
     switch (plan->kernel) {
     case KILN_K_LEAKY_RELU:
     case KILN_K_ELU:
@@ -1866,6 +1907,10 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_CELU: return s_prep_unary (p, op, plan, s_tab_celu, err);
     case KILN_K_HARD_SIGMOID: return s_prep_unary (p, op, plan, s_tab_hard_sigmoid, err);
     case KILN_K_NOT: return s_prep_unary (p, op, plan, s_tab_not, err);
+#define S_ROW_CASE(X_, id, name, onnx, an, ad, bn, bd, expr) \
+    case KILN_K_##id: return s_prep_unary (p, op, plan, s_tab_u_##id, err);
+    KILN_UNARY_OPS (S_ROW_CASE, _)
+#undef S_ROW_CASE
     case KILN_K_CAST: return s_prep_cast (p, plan, err);
     case KILN_K_ROUND_HALF: return s_prep_round_half (p, op, plan, err);
     case KILN_K_CLIP: return s_prep_clip (p, op, plan, err);
