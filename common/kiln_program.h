@@ -106,6 +106,8 @@
     X (ROUND_HALF,         "round_half",         1, 1, 1)          \
     X (POW,                "pow",                2, 2, 1)          \
     X (PRELU,              "prelu",              2, 2, 1)          \
+    X (MOD,                "mod",                2, 2, 1)          \
+    X (FMOD,               "fmod",               2, 2, 1)          \
     X (MAX,                "max",                1, 8, 1)          \
     X (MIN,                "min",                1, 8, 1)          \
     X (SUM,                "sum",                1, 8, 1)          \
@@ -150,7 +152,10 @@
     X (RESIZE,             "resize",             1, 1, 1)          \
     X (CONV_TRANSPOSE2D,   "conv_transpose2d",   2, 3, 1)          \
     X (AVGPOOL2D,          "avgpool2d",          1, 1, 1)          \
-    X (GLOBAL_MAXPOOL,     "global_maxpool",     1, 1, 1)
+    X (GLOBAL_MAXPOOL,     "global_maxpool",     1, 1, 1)          \
+    X (TRILU,              "trilu",              1, 1, 1)          \
+    X (GATHER_ELEMENTS,    "gather_elements",    2, 2, 1)          \
+    X (CUMSUM,             "cumsum",             1, 1, 1)
 
 typedef enum {
 #define KILN_K_ENUM(id, name, min_in, max_in, n_out) KILN_K_##id,

@@ -1621,6 +1621,7 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "PRelu",             kiln_lower_math_broadcast, KILN_K_PRELU, false },
     { "Clip",              kiln_lower_math_clip, KILN_K_CLIP, false },
     { "Pow",               kiln_lower_math_broadcast, KILN_K_POW, false },
+    { "Mod",               kiln_lower_math_mod, KILN_K_MOD, false },
     { "Max",               kiln_lower_math_broadcast, KILN_K_MAX, true },
     { "Min",               kiln_lower_math_broadcast, KILN_K_MIN, true },
     { "Sum",               kiln_lower_math_broadcast, KILN_K_SUM, false },
@@ -1679,6 +1680,9 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "ConvTranspose",     kiln_lower_shape_conv_transpose, KILN_K_CONV_TRANSPOSE2D, false },
     { "AveragePool",       kiln_lower_shape_avgpool, KILN_K_AVGPOOL2D, false },
     { "GlobalMaxPool",     kiln_lower_shape_global_pool, KILN_K_GLOBAL_MAXPOOL, true },
+    { "Trilu",             kiln_lower_shape_trilu, KILN_K_TRILU, true },
+    { "CumSum",            kiln_lower_shape_cumsum, KILN_K_CUMSUM, false },
+    { "GatherElements",    kiln_lower_shape_gather_elements, KILN_K_GATHER_ELEMENTS, true },
     /* the float unary ops of common/kiln_ops_unary.h */
 #define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
     { onnx, kiln_lower_math_unary, KILN_K_##id, false },

@@ -307,6 +307,17 @@ kiln_lower_math_broadcast (kiln_cc_ctx_t *cx, const kiln_node_t *node,
     return op < 0 ? op : 0;
 }
 
+int
+kiln_lower_math_mod (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                     kiln_err_t *err)
+{
+    int64_t fmod_attr = kiln_node_attr_int (node, "fmod", 0);
+    if (fmod_attr != 0 && fmod_attr != 1)
+        return kiln_cc_fail (cx, KILN_EINVAL, err, "fmod is %lld, not 0 or 1",
+                             (long long) fmod_attr);
+    return kiln_lower_math_broadcast (cx, node, fmod_attr ? KILN_K_FMOD : k, err);
+}
+
 /* --- softmax, reductions, arg* ------------------------------------------- */
 
 int

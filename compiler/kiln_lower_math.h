@@ -31,6 +31,9 @@ int kiln_lower_math_arith (kiln_cc_ctx_t *cx, const kiln_node_t *node,
                            kiln_kernel_t k, kiln_err_t *err);
 /* Every input an operand, broadcast to the output: Pow, Max, Min, Sum,
  * Mean, comparisons, logic, Where. */
+/* Mod: the floored remainder (fmod 0) or C's fmod (fmod 1). */
+int kiln_lower_math_mod (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                         kiln_err_t *err);
 int kiln_lower_math_broadcast (kiln_cc_ctx_t *cx, const kiln_node_t *node,
                                kiln_kernel_t k, kiln_err_t *err);
 int kiln_lower_math_softmax (kiln_cc_ctx_t *cx, const kiln_node_t *node,

@@ -690,3 +690,87 @@ kiln_lower_shape_global_pool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_k
     int op = kiln_cc_emit (cx, k, &px, 1, &py, 1, err);
     return op < 0 ? op : 0;
 }
+
+/* --- Trilu, CumSum, GatherElements ------------------------------------ */
+
+int
+kiln_lower_shape_trilu (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                        kiln_err_t *err)
+{
+    int x = s_in (node, 0), rc, n = 0;
+    int64_t kv = 0;
+    if (x < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input");
+    if (node->n_inputs > 1 && node->inputs[1] >= 0
+        && (rc = kiln_const_ints (cx->g, node, 1, "k", 1, &kv, &n, err)))
+        return s_prefixed (cx, rc, err);
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, node, 0, &s_gt (cx, x)->shape, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "upper", kiln_node_attr_int (node, "upper", 1) != 0, err))
+        || (rc = s_set_int (cx, op, "k", kv, err)))
+        return rc;
+    return 0;
+}
+
+int
+kiln_lower_shape_cumsum (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                         kiln_err_t *err)
+{
+    int x = s_in (node, 0), rc, n = 0;
+    int64_t axis = 0;
+    if (x < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input");
+    if ((rc = kiln_const_ints (cx->g, node, 1, "axis", 1, &axis, &n, err)))
+        return s_prefixed (cx, rc, err);
+    const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+    if (n != 1 || axis < -xs->rank || axis >= xs->rank)
+        return kiln_cc_fail (cx, KILN_ESHAPE, err, "axis is not one of the input's");
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, node, 0, xs, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "axis", axis < 0 ? axis + xs->rank : axis, err))
+        || (rc = s_set_int (cx, op, "exclusive", kiln_node_attr_int (node, "exclusive", 0) != 0,
+                            err))
+        || (rc = s_set_int (cx, op, "reverse", kiln_node_attr_int (node, "reverse", 0) != 0,
+                            err)))
+        return rc;
+    return 0;
+}
+
+int
+kiln_lower_shape_gather_elements (kiln_cc_ctx_t *cx, const kiln_node_t *node,
+                                  kiln_kernel_t k, kiln_err_t *err)
+{
+    int x = s_in (node, 0), ind = s_in (node, 1), rc;
+    if (x < 0 || ind < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs data and indices");
+    int r = s_gt (cx, x)->shape.rank;
+    int64_t axis = kiln_node_attr_int (node, "axis", 0);
+    if (axis < -r || axis >= r)
+        return kiln_cc_fail (cx, KILN_ESHAPE, err, "axis is not one of the data's");
+    int ins[2];
+    if ((ins[0] = kiln_cc_operand (cx, x, err)) < 0)
+        return ins[0];
+    if ((ins[1] = kiln_cc_operand (cx, ind, err)) < 0)
+        return ins[1];
+    int py = s_result (cx, node, 0, &s_gt (cx, ind)->shape, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, ins, 2, &py, 1, err);
+    if (op < 0 || (rc = s_set_int (cx, op, "axis", axis < 0 ? axis + r : axis, err)))
+        return op < 0 ? op : rc;
+    return 0;
+}

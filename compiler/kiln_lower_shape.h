@@ -45,4 +45,12 @@ int kiln_lower_shape_avgpool (kiln_cc_ctx_t *cx, const kiln_node_t *node,
 int kiln_lower_shape_global_pool (kiln_cc_ctx_t *cx, const kiln_node_t *node,
                                   kiln_kernel_t k, kiln_err_t *err);
 
+/* Trilu (k a constant), CumSum (axis a constant), GatherElements. */
+int kiln_lower_shape_trilu (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                            kiln_err_t *err);
+int kiln_lower_shape_cumsum (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                             kiln_err_t *err);
+int kiln_lower_shape_gather_elements (kiln_cc_ctx_t *cx, const kiln_node_t *node,
+                                      kiln_kernel_t k, kiln_err_t *err);
+
 #endif

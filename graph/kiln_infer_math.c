@@ -700,3 +700,54 @@ kiln_infer_lrn (kiln_infer_ctx_t *ctx)
     *kiln_infer_out (ctx, 0) = *kiln_infer_in (ctx, 0);
     return 0;
 }
+
+/* --- Trilu, CumSum, GatherElements ------------------------------------ */
+
+int
+kiln_infer_trilu (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0);
+    int rc, n;
+    int64_t k;
+    if ((rc = kiln_infer_want_rank (ctx, 0, 2, KILN_MAX_RANK)))
+        return rc;
+    if (ctx->n_in > 1 && kiln_infer_in (ctx, 1)
+        && (rc = kiln_infer_const_ints (ctx, 1, 1, &k, &n)))
+        return rc;
+    s_set_out (ctx, 0, x->dtype, &x->shape);
+    return 0;
+}
+
+int
+kiln_infer_cumsum (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0);
+    int rc, n;
+    int64_t axis;
+    if ((rc = s_want (ctx, 0, S_FLOATS | S_M (INT32) | S_M (INT64)))
+        || (rc = kiln_infer_const_ints (ctx, 1, 1, &axis, &n)))
+        return rc;
+    if (n != 1 || axis < -x->shape.rank || axis >= x->shape.rank)
+        return kiln_infer_fail (ctx, KILN_ESHAPE, "axis %lld is not an axis of a rank-%d input",
+                                (long long) axis, x->shape.rank);
+    s_set_out (ctx, 0, x->dtype, &x->shape);
+    return 0;
+}
+
+int
+kiln_infer_gather_elements (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0), *ind = kiln_infer_in (ctx, 1);
+    int64_t axis;
+    int rc;
+    if ((rc = kiln_infer_attr_int (ctx, "axis", 0, -KILN_MAX_RANK, KILN_MAX_RANK - 1, &axis)))
+        return rc;
+    if (ind->dtype != KILN_DT_INT64 && ind->dtype != KILN_DT_INT32)
+        return kiln_infer_fail (ctx, KILN_ESHAPE, "indices are %s, expected int64 or int32",
+                                kiln_dtype_name (ind->dtype));
+    if (ind->shape.rank != x->shape.rank || axis < -x->shape.rank || axis >= x->shape.rank)
+        return kiln_infer_fail (ctx, KILN_ESHAPE, "indices must have the data's rank and "
+                                "axis %lld be one of its axes", (long long) axis);
+    s_set_out (ctx, 0, x->dtype, &ind->shape);
+    return 0;
+}

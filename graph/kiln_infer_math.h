@@ -47,6 +47,9 @@ int kiln_infer_batch_norm (kiln_infer_ctx_t *ctx);
 int kiln_infer_instance_norm (kiln_infer_ctx_t *ctx);
 int kiln_infer_layer_norm (kiln_infer_ctx_t *ctx);
 int kiln_infer_lrn (kiln_infer_ctx_t *ctx);
+int kiln_infer_trilu (kiln_infer_ctx_t *ctx);         /* k a constant */
+int kiln_infer_cumsum (kiln_infer_ctx_t *ctx);        /* axis a constant */
+int kiln_infer_gather_elements (kiln_infer_ctx_t *ctx);
 
 /* --- resolvers (also used by the compiler) ------------------------- */
 

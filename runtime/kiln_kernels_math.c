@@ -617,6 +617,17 @@ s_walk2 (const kiln_kmath_plan_t *mp, s_binary_fn fn, const void *a, int ra,
 
 /* Generate s_<op>_<tn>: y = S_B_<op> (T, x0, x1) with result type R.  No
  * restrict: Sum and friends accumulate into y, which is then operand a. */
+/* The floored remainder of floats: fmod's, moved to the divisor's sign. */
+#define S_FLOOR_MOD(T)                                                        \
+    static inline T                                                           \
+    s_floor_mod_##T (T a, T b)                                                \
+    {                                                                         \
+        T r = fmod (a, b);                                                    \
+        return r != 0 && ((r < 0) != (b < 0)) ? r + b : r;                    \
+    }
+S_FLOOR_MOD (float)
+S_FLOOR_MOD (double)
+
 #define S_BINARY(OP, TN, T, R)                                                \
     static void                                                               \
     s_##OP##_##TN (int64_t n, const void *a_, int64_t ia, const void *b_,     \
@@ -663,6 +674,14 @@ s_walk2 (const kiln_kmath_plan_t *mp, s_binary_fn fn, const void *a, int ra,
     ((b) == 0 ? (T) 0                                                         \
      : ((T) -1 < 0 && (b) == (T) -1) ? (T) (0 - (uint64_t) (a)) : (T) ((a) / (b)))
 #define S_B_prelu(T, a, b) ((a) < 0 ? (a) * (b) : (a))
+/* Mod: fmod (the dividend's sign; integers truncate, x % 0 is 0) and
+ * the floored one (the divisor's sign, as Python), ONNX's fmod = 1 and 0 */
+#define S_B_fmodf(T, a, b) fmod (a, b)
+#define S_B_fmodi(T, a, b) ((b) == 0 || ((T) -1 < 0 && (b) == (T) -1) ? (T) 0 : (T) ((a) % (b)))
+#define S_B_modf(T, a, b) s_floor_mod_##T (a, b)
+#define S_B_modi(T, a, b)                                                     \
+    ((b) == 0 || ((T) -1 < 0 && (b) == (T) -1) ? (T) 0                       \
+     : (T) ((a) % (b) != 0 && (((a) % (b) < 0) != ((b) < 0)) ? (a) % (b) + (b) : (a) % (b)))
 #define S_B_maxf(T, a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #define S_B_minf(T, a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
 #define S_B_maxi(T, a, b) ((a) > (b) ? (a) : (b))
@@ -681,6 +700,12 @@ S_FLOATS (S_BIN_SAME, subf)
 S_FLOATS (S_BIN_SAME, mulf)
 S_FLOATS (S_BIN_SAME, divf)
 S_FLOATS (S_BIN_SAME, prelu)
+S_FLOATS (S_BIN_SAME, fmodf)
+S_FLOATS (S_BIN_SAME, modf)
+S_INTS (S_BIN_SAME, fmodi)
+S_BIN_SAME (modi, i8, int8_t)
+S_BIN_SAME (modi, i32, int32_t)
+S_BIN_SAME (modi, i64, int64_t)
 S_FLOATS (S_BIN_SAME, maxf)
 S_FLOATS (S_BIN_SAME, minf)
 S_INTS (S_BIN_SAME, addi)
@@ -713,6 +738,12 @@ static const s_tab_t s_tab_sub = { S_TAB_FLOATS (subf), S_TAB_INTS (subi) };
 static const s_tab_t s_tab_mul = { S_TAB_FLOATS (mulf), S_TAB_INTS (muli) };
 static const s_tab_t s_tab_div = { S_TAB_FLOATS (divf), S_TAB_INTS (divi) };
 static const s_tab_t s_tab_prelu = { S_TAB_FLOATS (prelu) };
+static const s_tab_t s_tab_fmod = { S_TAB_FLOATS (fmodf), S_TAB_INTS (fmodi) };
+/* unsigned: the floored remainder is the truncated one */
+static const s_tab_t s_tab_mod = {
+    S_TAB_FLOATS (modf), [S_I8] = (s_fn_t) s_modi_i8, [S_U8] = (s_fn_t) s_fmodi_u8,
+    [S_I32] = (s_fn_t) s_modi_i32, [S_I64] = (s_fn_t) s_modi_i64,
+};
 static const s_tab_t s_tab_max = { S_TAB_FLOATS (maxf), S_TAB_INTS (maxi) };
 static const s_tab_t s_tab_min = { S_TAB_FLOATS (minf), S_TAB_INTS (mini) };
 
@@ -1916,6 +1947,8 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_CLIP: return s_prep_clip (p, op, plan, err);
     case KILN_K_POW: return s_prep_pow (p, plan, err);
     case KILN_K_PRELU: return s_prep_binary (p, plan, s_tab_prelu, false, err);
+    case KILN_K_FMOD: return s_prep_binary (p, plan, s_tab_fmod, false, err);
+    case KILN_K_MOD: return s_prep_binary (p, plan, s_tab_mod, false, err);
     case KILN_K_MAX: return s_prep_binary (p, plan, s_tab_max, false, err);
     case KILN_K_MIN: return s_prep_binary (p, plan, s_tab_min, false, err);
     case KILN_K_SUM:

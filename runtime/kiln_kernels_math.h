@@ -43,7 +43,7 @@ struct kiln_kplan;
     X (CEIL) X (ERF) X (TANH) X (SIGMOID) X (SOFTPLUS) X (SOFTSIGN)        \
     X (HARD_SWISH) X (LEAKY_RELU) X (ELU) X (SELU) X (CELU)                \
     X (HARD_SIGMOID) X (CLIP) X (NOT) X (CAST) X (ROUND_HALF) X (POW)     \
-    X (PRELU)                                                              \
+    X (PRELU) X (MOD) X (FMOD)                                             \
     X (MAX) X (MIN)                                                        \
     X (SUM) X (MEAN) X (EQUAL) X (LESS) X (GREATER) X (LESS_EQUAL)         \
     X (GREATER_EQUAL) X (AND) X (OR) X (XOR) X (WHERE)                     \

@@ -937,6 +937,189 @@ s_prep_global_maxpool (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan
     return 0;
 }
 
+/* --- Trilu, GatherElements, CumSum ------------------------------------ */
+
+/* Trilu: the matrices of X's last two axes with the elements off the
+ * kept triangle zeroed: kept where j - i >= k (upper) or <= k (lower). */
+static void
+s_run_trilu (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const uint8_t *x = data[plan->in[0]];
+    uint8_t *y = data[plan->out];
+    int64_t rows = sp->h, cols = sp->w, k = sp->offset;
+    for (int64_t b = 0; b < sp->outer; b++)
+        for (int64_t i = 0; i < rows; i++) {
+            /* kept columns [lo, hi) of row i */
+            int64_t lo = sp->mode ? i + k : 0, hi = sp->mode ? cols : i + k + 1;
+            lo = lo < 0 ? 0 : lo > cols ? cols : lo;
+            hi = hi < lo ? lo : hi > cols ? cols : hi;
+            size_t row = (size_t) ((b * rows + i) * cols) * sp->esz;
+            memset (y + row, 0, (size_t) lo * sp->esz);
+            memcpy (y + row + lo * sp->esz, x + row + lo * sp->esz, (size_t) (hi - lo) * sp->esz);
+            memset (y + row + hi * sp->esz, 0, (size_t) (cols - hi) * sp->esz);
+        }
+}
+
+static int
+s_prep_trilu (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    int64_t upper, k;
+    int rc;
+    if ((rc = kiln_prog_op_int (op, "upper", &upper, err))
+        || (rc = kiln_prog_op_int (op, "k", &k, err)))
+        return rc;
+    if (x->dtype != y->dtype || !kiln_shape_equal (&x->shape, &y->shape) || x->shape.rank < 2)
+        return kiln_error (err, KILN_EFORMAT, "X must have rank >= 2 and Y its type and shape");
+    int r = x->shape.rank;
+    sp->esz = kiln_dtype_size (x->dtype);
+    sp->h = x->shape.dims[r - 2];
+    sp->w = x->shape.dims[r - 1];
+    sp->outer = sp->h != 0 && sp->w != 0 ? s_numel (x) / (sp->h * sp->w) : 0;
+    sp->mode = upper != 0;
+    /* beyond ± the matrix size every k means the same */
+    sp->offset = k < -(sp->h + 1) ? -(sp->h + 1) : k > sp->w + 1 ? sp->w + 1 : k;
+    plan->run = s_run_trilu;
+    return 0;
+}
+
+/* GatherElements: y[i] = x[i with i[axis] = indices[i]], negative indices
+ * counted from the end; one out of range gives 0 (as Gather does). */
+static void
+s_run_gather_elements (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const uint8_t *x = data[plan->in[0]];
+    const void *ind = data[plan->in[1]];
+    uint8_t *y = data[plan->out];
+    int64_t d = sp->axis_len, n = sp->n_idx, inner = sp->inner, xd = sp->in_dims[0];
+    for (int64_t o = 0; o < sp->outer; o++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t in = 0; in < inner; in++) {
+                int64_t e = (o * n + j) * inner + in;
+                int64_t k = sp->idx64 ? ((const int64_t *) ind)[e] : ((const int32_t *) ind)[e];
+                if (k < 0)
+                    k += xd;
+                if (k < 0 || k >= xd)
+                    memset (y + e * sp->esz, 0, sp->esz);
+                else
+                    memcpy (y + e * sp->esz,
+                            x + (size_t) ((o * xd + k) * d + in) * sp->esz, sp->esz);
+            }
+}
+
+static int
+s_prep_gather_elements (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                        kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *ind = s_t (p, plan->in[1]);
+    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    int64_t axis;
+    int rc = kiln_prog_op_int (op, "axis", &axis, err);
+    if (rc)
+        return rc;
+    int r = x->shape.rank;
+    if (x->dtype != y->dtype || !kiln_shape_equal (&ind->shape, &y->shape)
+        || ind->shape.rank != r || axis < 0 || axis >= r)
+        return kiln_error (err, KILN_EFORMAT, "indices must have X's rank and Y their "
+                           "shape and X's type, and axis %lld be an axis", (long long) axis);
+    if (ind->dtype != KILN_DT_INT64 && ind->dtype != KILN_DT_INT32)
+        return kiln_error (err, KILN_EFORMAT, "indices are %s, expected int64 or int32",
+                           kiln_dtype_name (ind->dtype));
+    /* The other axes of the indices must not go past X's: then y's
+     * [outer, n, inner] maps onto x's [outer, xd, inner'] with inner' the
+     * same as inner only when they are equal, which is required here. */
+    for (int i = 0; i < r; i++)
+        if (i != axis && ind->shape.dims[i] != x->shape.dims[i])
+            return kiln_error (err, KILN_EUNSUPPORTED, "indices differ from X in axis %d "
+                               "other than axis %lld", i, (long long) axis);
+    sp->esz = kiln_dtype_size (x->dtype);
+    sp->idx64 = ind->dtype == KILN_DT_INT64;
+    sp->outer = s_prod (x->shape.dims, 0, (int) axis);
+    sp->inner = s_prod (x->shape.dims, (int) axis + 1, r);
+    sp->n_idx = ind->shape.dims[axis];
+    sp->in_dims[0] = x->shape.dims[axis];
+    sp->axis_len = sp->inner;
+    plan->run = s_run_gather_elements;
+    return 0;
+}
+
+/* CumSum along one axis (X as [outer, len, inner]), in X's type, in order
+ * (reverse: from the end), inclusive or exclusive. */
+#define S_CUMSUM(TN, T)                                                        \
+    static void                                                               \
+    s_cumsum_##TN (const kiln_kshape_plan_t *sp, const T *x, T *y)            \
+    {                                                                         \
+        int64_t len = sp->axis_len, inner = sp->inner;                        \
+        for (int64_t o = 0; o < sp->outer; o++)                               \
+            for (int64_t in = 0; in < inner; in++) {                          \
+                T acc = 0;                                                    \
+                for (int64_t t = 0; t < len; t++) {                           \
+                    int64_t j = sp->mode & 2 ? len - 1 - t : t;               \
+                    int64_t e = (o * len + j) * inner + in;                   \
+                    T v = x[e];                                               \
+                    if (sp->mode & 1) {                                       \
+                        y[e] = acc;                                           \
+                        acc = (T) (acc + v);                                  \
+                    } else {                                                  \
+                        acc = (T) (acc + v);                                  \
+                        y[e] = acc;                                           \
+                    }                                                         \
+                }                                                             \
+            }                                                                 \
+    }
+S_CUMSUM (f32, float)
+S_CUMSUM (f64, double)
+S_CUMSUM (i32, int32_t)
+S_CUMSUM (i64, int64_t)
+#undef S_CUMSUM
+
+static void
+s_run_cumsum (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const void *x = data[plan->in[0]];
+    void *y = data[plan->out];
+    switch (sp->dt) {
+    case KILN_DT_FLOAT32: s_cumsum_f32 (sp, x, y); break;
+    case KILN_DT_FLOAT64: s_cumsum_f64 (sp, x, y); break;
+    case KILN_DT_INT32: s_cumsum_i32 (sp, x, y); break;
+    default: s_cumsum_i64 (sp, x, y); break;
+    }
+}
+
+static int
+s_prep_cumsum (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    int64_t axis, exclusive, reverse;
+    int rc;
+    if ((rc = kiln_prog_op_int (op, "axis", &axis, err))
+        || (rc = kiln_prog_op_int (op, "exclusive", &exclusive, err))
+        || (rc = kiln_prog_op_int (op, "reverse", &reverse, err)))
+        return rc;
+    int r = x->shape.rank;
+    if (x->dtype != y->dtype || !kiln_shape_equal (&x->shape, &y->shape) || axis < 0
+        || axis >= r)
+        return kiln_error (err, KILN_EFORMAT, "Y must have X's type and shape and axis "
+                           "%lld be one of X's", (long long) axis);
+    if (x->dtype != KILN_DT_FLOAT32 && x->dtype != KILN_DT_FLOAT64
+        && x->dtype != KILN_DT_INT32 && x->dtype != KILN_DT_INT64)
+        return kiln_error (err, KILN_EFORMAT, "X is %s, expected float32, float64, int32 "
+                           "or int64", kiln_dtype_name (x->dtype));
+    sp->dt = x->dtype;
+    sp->outer = s_prod (x->shape.dims, 0, (int) axis);
+    sp->inner = s_prod (x->shape.dims, (int) axis + 1, r);
+    sp->axis_len = x->shape.dims[axis];
+    sp->mode = (exclusive != 0) | (reverse != 0) << 1;
+    plan->run = s_run_cumsum;
+    return 0;
+}
+
 /* --- dispatch --------------------------------------------------------- */
 
 int
@@ -952,6 +1135,9 @@ kiln_kshape_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_CONV_TRANSPOSE2D: return s_prep_conv_transpose (p, op, plan, err);
     case KILN_K_AVGPOOL2D: return s_prep_avgpool (p, op, plan, err);
     case KILN_K_GLOBAL_MAXPOOL: return s_prep_global_maxpool (p, op, plan, err);
+    case KILN_K_TRILU: return s_prep_trilu (p, op, plan, err);
+    case KILN_K_GATHER_ELEMENTS: return s_prep_gather_elements (p, op, plan, err);
+    case KILN_K_CUMSUM: return s_prep_cumsum (p, op, plan, err);
     default:
         return kiln_error (err, KILN_EINVAL, "kernel %s is not a shape kernel",
                            kiln_kernel_name (plan->kernel));

@@ -29,7 +29,8 @@ struct kiln_kplan;
 /* The KILN_KERNELS ids this file implements. */
 #define KILN_KSHAPE_KERNELS(X)                                             \
     X (STRIDED) X (CONCAT) X (GATHER) X (PAD) X (RESIZE)                   \
-    X (CONV_TRANSPOSE2D) X (AVGPOOL2D) X (GLOBAL_MAXPOOL)
+    X (CONV_TRANSPOSE2D) X (AVGPOOL2D) X (GLOBAL_MAXPOOL) X (TRILU)        \
+    X (GATHER_ELEMENTS) X (CUMSUM)
 
 /* What a shape kernel's prepare step works out; lives in kiln_kplan_t. */
 typedef struct kiln_kshape_plan {
@@ -51,6 +52,7 @@ typedef struct kiln_kshape_plan {
     uint8_t value[8];                       /* pad: the constant as one element */
     /* resize */
     int coord, nearest;
+    kiln_dtype_t dt;                        /* cumsum: the type it sums in */
     double scale[KILN_MAX_RANK];            /* per axis, as the coordinate mapping uses it */
     /* windows: conv_transpose2d, avgpool2d (rank 3 reads as height 1) */
     int64_t n, c, h, w, m, oh, ow;
