@@ -79,6 +79,7 @@ class Farm:
         self.workers = {}                      # name -> Popen
         self.worker_argv = {}                  # name -> argv, to restart
         self.others = []                       # other processes to stop
+        self.wrap = []                         # argv prefix of broker and workers (prlimit)
 
     # --- processes --------------------------------------------------------
     def _log(self, name):
@@ -98,7 +99,7 @@ class Farm:
         if self.curve:
             argv += ["--cert", self.curve[0], "--trust", self.curve[1]]
         log = self._log("broker")
-        self.broker = subprocess.Popen(argv + self.broker_args + list(extra), stdout=log,
+        self.broker = subprocess.Popen(self.wrap + argv + self.broker_args + list(extra), stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         wait_for_port(self.port, proc=self.broker)
@@ -115,7 +116,8 @@ class Farm:
     def _spawn_worker(self, name):
         log = self._log(name)
         env = dict(os.environ, TMPDIR=self.workdir)
-        proc = subprocess.Popen(self.worker_argv[name], stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(self.wrap + self.worker_argv[name], stdout=log,
+                                stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         log.close()
         self.workers[name] = proc
