@@ -7,6 +7,7 @@
 #   make conformance  the ONNX backend node tests through kiln
 #   make python-test  the Python package (kiln.trace) against the build
 #   make demo     a broker and two workers on loopback compile and run a model
+#   make bench-large  a >= 6 GiB model through a farm: memory and times (README)
 #   make fuzz     libFuzzer harnesses (clang) for every parser, FUZZ_SECONDS=N each
 #   make san-test unit and integration tests under ASan + UBSan (build/san)
 #   make install  programs, libraries and the Python package under PREFIX
@@ -102,7 +103,7 @@ SO_TORCH := $(LIB)/libkiln_torch.so
 
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: bench-farm bench-serve
+.PHONY: bench-farm bench-serve bench-large
 .PHONY: dist ansible-test
 .PHONY: all deps test unit-test integration-test demo clean install memcheck \
 	python-test conformance bench-runtime bench-deps
@@ -310,6 +311,19 @@ $(BUILD)/bench/bench_farm: $(BUILD)/obj/bench/bench_farm.o $(A_CLIENT) $(A_COMPI
 
 bench-farm: all $(BUILD)/bench/bench_farm
 	$(PYTHON) bench/bench_farm.py --bin $(abspath $(BIN)) --bench $(abspath $(BUILD)/bench/bench_farm)
+
+# A model of >= 6 GiB of float32 weights in ONNX external data through a
+# farm (bench/bench_large.py): peak RSS of client, broker, worker and
+# kiln-run against the weights, cold compile, cache hit, uploads.  Needs
+# ~30 GB of disk under /var/tmp; not part of make test.
+$(BUILD)/bench/bench_large: $(BUILD)/obj/bench/bench_large.o $(A_CLIENT) $(A_COMPILER) $(A_GRAPH) $(A_RUNTIME) $(A_ARTIFACT) $(A_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(call LINK_GROUP,$(filter %.a,$^)) $(LDLIBS)
+
+BENCH_LARGE_GIB ?= 6
+bench-large: all $(BUILD)/bench/bench_farm $(BUILD)/bench/bench_large
+	$(PYTHON) bench/bench_large.py --bin $(abspath $(BIN)) --bench-farm $(abspath $(BUILD)/bench/bench_farm) \
+	  --gib $(BENCH_LARGE_GIB)
 
 # kiln against PyTorch on the CPU, side by side (bench/bench_runtime.py):
 # prints the README's table; asserts nothing about time.
