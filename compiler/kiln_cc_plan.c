@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/kiln_map.h"
@@ -138,6 +139,22 @@ s_spill_weights (kiln_cc_ctx_t *cx, int fd, uint64_t total, kiln_err_t *err)
     return 0;
 }
 
+/* The made weights in the scratch file are in weights.bin now: unmap
+ * them, so that the compile's address space (the worker's --max-memory)
+ * holds the graph's weights and weights.bin, not a third copy. */
+static void
+s_unmap_made (kiln_cc_ctx_t *cx)
+{
+    for (int i = 0; i < cx->n_st; i++) {
+        kiln_cc_storage_t *s = &cx->st[i];
+        if (s->map_len) {
+            munmap (s->data, s->map_len);
+            s->data = NULL;
+            s->map_len = 0;
+        }
+    }
+}
+
 /* Lay out weights.bin and copy the weight bytes into it (memory or the
  * file spill_fd). */
 static int
@@ -160,7 +177,9 @@ s_pack_weights (kiln_cc_ctx_t *cx, int spill_fd, uint8_t **out, size_t *out_len,
     if (spill_fd >= 0) {
         *out = NULL;
         *out_len = (size_t) total;
-        return s_spill_weights (cx, spill_fd, total, err);
+        int rc = s_spill_weights (cx, spill_fd, total, err);
+        s_unmap_made (cx);
+        return rc;
     }
     uint8_t *buf = calloc (1, total ? (size_t) total : 1);
     if (!buf)
