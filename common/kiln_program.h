@@ -140,6 +140,7 @@
     X (LAYER_NORM,         "layer_norm",         2, 3, 1)          \
     X (LAYER_NORM_STATS,   "layer_norm_stats",   2, 3, 3)          \
     X (LRN,                "lrn",                1, 1, 1)          \
+    X (NLL_LOSS,           "nll_loss",           2, 3, 1)          \
     KILN_UNARY_OPS (KILN_UNARY_KERNEL_ROW, X)
 
 /* The data-movement, resize and window kernels

@@ -1622,6 +1622,8 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "Clip",              kiln_lower_math_clip, KILN_K_CLIP, false },
     { "Pow",               kiln_lower_math_broadcast, KILN_K_POW, false },
     { "Mod",               kiln_lower_math_mod, KILN_K_MOD, false },
+    { "NegativeLogLikelihoodLoss", kiln_lower_math_nll, KILN_K_NLL_LOSS, false },
+    { "SoftmaxCrossEntropyLoss", kiln_lower_math_nll, KILN_K_NLL_LOSS, false },
     { "Max",               kiln_lower_math_broadcast, KILN_K_MAX, true },
     { "Min",               kiln_lower_math_broadcast, KILN_K_MIN, true },
     { "Sum",               kiln_lower_math_broadcast, KILN_K_SUM, false },

@@ -480,3 +480,47 @@ kiln_lower_math_norm (kiln_cc_ctx_t *cx, const kiln_node_t *node,
     }
     return s_set_f (cx, op, "epsilon", eps, err);
 }
+
+/* --- losses ---------------------------------------------------------------- */
+
+/* NegativeLogLikelihoodLoss as nll_loss; SoftmaxCrossEntropyLoss as
+ * log_softmax over axis 1 (into its second output when the graph reads
+ * it, else a temporary) and nll_loss of that. */
+int
+kiln_lower_math_nll (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                     kiln_err_t *err)
+{
+    int x = s_input (cx, node, 0, err), t = s_input (cx, node, 1, err), rc;
+    if (x < 0 || t < 0)
+        return x < 0 ? x : t;
+    const char *red = kiln_node_attr_string (node, "reduction", "mean");
+    int64_t reduction = strcmp (red, "none") == 0 ? 0 : strcmp (red, "sum") == 0 ? 1 : 2;
+    bool has_ignore = kiln_node_attr (node, "ignore_index") != NULL;
+    int64_t ignore = kiln_node_attr_int (node, "ignore_index", 0);
+    int ins[3], n_in = node->n_inputs > 2 && node->inputs[2] >= 0 ? 3 : 2;
+    for (int i = 0; i < n_in; i++)
+        if ((ins[i] = kiln_cc_operand (cx, node->inputs[i], err)) < 0)
+            return ins[i];
+    if (s_op_is (node, "SoftmaxCrossEntropyLoss")) {
+        const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+        int lp = node->n_outputs > 1 && node->outputs[1] >= 0
+                 ? kiln_cc_result (cx, node->outputs[1], err)
+                 : kiln_cc_temp (cx, cx->prog->tensors[ins[0]].dtype, xs, err);
+        if (lp < 0)
+            return lp;
+        int op = kiln_cc_emit (cx, KILN_K_LOG_SOFTMAX, &ins[0], 1, &lp, 1, err);
+        if (op < 0 || (rc = s_set_i (cx, op, "axis", 1, err))
+            || (rc = s_set_i (cx, op, "flatten", 0, err)))
+            return op < 0 ? op : rc;
+        ins[0] = lp;
+    }
+    int y = kiln_cc_result (cx, node->outputs[0], err);
+    if (y < 0)
+        return y;
+    int op = kiln_cc_emit (cx, k, ins, n_in, &y, 1, err);
+    if (op < 0 || (rc = s_set_i (cx, op, "reduction", reduction, err))
+        || (rc = s_set_i (cx, op, "has_ignore", has_ignore, err))
+        || (rc = s_set_i (cx, op, "ignore_index", ignore, err)))
+        return op < 0 ? op : rc;
+    return 0;
+}

@@ -751,3 +751,40 @@ kiln_infer_gather_elements (kiln_infer_ctx_t *ctx)
     s_set_out (ctx, 0, x->dtype, &ind->shape);
     return 0;
 }
+
+/* NegativeLogLikelihoodLoss (input, target[, weight]) and
+ * SoftmaxCrossEntropyLoss (scores, labels[, weights]; a second output,
+ * the log-probabilities): the loss per element (reduction "none") or one
+ * value. */
+int
+kiln_infer_nll (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0), *t = kiln_infer_in (ctx, 1);
+    int rc;
+    if ((rc = kiln_infer_want_float (ctx, 0)) || (rc = kiln_infer_want_rank (ctx, 0, 2, KILN_MAX_RANK)))
+        return rc;
+    if (t->dtype != KILN_DT_INT64 && t->dtype != KILN_DT_INT32)
+        return kiln_infer_fail (ctx, KILN_ESHAPE, "the target is %s, expected int64 or int32",
+                                kiln_dtype_name (t->dtype));
+    bool ok = t->shape.rank == x->shape.rank - 1 && t->shape.dims[0] == x->shape.dims[0];
+    for (int i = 2; ok && i < x->shape.rank; i++)
+        ok = t->shape.dims[i - 1] == x->shape.dims[i];
+    if (!ok)
+        return kiln_infer_fail (ctx, KILN_ESHAPE, "the target must be the input's shape "
+                                "without its axis 1");
+    if (ctx->n_in > 2 && kiln_infer_in (ctx, 2)) {
+        const kiln_infer_type_t *w = kiln_infer_in (ctx, 2);
+        if (w->dtype != x->dtype || w->shape.rank != 1 || w->shape.dims[0] != x->shape.dims[1])
+            return kiln_infer_fail (ctx, KILN_ESHAPE, "the weight must be [C] of the "
+                                    "input's type");
+    }
+    const char *red = kiln_node_attr_string (ctx->node, "reduction", "mean");
+    if (strcmp (red, "none") && strcmp (red, "sum") && strcmp (red, "mean"))
+        return kiln_infer_fail (ctx, KILN_EUNSUPPORTED, "reduction '%s' is not none, sum "
+                                "or mean", red);
+    kiln_shape_t scalar = { .rank = 0 };
+    s_set_out (ctx, 0, x->dtype, strcmp (red, "none") ? &scalar : &t->shape);
+    if (ctx->node->n_outputs > 1 && ctx->out[1])
+        s_set_out (ctx, 1, x->dtype, &x->shape);
+    return 0;
+}

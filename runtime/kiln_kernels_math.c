@@ -1910,6 +1910,107 @@ s_prep_layer_norm (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     return 0;
 }
 
+/* --- nll_loss ------------------------------------------------------------ */
+
+/* NegativeLogLikelihoodLoss over X [N, C, D...] (as [N, C, D]) and the
+ * class of each (n, d) in T: -X[n, t, d] · w[t] (w 1 without a weight),
+ * 0 with weight 0 where t is the ignored index; none keeps them, sum adds
+ * them (in double, in order), mean divides that by the weights' sum.  A
+ * class outside 0..C-1 gives NaN (ONNX leaves it undefined). */
+#define S_NLL(TN, T)                                                          \
+    static void                                                               \
+    s_nll_##TN (const kiln_kmath_plan_t *mp, const T *x, const void *tg,      \
+                const T *w, T *y)                                             \
+    {                                                                         \
+        int64_t nn = mp->pre, c = mp->len, d = mp->post;                      \
+        double sum = 0, wsum = 0;                                             \
+        for (int64_t n = 0; n < nn; n++)                                      \
+            for (int64_t j = 0; j < d; j++) {                                 \
+                int64_t e = n * d + j;                                        \
+                int64_t t = mp->dt2 == KILN_DT_INT64 ? ((const int64_t *) tg)[e] \
+                                                     : ((const int32_t *) tg)[e]; \
+                T l, wt;                                                      \
+                if (mp->has_lo && t == mp->i0) {                              \
+                    l = 0;                                                    \
+                    wt = 0;                                                   \
+                } else if (t < 0 || t >= c) {                                 \
+                    l = (T) NAN;                                              \
+                    wt = (T) NAN;                                             \
+                } else {                                                      \
+                    wt = w ? w[t] : (T) 1;                                    \
+                    l = -x[(n * c + t) * d + j] * wt;                         \
+                }                                                             \
+                if (mp->has_hi == 0)                                          \
+                    y[e] = l;                                                 \
+                sum += l;                                                     \
+                wsum += wt;                                                   \
+            }                                                                 \
+        if (mp->has_hi == 1)                                                  \
+            y[0] = (T) sum;                                                   \
+        else if (mp->has_hi == 2)                                             \
+            y[0] = (T) (sum / wsum);                                          \
+    }
+S_NLL (f32, float)
+S_NLL (f64, double)
+#undef S_NLL
+
+static void
+s_run_nll (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kmath_plan_t *mp = &plan->u.math;
+    const void *w = plan->n_in > 2 ? data[plan->in[2]] : NULL;
+    if (mp->dt == KILN_DT_FLOAT64)
+        s_nll_f64 (mp, data[plan->in[0]], data[plan->in[1]], w, data[plan->out]);
+    else
+        s_nll_f32 (mp, data[plan->in[0]], data[plan->in[1]], w, data[plan->out]);
+}
+
+static int
+s_prep_nll (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kmath_plan_t *mp = &plan->u.math;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *tg = s_t (p, plan->in[1]);
+    int64_t reduction, has_ignore, ignore;
+    int rc;
+    if ((rc = kiln_prog_op_int (op, "reduction", &reduction, err))
+        || (rc = kiln_prog_op_int (op, "has_ignore", &has_ignore, err))
+        || (rc = kiln_prog_op_int (op, "ignore_index", &ignore, err)))
+        return rc;
+    if (reduction < 0 || reduction > 2)
+        return kiln_error (err, KILN_EFORMAT, "reduction %lld is not 0 (none), 1 (sum) "
+                           "or 2 (mean)", (long long) reduction);
+    if (x->dtype != KILN_DT_FLOAT32 && x->dtype != KILN_DT_FLOAT64)
+        return kiln_error (err, KILN_EFORMAT, "input 0 is %s, expected float32 or float64",
+                           s_dtn (x->dtype));
+    if (tg->dtype != KILN_DT_INT64 && tg->dtype != KILN_DT_INT32)
+        return kiln_error (err, KILN_EFORMAT, "the target is %s, expected int64 or int32",
+                           s_dtn (tg->dtype));
+    if (x->shape.rank < 2 || tg->shape.rank != x->shape.rank - 1
+        || tg->shape.dims[0] != x->shape.dims[0])
+        return kiln_error (err, KILN_EFORMAT, "input 0 must be [N, C, ...] and the target "
+                           "[N, ...]");
+    for (int i = 2; i < x->shape.rank; i++)
+        if (tg->shape.dims[i - 1] != x->shape.dims[i])
+            return kiln_error (err, KILN_EFORMAT, "the target's axis %d differs from "
+                               "input 0's axis %d", i - 1, i);
+    mp->dt = x->dtype;
+    mp->dt2 = tg->dtype;
+    mp->pre = x->shape.dims[0];
+    mp->len = x->shape.dims[1];
+    mp->post = s_prod (x->shape.dims, 2, x->shape.rank);
+    if (plan->n_in > 2 && ((rc = s_need_dtype (p, plan->in[2], x->dtype, "the weight", err))
+                           || (rc = s_need_numel (p, plan->in[2], mp->len, "the weight", err))))
+        return rc;
+    if ((rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
+        || (rc = s_need_numel (p, plan->out, reduction ? 1 : s_numel (tg), "the output", err)))
+        return rc;
+    mp->has_lo = has_ignore != 0;
+    mp->i0 = ignore;
+    mp->has_hi = (int) reduction;
+    plan->run = s_run_nll;
+    return 0;
+}
+
 int
 kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                     kiln_err_t *err)
@@ -1986,6 +2087,7 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_ARGMIN: return s_prep_arg (p, op, plan, err);
     case KILN_K_SOFTMAX:
     case KILN_K_LOG_SOFTMAX: return s_prep_softmax (p, op, plan, err);
+    case KILN_K_NLL_LOSS: return s_prep_nll (p, op, plan, err);
     case KILN_K_BATCH_NORM:
         if ((rc = s_prep_channels (p, plan, 1, err))
             || (rc = s_float_param (op, "epsilon", &mp->f[0], err)))

@@ -51,7 +51,7 @@ struct kiln_kplan;
     X (REDUCE_PROD) X (REDUCE_L1) X (REDUCE_L2) X (REDUCE_SUM_SQUARE)      \
     X (REDUCE_LOG_SUM) X (REDUCE_LOG_SUM_EXP) X (ARGMAX) X (ARGMIN)        \
     X (SOFTMAX) X (LOG_SOFTMAX) X (BATCH_NORM) X (INSTANCE_NORM)           \
-    X (LAYER_NORM) X (LAYER_NORM_STATS) X (LRN)                           \
+    X (LAYER_NORM) X (LAYER_NORM_STATS) X (LRN) X (NLL_LOSS)              \
     KILN_UNARY_OPS (KILN_UNARY_ID_ROW, X)
 
 /* What a math kernel's prepare step works out; lives in kiln_kplan_t. */
@@ -76,10 +76,11 @@ typedef struct kiln_kmath_plan {
     int64_t rd[KILN_MAX_RANK], rs[KILN_MAX_RANK];
     bool block;                     /* the reduced axes are one block */
     double f[4];                    /* float parameters */
-    int64_t i0;                     /* an integer parameter */
+    int64_t i0;                     /* an integer parameter (nll_loss: the ignored class) */
     int64_t sc_st, b_st;            /* layer_norm: scale and bias strides (0/1) */
     int out2, out3;                 /* layer_norm_stats: Mean and InvStdDev */
-    int has_lo, has_hi;             /* clip: bound from an input (its index) or 0 */
+    int has_lo, has_hi;             /* clip: bound from an input (its index) or 0;
+                                     * nll_loss: an ignored class, the reduction */
 } kiln_kmath_plan_t;
 
 /* Check and plan op `op` of `p`, one of KILN_KMATH_KERNELS; sets
