@@ -141,6 +141,8 @@
     X (LAYER_NORM_STATS,   "layer_norm_stats",   2, 3, 3)          \
     X (LRN,                "lrn",                1, 1, 1)          \
     X (NLL_LOSS,           "nll_loss",           2, 3, 1)          \
+    X (HARDMAX,            "hardmax",            1, 1, 1)          \
+    X (IS_INF,             "is_inf",             1, 1, 1)          \
     KILN_UNARY_OPS (KILN_UNARY_KERNEL_ROW, X)
 
 /* The data-movement, resize and window kernels
@@ -156,7 +158,8 @@
     X (GLOBAL_MAXPOOL,     "global_maxpool",     1, 1, 1)          \
     X (TRILU,              "trilu",              1, 1, 1)          \
     X (GATHER_ELEMENTS,    "gather_elements",    2, 2, 1)          \
-    X (CUMSUM,             "cumsum",             1, 1, 1)
+    X (CUMSUM,             "cumsum",             1, 1, 1)          \
+    X (EYE,                "eye",                1, 1, 1)
 
 typedef enum {
 #define KILN_K_ENUM(id, name, min_in, max_in, n_out) KILN_K_##id,

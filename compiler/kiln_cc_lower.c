@@ -1623,6 +1623,8 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "Pow",               kiln_lower_math_broadcast, KILN_K_POW, false },
     { "Mod",               kiln_lower_math_mod, KILN_K_MOD, false },
     { "NegativeLogLikelihoodLoss", kiln_lower_math_nll, KILN_K_NLL_LOSS, false },
+    { "Hardmax",           kiln_lower_math_softmax, KILN_K_HARDMAX, true },
+    { "IsInf",             kiln_lower_math_isinf, KILN_K_IS_INF, true },
     { "SoftmaxCrossEntropyLoss", kiln_lower_math_nll, KILN_K_NLL_LOSS, false },
     { "Max",               kiln_lower_math_broadcast, KILN_K_MAX, true },
     { "Min",               kiln_lower_math_broadcast, KILN_K_MIN, true },
@@ -1683,6 +1685,7 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "AveragePool",       kiln_lower_shape_avgpool, KILN_K_AVGPOOL2D, false },
     { "GlobalMaxPool",     kiln_lower_shape_global_pool, KILN_K_GLOBAL_MAXPOOL, true },
     { "Trilu",             kiln_lower_shape_trilu, KILN_K_TRILU, true },
+    { "EyeLike",           kiln_lower_shape_eyelike, KILN_K_EYE, true },
     { "CumSum",            kiln_lower_shape_cumsum, KILN_K_CUMSUM, false },
     { "GatherElements",    kiln_lower_shape_gather_elements, KILN_K_GATHER_ELEMENTS, true },
     /* the float unary ops of common/kiln_ops_unary.h */

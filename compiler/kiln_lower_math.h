@@ -49,4 +49,8 @@ int kiln_lower_math_norm (kiln_cc_ctx_t *cx, const kiln_node_t *node,
 int kiln_lower_math_nll (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                          kiln_err_t *err);
 
+/* IsInf (kernel is_inf). */
+int kiln_lower_math_isinf (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                           kiln_err_t *err);
+
 #endif

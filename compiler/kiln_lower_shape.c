@@ -774,3 +774,22 @@ kiln_lower_shape_gather_elements (kiln_cc_ctx_t *cx, const kiln_node_t *node,
         return op < 0 ? op : rc;
     return 0;
 }
+
+int
+kiln_lower_shape_eyelike (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                          kiln_err_t *err)
+{
+    int x = s_in (node, 0), rc;
+    if (x < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input");
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int py = s_result (cx, node, 0, &s_gt (cx, x)->shape, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, &px, 1, &py, 1, err);
+    if (op < 0 || (rc = s_set_int (cx, op, "k", kiln_node_attr_int (node, "k", 0), err)))
+        return op < 0 ? op : rc;
+    return 0;
+}

@@ -53,4 +53,8 @@ int kiln_lower_shape_cumsum (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_ke
 int kiln_lower_shape_gather_elements (kiln_cc_ctx_t *cx, const kiln_node_t *node,
                                       kiln_kernel_t k, kiln_err_t *err);
 
+/* EyeLike (kernel eye). */
+int kiln_lower_shape_eyelike (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                              kiln_err_t *err);
+
 #endif

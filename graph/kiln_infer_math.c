@@ -788,3 +788,33 @@ kiln_infer_nll (kiln_infer_ctx_t *ctx)
         s_set_out (ctx, 1, x->dtype, &x->shape);
     return 0;
 }
+
+/* IsInf: bool of X's shape. */
+int
+kiln_infer_isinf (kiln_infer_ctx_t *ctx)
+{
+    int rc = s_want (ctx, 0, S_FLOATS);
+    if (rc)
+        return rc;
+    s_set_out (ctx, 0, KILN_DT_BOOL, &kiln_infer_in (ctx, 0)->shape);
+    return 0;
+}
+
+/* EyeLike: the input's shape (a matrix), of `dtype` or the input's type. */
+int
+kiln_infer_eyelike (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0);
+    int64_t dt;
+    int rc;
+    if ((rc = kiln_infer_want_rank (ctx, 0, 2, 2))
+        || (rc = kiln_infer_attr_int (ctx, "dtype", x->dtype, 0, 1 << 20, &dt)))
+        return rc;
+    if (dt != KILN_DT_FLOAT32 && dt != KILN_DT_FLOAT64 && dt != KILN_DT_INT32
+        && dt != KILN_DT_INT64 && dt != KILN_DT_INT8 && dt != KILN_DT_UINT8
+        && dt != KILN_DT_BOOL)
+        return kiln_infer_fail (ctx, KILN_EUNSUPPORTED, "dtype %lld is not one EyeLike "
+                                "writes", (long long) dt);
+    s_set_out (ctx, 0, (kiln_dtype_t) dt, &x->shape);
+    return 0;
+}

@@ -1910,6 +1910,102 @@ s_prep_layer_norm (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     return 0;
 }
 
+/* --- hardmax, is_inf -------------------------------------------------------- */
+
+/* Hardmax: 1 at the first largest element along the axis (X as [pre,
+ * len, post]), 0 elsewhere; a NaN counts as larger than everything. */
+#define S_HARDMAX(TN, T)                                                      \
+    static void                                                               \
+    s_hardmax_##TN (const kiln_kmath_plan_t *mp, const T *x, T *y)            \
+    {                                                                         \
+        int64_t len = mp->len, post = mp->post;                               \
+        for (int64_t a = 0; a < mp->pre; a++)                                 \
+            for (int64_t b = 0; b < post; b++) {                              \
+                const T *xr = x + a * len * post + b;                         \
+                T *yr = y + a * len * post + b;                               \
+                int64_t best = 0;                                             \
+                for (int64_t i = 0; i < len; i++) {                           \
+                    yr[i * post] = 0;                                         \
+                    if (xr[best * post] != xr[best * post])                   \
+                        continue;                                             \
+                    if (xr[i * post] > xr[best * post] || xr[i * post] != xr[i * post]) \
+                        best = i;                                             \
+                }                                                             \
+                if (len > 0)                                                  \
+                    yr[best * post] = 1;                                      \
+            }                                                                 \
+    }
+S_HARDMAX (f32, float)
+S_HARDMAX (f64, double)
+#undef S_HARDMAX
+
+static void
+s_run_hardmax (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kmath_plan_t *mp = &plan->u.math;
+    if (mp->dt == KILN_DT_FLOAT64)
+        s_hardmax_f64 (mp, data[plan->in[0]], data[plan->out]);
+    else
+        s_hardmax_f32 (mp, data[plan->in[0]], data[plan->out]);
+}
+
+static int
+s_prep_hardmax (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kmath_plan_t *mp = &plan->u.math;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    int64_t axis, flatten;
+    int rc;
+    if (x->dtype != KILN_DT_FLOAT32 && x->dtype != KILN_DT_FLOAT64)
+        return kiln_error (err, KILN_EFORMAT, "input 0 is %s, expected float32 or float64",
+                           s_dtn (x->dtype));
+    if ((rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
+        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err))
+        || (rc = kiln_prog_op_int (op, "axis", &axis, err))
+        || (rc = kiln_prog_op_int (op, "flatten", &flatten, err))
+        || (rc = s_plan_axis (x, axis, flatten != 0, mp, err)))
+        return rc;
+    mp->dt = x->dtype;
+    plan->run = s_run_hardmax;
+    return 0;
+}
+
+/* IsInf: bool, for +inf (detect_positive) and -inf (detect_negative). */
+#define S_ISINF(TN, T)                                                        \
+    static void                                                               \
+    s_isinf_##TN (int64_t n, const void *x_, void *y_, const kiln_kmath_plan_t *mp) \
+    {                                                                         \
+        const T *x = x_;                                                      \
+        uint8_t *y = y_;                                                      \
+        bool pos = mp->f[0] != 0, neg = mp->f[1] != 0;                        \
+        for (int64_t i = 0; i < n; i++)                                       \
+            y[i] = isinf (x[i]) && (x[i] > 0 ? pos : neg);                    \
+    }
+S_ISINF (f32, float)
+S_ISINF (f64, double)
+#undef S_ISINF
+static const s_tab_t s_tab_isinf = { S_TAB_FLOATS (isinf) };
+
+static int
+s_prep_isinf (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kmath_plan_t *mp = &plan->u.math;
+    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    int64_t pos, neg;
+    int rc;
+    if ((rc = s_pick (s_tab_isinf, x->dtype, "input 0", mp, err))
+        || (rc = s_need_dtype (p, plan->out, KILN_DT_BOOL, "the output", err))
+        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err))
+        || (rc = kiln_prog_op_int (op, "detect_positive", &pos, err))
+        || (rc = kiln_prog_op_int (op, "detect_negative", &neg, err)))
+        return rc;
+    mp->f[0] = pos != 0;
+    mp->f[1] = neg != 0;
+    mp->len = s_numel (x);
+    plan->run = s_run_unary;
+    return 0;
+}
+
 /* --- nll_loss ------------------------------------------------------------ */
 
 /* NegativeLogLikelihoodLoss over X [N, C, D...] (as [N, C, D]) and the
@@ -2088,6 +2184,8 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_SOFTMAX:
     case KILN_K_LOG_SOFTMAX: return s_prep_softmax (p, op, plan, err);
     case KILN_K_NLL_LOSS: return s_prep_nll (p, op, plan, err);
+    case KILN_K_HARDMAX: return s_prep_hardmax (p, op, plan, err);
+    case KILN_K_IS_INF: return s_prep_isinf (p, op, plan, err);
     case KILN_K_BATCH_NORM:
         if ((rc = s_prep_channels (p, plan, 1, err))
             || (rc = s_float_param (op, "epsilon", &mp->f[0], err)))

@@ -51,7 +51,7 @@ struct kiln_kplan;
     X (REDUCE_PROD) X (REDUCE_L1) X (REDUCE_L2) X (REDUCE_SUM_SQUARE)      \
     X (REDUCE_LOG_SUM) X (REDUCE_LOG_SUM_EXP) X (ARGMAX) X (ARGMIN)        \
     X (SOFTMAX) X (LOG_SOFTMAX) X (BATCH_NORM) X (INSTANCE_NORM)           \
-    X (LAYER_NORM) X (LAYER_NORM_STATS) X (LRN) X (NLL_LOSS)              \
+    X (LAYER_NORM) X (LAYER_NORM_STATS) X (LRN) X (NLL_LOSS) X (HARDMAX) X (IS_INF) \
     KILN_UNARY_OPS (KILN_UNARY_ID_ROW, X)
 
 /* What a math kernel's prepare step works out; lives in kiln_kplan_t. */

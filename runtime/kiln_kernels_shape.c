@@ -1120,6 +1120,53 @@ s_prep_cumsum (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_e
     return 0;
 }
 
+/* EyeLike: a [rows, cols] matrix of the output's type, ones on diagonal
+ * k (j - i = k), zeros elsewhere; the input gives only the shape. */
+static void
+s_run_eye (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    uint8_t *y = data[plan->out];
+    memset (y, 0, (size_t) (sp->h * sp->w) * sp->esz);
+    for (int64_t i = 0; i < sp->h; i++) {
+        int64_t j = i + sp->offset;
+        if (j >= 0 && j < sp->w)
+            memcpy (y + (size_t) (i * sp->w + j) * sp->esz, sp->value, sp->esz);
+    }
+}
+
+static int
+s_prep_eye (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    int64_t k;
+    int rc = kiln_prog_op_int (op, "k", &k, err);
+    if (rc)
+        return rc;
+    if (y->shape.rank != 2 || !kiln_shape_equal (&y->shape, &s_t (p, plan->in[0])->shape))
+        return kiln_error (err, KILN_EFORMAT, "the input and the output must be matrices "
+                           "of one shape");
+    sp->esz = kiln_dtype_size (y->dtype);
+    sp->h = y->shape.dims[0];
+    sp->w = y->shape.dims[1];
+    sp->offset = k < -sp->h ? -sp->h : k > sp->w ? sp->w : k;
+    /* one, as an element of the output's type */
+    memset (sp->value, 0, sizeof sp->value);
+    switch (y->dtype) {
+    case KILN_DT_FLOAT32: { float v = 1.0f; memcpy (sp->value, &v, sizeof v); break; }
+    case KILN_DT_FLOAT64: { double v = 1.0; memcpy (sp->value, &v, sizeof v); break; }
+    case KILN_DT_INT32: { int32_t v = 1; memcpy (sp->value, &v, sizeof v); break; }
+    case KILN_DT_INT64: { int64_t v = 1; memcpy (sp->value, &v, sizeof v); break; }
+    case KILN_DT_INT8: case KILN_DT_UINT8: case KILN_DT_BOOL: sp->value[0] = 1; break;
+    default:
+        return kiln_error (err, KILN_EFORMAT, "the output is %s, which eye does not write",
+                           kiln_dtype_name (y->dtype));
+    }
+    plan->run = s_run_eye;
+    return 0;
+}
+
 /* --- dispatch --------------------------------------------------------- */
 
 int
@@ -1138,6 +1185,7 @@ kiln_kshape_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_TRILU: return s_prep_trilu (p, op, plan, err);
     case KILN_K_GATHER_ELEMENTS: return s_prep_gather_elements (p, op, plan, err);
     case KILN_K_CUMSUM: return s_prep_cumsum (p, op, plan, err);
+    case KILN_K_EYE: return s_prep_eye (p, op, plan, err);
     default:
         return kiln_error (err, KILN_EINVAL, "kernel %s is not a shape kernel",
                            kiln_kernel_name (plan->kernel));

@@ -30,7 +30,7 @@ struct kiln_kplan;
 #define KILN_KSHAPE_KERNELS(X)                                             \
     X (STRIDED) X (CONCAT) X (GATHER) X (PAD) X (RESIZE)                   \
     X (CONV_TRANSPOSE2D) X (AVGPOOL2D) X (GLOBAL_MAXPOOL) X (TRILU)        \
-    X (GATHER_ELEMENTS) X (CUMSUM)
+    X (GATHER_ELEMENTS) X (CUMSUM) X (EYE)
 
 /* What a shape kernel's prepare step works out; lives in kiln_kplan_t. */
 typedef struct kiln_kshape_plan {
