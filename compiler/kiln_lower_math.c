@@ -530,18 +530,13 @@ int
 kiln_lower_math_isinf (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                        kiln_err_t *err)
 {
-    int x = s_input (cx, node, 0, err), rc;
-    if (x < 0)
-        return x;
-    int y = s_output (cx, node, &s_gt (cx, x)->shape, err);
-    if (y < 0)
-        return y;
-    int op = s_emit (cx, k, &x, 1, &y, 1, NULL, err);
-    if (op < 0
+    /* the unary op, then its flags */
+    int rc = kiln_lower_math_unary (cx, node, k, err), op = cx->prog->n_ops - 1;
+    if (rc < 0
         || (rc = s_set_i (cx, op, "detect_positive",
                           kiln_node_attr_int (node, "detect_positive", 1) != 0, err))
         || (rc = s_set_i (cx, op, "detect_negative",
                           kiln_node_attr_int (node, "detect_negative", 1) != 0, err)))
-        return op < 0 ? op : rc;
+        return rc;
     return 0;
 }
