@@ -344,12 +344,12 @@ typedef struct {
 static void
 s_progress_json (const kiln_progress_event_t *ev, void *arg)
 {
-    static const char *names[] = { "upload", "queued", "running", "done" };
+    static const char *names[] = { "upload", "queued", "running", "done", "download" };
     const s_progress_t *p = arg;
     json_t *obj = json_pack ("{s:s}", "phase", names[ev->phase]);
     if (!obj)
         return;
-    if (ev->phase == KILN_PHASE_UPLOAD) {
+    if (ev->phase == KILN_PHASE_UPLOAD || ev->phase == KILN_PHASE_DOWNLOAD) {
         json_object_set_new (obj, "sent_bytes", json_integer ((json_int_t) ev->sent_bytes));
         json_object_set_new (obj, "total_bytes", json_integer ((json_int_t) ev->total_bytes));
     }

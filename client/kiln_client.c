@@ -1157,7 +1157,7 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
         kiln_err_t gerr = { 0 };
         int64_t left = wait_ms > 0 ? deadline - zclock_mono () : 0;
         if (wait_ms > 0 && left <= 0)
-            s_fail (&e, r, KILN_ETIMEOUT, "gave up waiting after %d s", (wait_ms + 999) / 1000);
+            s_fail (&e, r, KILN_ETIMEOUT, "gave up waiting after %g s", wait_ms / 1000.0);
         else if (kiln_client_get (self, r->job->result.artifact, r->job->out_path, NULL,
                                   (int) left, NULL, &gerr) != 0)
             s_finish (&e, r, &gerr, false);

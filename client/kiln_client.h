@@ -181,12 +181,15 @@ typedef enum {
                                     known yet) */
     KILN_PHASE_RUNNING,          /* on `worker` for elapsed_ms */
     KILN_PHASE_DONE,             /* finished (job->err tells how; `done` is called too) */
+    KILN_PHASE_DOWNLOAD,         /* a large artifact coming apart (kiln_client_get):
+                                    sent_bytes of total_bytes received */
 } kiln_phase_t;
 
 typedef struct kiln_progress_event {
     size_t index;                /* the job in the batch (SIZE_MAX: the upload of all) */
     kiln_phase_t phase;
-    uint64_t sent_bytes, total_bytes;   /* UPLOAD: this call's blob bytes */
+    uint64_t sent_bytes, total_bytes;   /* UPLOAD: this call's blob bytes; DOWNLOAD: the
+                                           artifact's bytes received, and its size */
     uint64_t position;           /* QUEUED */
     uint64_t queued, running;    /* QUEUED, RUNNING: all our jobs on the farm */
     const char *worker;          /* RUNNING: who builds it (the event's, not to keep) */

@@ -280,6 +280,11 @@ s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
     kiln_sha256_update (g->sha, data, len);
     g->received += len;
     g->progress = zclock_mono ();
+    if (g->self->progress) {
+        kiln_progress_event_t ev = { .index = SIZE_MAX, .phase = KILN_PHASE_DOWNLOAD,
+                                     .sent_bytes = g->received, .total_bytes = g->size };
+        g->self->progress (&ev, g->self->progress_arg);
+    }
     if (g->received < g->size) {
         if (++g->owed >= S_GET_WINDOW / 4)
             s_get_credit (g);

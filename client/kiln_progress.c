@@ -18,6 +18,7 @@ struct kiln_progress {
     bool shown;                      /* a line is on the terminal */
     int64_t start_ms, drawn_ms;      /* monotonic */
     int64_t upload_start_ms;         /* first upload news */
+    int64_t download_start_ms;       /* first download news */
     int last_phase;                  /* what was drawn last (-1: a text phase) */
     char line[KILN_PROGRESS_MAX_LINE];
     /* a batch's counts */
@@ -161,31 +162,40 @@ s_eta (char *buf, size_t size, const kiln_progress_event_t *ev)
     return buf;
 }
 
+/* An upload's or a download's line: `what` X of Y (P%) at R/s, the rate
+ * since *start_ms (set at the first news); the last one is always drawn
+ * (as phase `done_phase`: 100% is not throttled away). */
+static void
+s_transfer (kiln_progress_t *self, const kiln_progress_event_t *ev, const char *what,
+            int64_t *start_ms, int done_phase)
+{
+    char a[32], b[32], c[48], r[32];
+    int64_t now = s_now_ms ();
+    if (!*start_ms)
+        *start_ms = now;
+    double secs = (double) (now - *start_ms) / 1e3;
+    if (secs > 0.05)
+        snprintf (c, sizeof c, " at %s/s",
+                  kiln_progress_bytes (r, sizeof r, (double) ev->sent_bytes / secs));
+    else
+        c[0] = '\0';
+    double pct = ev->total_bytes ? 100.0 * (double) ev->sent_bytes / (double) ev->total_bytes
+                                 : 100.0;
+    s_draw (self, ev->sent_bytes >= ev->total_bytes ? done_phase : (int) ev->phase,
+            "kiln: %s %s of %s (%.0f%%)%s", what,
+            kiln_progress_bytes (a, sizeof a, (double) ev->sent_bytes),
+            kiln_progress_bytes (b, sizeof b, (double) ev->total_bytes), pct, c);
+}
+
 /* A compile's line for `ev`. */
 static void
 s_compile_event (kiln_progress_t *self, const kiln_progress_event_t *ev)
 {
-    char a[32], b[32], c[32], eta[64];
-    int64_t now = s_now_ms ();
+    char a[32], eta[64];
     switch (ev->phase) {
-    case KILN_PHASE_UPLOAD: {
-        if (!self->upload_start_ms)
-            self->upload_start_ms = now;
-        double secs = (double) (now - self->upload_start_ms) / 1e3;
-        double pct = ev->total_bytes ? 100.0 * (double) ev->sent_bytes / (double) ev->total_bytes
-                                     : 100.0;
-        if (secs > 0.05)
-            snprintf (c, sizeof c, " at %s/s",
-                      kiln_progress_bytes (eta, sizeof eta, (double) ev->sent_bytes / secs));
-        else
-            c[0] = '\0';
-        /* The last chunk is always drawn: 100% is not throttled away. */
-        int phase = ev->sent_bytes >= ev->total_bytes ? KILN_PHASE_DONE + 1 : (int) ev->phase;
-        s_draw (self, phase, "kiln: uploading weights %s of %s (%.0f%%)%s",
-                kiln_progress_bytes (a, sizeof a, (double) ev->sent_bytes),
-                kiln_progress_bytes (b, sizeof b, (double) ev->total_bytes), pct, c);
+    case KILN_PHASE_UPLOAD:
+        s_transfer (self, ev, "uploading weights", &self->upload_start_ms, 100);
         break;
-    }
     case KILN_PHASE_QUEUED:
         if (ev->position)
             s_draw (self, ev->phase, "kiln: queued, place %llu in your queue (%llu of yours "
@@ -203,6 +213,9 @@ s_compile_event (kiln_progress_t *self, const kiln_progress_event_t *ev)
         break;
     case KILN_PHASE_DONE:
         s_draw (self, ev->phase, "kiln: receiving the artifact");
+        break;
+    case KILN_PHASE_DOWNLOAD:
+        s_transfer (self, ev, "downloading the artifact", &self->download_start_ms, 101);
         break;
     }
 }
@@ -236,8 +249,8 @@ kiln_progress_event (const kiln_progress_event_t *ev, void *arg)
         s_compile_event (self, ev);
         return;
     }
-    if (ev->phase == KILN_PHASE_UPLOAD) {
-        s_compile_event (self, ev);       /* the batch's upload, as a compile's */
+    if (ev->phase == KILN_PHASE_UPLOAD || ev->phase == KILN_PHASE_DOWNLOAD) {
+        s_compile_event (self, ev);       /* the batch's transfers, as a compile's */
         return;
     }
     if (ev->phase == KILN_PHASE_QUEUED || ev->phase == KILN_PHASE_RUNNING) {

@@ -4,7 +4,8 @@
  *
  * A compile shows its phase: importing, uploading (bytes, share, rate),
  * queued (place in our queue, how many of ours wait, time so far, the
- * farm's ETA), compiling (on which worker, for how long, the farm's ETA);
+ * farm's ETA), compiling (on which worker, for how long, the farm's ETA),
+ * downloading a large artifact (bytes, share, rate);
  * a batch one line of overall progress (done, cached, failed, running,
  * queued, elapsed, ETA).  kiln_progress_new returns NULL unless `fd` is a
  * terminal, so a pipe, a file or CI's log never sees a control character;

@@ -213,6 +213,9 @@ def describe_progress(ev):
         return f"compiling on {ev.get('worker', '?')}{eta}"
     if phase == "local":
         return "compiling locally"
+    if phase == "download":
+        return (f"downloading the artifact: {ev['sent_bytes'] / 2**20:.1f} of "
+                f"{ev['total_bytes'] / 2**20:.1f} MiB")
     return "done"
 
 

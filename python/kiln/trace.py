@@ -698,7 +698,7 @@ def trace(func, example_inputs=None, *, example_kwarg_inputs=None, compiler_args
                         local builds are verified with your own key
       progress          (kiln) a callable that gets each event of a farm
                         compile as a dict ({"phase": "upload" | "queued" |
-                        "running" | "local" | "done", bytes, queue place,
+                        "running" | "download" | "local" | "done", bytes, queue place,
                         worker, "eta_ms", ...}); True logs each phase to the
                         `kiln.progress` logger (INFO); default off ($KILN_PROGRESS=1
                         turns the logging on)

@@ -7,6 +7,7 @@ loopback."""
 
 import fcntl
 import os
+import re
 import select
 import struct
 import subprocess
@@ -94,6 +95,13 @@ def test_compile_shows_its_phases_on_a_terminal_and_nothing_elsewhere(farm, tmp_
     rc, out, err = run_pty(argv + ["--compiler-args", "--again"])
     assert rc == 0, err
     assert b"compiling on w1" in err and b"s left" in err, err
+    # Built by kiln-cc, the 4 MiB of weights make an artifact that comes
+    # apart, in chunks (kiln_client_get): its download is shown too.
+    rc, out, err = run_pty([kiln_bin("kiln"), "compile", model, "-o", tmp_path / "c.kar",
+                            "--broker", farm.endpoint])
+    assert rc == 0, err
+    assert re.search(rb"downloading the artifact (\S+ MiB) of \1 \(100%\)", err), err
+    assert err.endswith(CLEAR) and b"\n" not in err, err
     # No terminal: no progress; --json and --quiet: none even on one.
     proc = subprocess.run([str(a) for a in argv + ["--compiler-args", "--pipe"]],
                           capture_output=True, timeout=120)
