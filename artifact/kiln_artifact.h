@@ -57,6 +57,20 @@ typedef struct kiln_io {
     kiln_shape_t shape;
 } kiln_io_t;
 
+/* One stage of a pipelined model (--pipeline-cores), as the compiler cut
+ * it: the manifest's record of what each core will do, by the cost model
+ * of common/kiln_cost.h.  The program (program.kbin, "stages") holds what
+ * the runtime executes; the two must agree on the stages' ops. */
+typedef struct kiln_stage_info {
+    int first_op;                        /* its first op in program.kbin */
+    int n_ops;                           /* its ops */
+    uint64_t flops;                      /* arithmetic, 2 per multiply-add */
+    uint64_t moved_bytes;                /* operands and results of its ops */
+    uint64_t cost_ns;                    /* the cost model's estimate per run */
+    uint64_t weights_bytes;              /* the weights its ops read */
+    uint64_t handoff_bytes;              /* arena bytes handed to it per run */
+} kiln_stage_info_t;
+
 typedef struct kiln_manifest {
     int format_version;                  /* KILN_ARTIFACT_FORMAT_VERSION */
     char graph_digest[KILN_HEX_LEN];     /* digest of the source graph */
@@ -70,6 +84,8 @@ typedef struct kiln_manifest {
     kiln_io_t *outputs;  int n_outputs;  /* owned */
     char *io_structure;                  /* how inputs/outputs nest (the graph's
                                             JSON text), owned; NULL when absent */
+    kiln_stage_info_t *stages;           /* pipeline stages, owned; NULL when */
+    int n_stages;                        /* not pipelined (0), else 2.. */
 } kiln_manifest_t;
 
 typedef struct kiln_artifact kiln_artifact_t;
@@ -92,6 +108,12 @@ int kiln_manifest_set_io (kiln_manifest_t *m, bool outputs,
  * KILN_MAX_IO_STRUCTURE_BYTES. */
 int kiln_manifest_set_io_structure (kiln_manifest_t *m, const char *text,
                                     kiln_err_t *err);
+
+/* Record the pipeline stages (a copy of stages[n]; n 0 removes them).
+ * Fails (leaving the old value) when n is not 0 or
+ * 2..KILN_MAX_PIPELINE_STAGES. */
+int kiln_manifest_set_pipeline (kiln_manifest_t *m, const kiln_stage_info_t *stages,
+                                int n, kiln_err_t *err);
 
 /* Add a payload member; copies `data`.  Names are [A-Za-z0-9._-]{1,64}
  * and not one of the reserved names above. */

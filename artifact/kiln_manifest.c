@@ -58,6 +58,7 @@ kiln_manifest_release (kiln_manifest_t *m)
     free (m->inputs);
     free (m->outputs);
     free (m->io_structure);
+    free (m->stages);
     memset (m, 0, sizeof *m);
 }
 
@@ -82,6 +83,13 @@ kiln_manifest_copy (kiln_manifest_t *dst, const kiln_manifest_t *src,
     copy.inputs = NULL;
     copy.outputs = NULL;
     copy.io_structure = NULL;
+    copy.stages = NULL;
+    copy.n_stages = 0;
+    int rc = kiln_manifest_set_pipeline (&copy, src->stages, src->n_stages, err);
+    if (rc) {
+        kiln_manifest_release (&copy);
+        return rc;
+    }
     if (s_dup_ios (&copy.inputs, src->inputs, src->n_inputs, err)
         || s_dup_ios (&copy.outputs, src->outputs, src->n_outputs, err)) {
         kiln_manifest_release (&copy);
@@ -151,6 +159,53 @@ s_check_ios (const char *what, const kiln_io_t *ios, int n, kiln_err_t *err)
     return 0;
 }
 
+/* The largest integer a stage field may hold: JSON readers that use
+ * doubles (Python's json is exact, JavaScript's is not) read it exactly. */
+#define S_STAGE_INT_MAX ((1LL << 53) - 1)
+
+static int
+s_check_stages (const kiln_stage_info_t *st, int n, kiln_err_t *err)
+{
+    if (n == 0)
+        return 0;
+    if (n < 2 || n > KILN_MAX_PIPELINE_STAGES || !st)
+        return kiln_error (err, KILN_ELIMIT, "manifest: %d pipeline stages, outside "
+                           "2..%d", n, KILN_MAX_PIPELINE_STAGES);
+    for (int i = 0; i < n; i++) {
+        const kiln_stage_info_t *s = &st[i];
+        int want = i == 0 ? 0 : st[i - 1].first_op + st[i - 1].n_ops;
+        if (s->first_op != want || s->n_ops < 1 || s->n_ops > (1 << 22))
+            return kiln_error (err, KILN_EFORMAT, "manifest: pipeline stage %d "
+                               "starts at op %d with %d ops (expected op %d, at "
+                               "least one op)", i, s->first_op, s->n_ops, want);
+        uint64_t max = (uint64_t) S_STAGE_INT_MAX;
+        if (s->flops > max || s->moved_bytes > max || s->cost_ns > max
+            || s->weights_bytes > max || s->handoff_bytes > max)
+            return kiln_error (err, KILN_ELIMIT, "manifest: pipeline stage %d: a "
+                               "count above 2^53", i);
+    }
+    return 0;
+}
+
+int
+kiln_manifest_set_pipeline (kiln_manifest_t *m, const kiln_stage_info_t *stages,
+                            int n, kiln_err_t *err)
+{
+    int rc = s_check_stages (stages, n, err);
+    if (rc)
+        return rc;
+    kiln_stage_info_t *copy = NULL;
+    if (n > 0) {
+        if (!(copy = malloc ((size_t) n * sizeof *copy)))
+            return kiln_error (err, KILN_ENOMEM, "out of memory copying %d stages", n);
+        memcpy (copy, stages, (size_t) n * sizeof *copy);
+    }
+    free (m->stages);
+    m->stages = copy;
+    m->n_stages = n;
+    return 0;
+}
+
 int
 kiln_manifest_check (const kiln_manifest_t *m, kiln_err_t *err)
 {
@@ -184,7 +239,7 @@ kiln_manifest_check (const kiln_manifest_t *m, kiln_err_t *err)
         && (rc = s_check_str ("io_structure", m->io_structure,
                               KILN_MAX_IO_STRUCTURE_BYTES + 1, true, err)))
         return rc;
-    return 0;
+    return s_check_stages (m->stages, m->n_stages, err);
 }
 
 int
@@ -333,6 +388,23 @@ kiln_manifest_encode (const kiln_manifest_t *m, const kiln_member_t *members,
     //  as before the field existed.
     if (m->io_structure)
         s_set_str (&b, root, "io_structure", "io_structure", m->io_structure);
+    if (m->n_stages > 0) {
+        json_t *pipe = json_object (), *stages = json_array ();
+        for (int i = 0; i < m->n_stages; i++) {
+            const kiln_stage_info_t *st = &m->stages[i];
+            json_t *o = json_object ();
+            s_set (&b, o, "first_op", json_integer (st->first_op));
+            s_set (&b, o, "ops", json_integer (st->n_ops));
+            s_set (&b, o, "flops", json_integer ((json_int_t) st->flops));
+            s_set (&b, o, "moved_bytes", json_integer ((json_int_t) st->moved_bytes));
+            s_set (&b, o, "cost_ns", json_integer ((json_int_t) st->cost_ns));
+            s_set (&b, o, "weights_bytes", json_integer ((json_int_t) st->weights_bytes));
+            s_set (&b, o, "handoff_bytes", json_integer ((json_int_t) st->handoff_bytes));
+            s_append (&b, stages, o);
+        }
+        s_set (&b, pipe, "stages", stages);
+        s_set (&b, root, "pipeline", pipe);
+    }
     json_t *list = json_array ();
     for (int i = 0; i < n_members; i++) {
         json_t *mem = json_object ();
@@ -586,13 +658,65 @@ s_decode_io_structure (const json_t *root, kiln_manifest_t *m, kiln_err_t *err)
     return 0;
 }
 
+/* The optional pipeline: {"stages": [{first_op, ops, flops, moved_bytes,
+ * cost_ns, weights_bytes, handoff_bytes}, ...]}. */
+static int
+s_decode_pipeline (const json_t *root, kiln_manifest_t *m, kiln_err_t *err)
+{
+    static const char *const pipe_keys[] = { "stages", NULL };
+    static const char *const stage_keys[] = {
+        "first_op", "ops", "flops", "moved_bytes", "cost_ns", "weights_bytes",
+        "handoff_bytes", NULL
+    };
+    if (!json_object_get (root, "pipeline"))
+        return 0;
+    const json_t *pipe = s_field (root, NULL, "pipeline", JSON_OBJECT, "an object", err);
+    if (!pipe)
+        return -KILN_EFORMAT;
+    int rc = s_only_keys (pipe, "pipeline", pipe_keys, err);
+    if (rc)
+        return rc;
+    const json_t *arr = s_field (pipe, "pipeline", "stages", JSON_ARRAY, "an array", err);
+    if (!arr)
+        return -KILN_EFORMAT;
+    size_t n = json_array_size (arr);
+    if (n < 2 || n > KILN_MAX_PIPELINE_STAGES)
+        return kiln_error (err, KILN_ELIMIT, "manifest.json: pipeline: %zu stages, "
+                           "outside 2..%d", n, KILN_MAX_PIPELINE_STAGES);
+    kiln_stage_info_t st[KILN_MAX_PIPELINE_STAGES];
+    memset (st, 0, sizeof st);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *o = json_array_get (arr, i);
+        char where[48];
+        snprintf (where, sizeof where, "pipeline.stages[%zu]", i);
+        if (!json_is_object (o))
+            return kiln_error (err, KILN_EFORMAT, "manifest.json: %s is not an object",
+                               where);
+        long long v[7];
+        if ((rc = s_only_keys (o, where, stage_keys, err)))
+            return rc;
+        for (int k = 0; k < 7; k++)
+            if ((rc = s_get_int (o, where, stage_keys[k], 0, S_STAGE_INT_MAX, &v[k],
+                                 err)))
+                return rc;
+        if (v[0] > (1 << 22) || v[1] > (1 << 22))
+            return kiln_error (err, KILN_ELIMIT, "manifest.json: %s: more ops than a "
+                               "program holds", where);
+        st[i] = (kiln_stage_info_t) { (int) v[0], (int) v[1], (uint64_t) v[2],
+                                      (uint64_t) v[3], (uint64_t) v[4],
+                                      (uint64_t) v[5], (uint64_t) v[6] };
+    }
+    return kiln_manifest_set_pipeline (m, st, (int) n, err);
+}
+
 static int
 s_decode (const json_t *root, kiln_manifest_t *m, kiln_member_t *members,
           int *n_members, kiln_err_t *err)
 {
     static const char *const keys[] = {
         "format", "format_version", "graph_digest", "action_key", "compiler",
-        "target", "runtime_abi", "inputs", "outputs", "members", "io_structure", NULL
+        "target", "runtime_abi", "inputs", "outputs", "members", "io_structure",
+        "pipeline", NULL
     };
     static const char *const compiler_keys[] = { "id", "version", "args", NULL };
     if (!json_is_object (root))
@@ -648,6 +772,7 @@ s_decode (const json_t *root, kiln_manifest_t *m, kiln_member_t *members,
     if ((rc = s_decode_ios (root, "inputs", "input", &m->inputs, &m->n_inputs, err))
         || (rc = s_decode_ios (root, "outputs", "output", &m->outputs, &m->n_outputs, err))
         || (rc = s_decode_io_structure (root, m, err))
+        || (rc = s_decode_pipeline (root, m, err))
         || (rc = s_decode_members (root, members, n_members, err)))
         return rc;
     if ((rc = kiln_manifest_check (m, err)))

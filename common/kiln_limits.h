@@ -34,6 +34,7 @@
 #define KILN_CHUNK_BYTES         (1u << 20)   /* blob chunk on the wire */
 #define KILN_MAX_LOG_BYTES       (1u << 20)   /* compile log kept per job */
 #define KILN_MAX_IO_STRUCTURE_BYTES (64u << 10) /* a model's I/O structure text */
+#define KILN_MAX_PIPELINE_STAGES 32           /* stages of a pipelined model (--pipeline-cores) */
 #define KILN_MAX_RELEASE_BYTES   (4u << 10)   /* a signed release record file */
 #define KILN_MAX_MODEL_NAME      64           /* a released model's name */
 #define KILN_MAX_RELEASE_SECONDS (365LL * 86400) /* a release record's lifetime */

@@ -1,5 +1,6 @@
 #include "common/kiln_program.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,6 +108,9 @@ kiln_program_destroy (kiln_program_t **self_p)
     free (p->tensors);
     free (p->inputs);
     free (p->outputs);
+    for (int i = 0; i < p->n_stages; i++)
+        free (p->stages[i].handoff);
+    free (p->stages);
     free (p);
     *self_p = NULL;
 }
@@ -488,6 +492,48 @@ s_check_op (const kiln_program_t *p, int i, kiln_err_t *err)
     return 0;
 }
 
+static int
+s_check_stages (const kiln_program_t *p, kiln_err_t *err)
+{
+    if (p->n_stages == 0)
+        return 0;
+    if (p->n_stages < 2 || p->n_stages > KILN_PROG_MAX_STAGES || !p->stages)
+        return kiln_error (err, KILN_EFORMAT, "%d pipeline stages (a pipelined "
+                           "program has 2..%d)", p->n_stages, KILN_PROG_MAX_STAGES);
+    for (int s = 0; s < p->n_stages; s++) {
+        const kiln_prog_stage_t *st = &p->stages[s];
+        int lo = s == 0 ? 0 : p->stages[s - 1].first_op + 1;
+        if ((s == 0 && st->first_op != 0) || st->first_op < lo
+            || st->first_op >= p->n_ops)
+            return kiln_error (err, KILN_EFORMAT, "stage %d: first op %d (expected "
+                               "%d..%d, after the stage before)", s, st->first_op,
+                               lo, p->n_ops - 1);
+        if (st->n_handoff < 0 || st->n_handoff > KILN_PROG_MAX_HANDOFF
+            || (st->n_handoff > 0 && !st->handoff))
+            return kiln_error (err, KILN_ELIMIT, "stage %d: %d handoff ranges "
+                               "(at most %d)", s, st->n_handoff,
+                               KILN_PROG_MAX_HANDOFF);
+        if (s == 0 && st->n_handoff != 0)
+            return kiln_error (err, KILN_EFORMAT, "stage 0 has a handoff: the "
+                               "first stage starts from the inputs");
+        uint64_t end = 0;
+        for (int r = 0; r < st->n_handoff; r++) {
+            const kiln_prog_range_t *rg = &st->handoff[r];
+            if (rg->offset % KILN_PROG_ALIGN != 0 || rg->size == 0
+                || rg->offset < end || rg->offset > p->arena_size
+                || rg->size > p->arena_size - rg->offset)
+                return kiln_error (err, KILN_EFORMAT, "stage %d: handoff range %d "
+                                   "(bytes %llu..%llu) is unaligned, empty, out of "
+                                   "order or outside the arena (%llu bytes)", s, r,
+                                   (unsigned long long) rg->offset,
+                                   (unsigned long long) (rg->offset + rg->size),
+                                   (unsigned long long) p->arena_size);
+            end = rg->offset + rg->size;
+        }
+    }
+    return 0;
+}
+
 int
 kiln_program_check (const kiln_program_t *p, uint64_t weights_len,
                     kiln_err_t *err)
@@ -533,7 +579,7 @@ kiln_program_check (const kiln_program_t *p, uint64_t weights_len,
         if (rc)
             return rc;
     }
-    return 0;
+    return s_check_stages (p, err);
 }
 
 /* --- encoding ------------------------------------------------------- */
@@ -614,7 +660,9 @@ kiln_program_encode (kiln_program_t *p, uint8_t **out, size_t *len,
     msgpack_packer pk;
     msgpack_packer_init (&pk, &sb, msgpack_sbuffer_write);
 
-    msgpack_pack_map (&pk, 7);
+    /* "stages" only when pipelined: an unpipelined program keeps the
+     * bytes it always had. */
+    msgpack_pack_map (&pk, p->n_stages > 0 ? 8 : 7);
     kiln_mpk_pack_kv_str (&pk, "format", KILN_PROGRAM_FORMAT);
     kiln_mpk_pack_kv_i64 (&pk, "version", KILN_PROGRAM_VERSION);
     kiln_mpk_pack_cstr (&pk, "tensors");
@@ -629,6 +677,22 @@ kiln_program_encode (kiln_program_t *p, uint8_t **out, size_t *len,
     msgpack_pack_uint64 (&pk, p->arena_size);
     s_pack_int_array (&pk, "inputs", p->inputs, p->n_inputs);
     s_pack_int_array (&pk, "outputs", p->outputs, p->n_outputs);
+    if (p->n_stages > 0) {
+        kiln_mpk_pack_cstr (&pk, "stages");
+        msgpack_pack_array (&pk, (size_t) p->n_stages);
+        for (int i = 0; i < p->n_stages; i++) {
+            const kiln_prog_stage_t *st = &p->stages[i];
+            msgpack_pack_map (&pk, 2);
+            kiln_mpk_pack_kv_i64 (&pk, "first_op", st->first_op);
+            kiln_mpk_pack_cstr (&pk, "handoff");
+            msgpack_pack_array (&pk, (size_t) st->n_handoff);
+            for (int r = 0; r < st->n_handoff; r++) {
+                msgpack_pack_array (&pk, 2);
+                msgpack_pack_uint64 (&pk, st->handoff[r].offset);
+                msgpack_pack_uint64 (&pk, st->handoff[r].size);
+            }
+        }
+    }
 
     if (!sb.data) {
         msgpack_sbuffer_destroy (&sb);
@@ -675,7 +739,8 @@ s_known_keys (const msgpack_object *map, const char *const *allowed,
 
 static const char *const s_root_keys[] = { "format", "version", "tensors", "ops",
                                            "arena_size", "inputs", "outputs",
-                                           NULL };
+                                           "stages", NULL };
+static const char *const s_stage_keys[] = { "first_op", "handoff", NULL };
 static const char *const s_tensor_keys[] = { "dtype", "shape", "kind", "offset",
                                              "size", "io", NULL };
 static const char *const s_op_keys[] = { "kernel", "inputs", "outputs", "scratch",
@@ -843,6 +908,62 @@ s_decode_op (const msgpack_object *o, kiln_prog_op_t *op, int i,
     return 0;
 }
 
+/* The optional "stages" of a pipelined program; bounds are checked
+ * before anything is allocated, the rest by s_check_stages. */
+static int
+s_decode_stages (const msgpack_object *root, kiln_program_t *p, kiln_err_t *err)
+{
+    if (!kiln_mpk_get (root, "stages"))
+        return 0;
+    const msgpack_object_array *stages;
+    if (kiln_mpk_get_array (root, "stages", KILN_PROG_MAX_STAGES, &stages, err))
+        return -err->code;
+    if (stages->size < 2)
+        return kiln_error (err, KILN_EFORMAT, "'stages' lists %u (a pipelined "
+                           "program has 2..%d)", stages->size, KILN_PROG_MAX_STAGES);
+    p->stages = calloc (stages->size, sizeof *p->stages);
+    if (!p->stages)
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < stages->size; i++) {
+        const msgpack_object *o = &stages->ptr[i];
+        kiln_prog_stage_t *st = &p->stages[i];
+        p->n_stages++;
+        char what[32];
+        snprintf (what, sizeof what, "stage %u", i);
+        if (o->type != MSGPACK_OBJECT_MAP)
+            return kiln_error (err, KILN_EFORMAT, "%s is not a map", what);
+        if (s_known_keys (o, s_stage_keys, what, err))
+            return -err->code;
+        int64_t first;
+        const msgpack_object_array *ranges;
+        if (kiln_mpk_get_i64 (o, "first_op", &first, err)
+            || kiln_mpk_get_array (o, "handoff", KILN_PROG_MAX_HANDOFF, &ranges, err))
+            return kiln_error_prefix (err, "%s", what);
+        if (first < 0 || first > KILN_PROG_MAX_OPS)
+            return kiln_error (err, KILN_EFORMAT, "%s: first op %lld is out of "
+                               "range", what, (long long) first);
+        st->first_op = (int) first;
+        if (ranges->size) {
+            st->handoff = calloc (ranges->size, sizeof *st->handoff);
+            if (!st->handoff)
+                return kiln_error (err, KILN_ENOMEM, "out of memory");
+        }
+        for (uint32_t r = 0; r < ranges->size; r++) {
+            const msgpack_object *pair = &ranges->ptr[r];
+            int64_t off, size;
+            if (pair->type != MSGPACK_OBJECT_ARRAY || pair->via.array.size != 2
+                || kiln_mpk_as_i64 (&pair->via.array.ptr[0], &off) != 0
+                || kiln_mpk_as_i64 (&pair->via.array.ptr[1], &size) != 0
+                || off < 0 || size < 0)
+                return kiln_error (err, KILN_EFORMAT, "%s: handoff %u is not "
+                                   "[offset, size]", what, r);
+            st->handoff[r] = (kiln_prog_range_t) { (uint64_t) off, (uint64_t) size };
+            st->n_handoff++;
+        }
+    }
+    return 0;
+}
+
 static int
 s_decode_root (const msgpack_object *root, kiln_program_t *p, kiln_err_t *err)
 {
@@ -925,7 +1046,7 @@ s_decode_root (const msgpack_object *root, kiln_program_t *p, kiln_err_t *err)
                                "tensor index", i);
         p->outputs[p->n_outputs++] = (int) v;
     }
-    return 0;
+    return s_decode_stages (root, p, err);
 }
 
 kiln_program_t *

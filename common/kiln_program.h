@@ -27,7 +27,11 @@
  *     tensor is listed there; an output tensor t has outputs[t.io] == t;
  *   - each op's input and output counts are within its kernel's bounds,
  *     its parameters have unique names of at most KILN_PROG_MAX_PARAM_NAME
- *     bytes and at most KILN_PROG_MAX_PARAM_INTS integers each.
+ *     bytes and at most KILN_PROG_MAX_PARAM_INTS integers each;
+ *   - a pipelined program has 2..KILN_PROG_MAX_STAGES stages whose first
+ *     ops start at 0 and strictly increase below n_ops; stage 0 has no
+ *     handoff, and every other stage's handoff ranges are aligned,
+ *     non-empty, sorted, disjoint and inside the arena.
  * What a kernel's parameters mean, and whether they agree with its
  * operands' shapes, is checked by the kernel itself (the runtime's
  * prepare step): that is kernel semantics, not format.
@@ -57,6 +61,8 @@
 #define KILN_PROG_MAX_PARAM_NAME  31              /* bytes in a parameter name */
 #define KILN_PROG_MAX_PARAM_INTS  (2 * KILN_MAX_RANK) /* ints in one parameter */
 #define KILN_PROG_MAX_ARENA_BYTES (32ULL << 30)   /* one model's arena */
+#define KILN_PROG_MAX_STAGES      KILN_MAX_PIPELINE_STAGES /* stages of a program */
+#define KILN_PROG_MAX_HANDOFF     4096            /* arena ranges handed to one stage */
 
 /* The kernels, written once for both sides.  The name is what the program
  * carries (so the enum may be renumbered); the bounds are checked when a
@@ -243,6 +249,26 @@ typedef struct kiln_prog_op {
     uint32_t params_used;                /* bit i: params[i] was read */
 } kiln_prog_op_t;
 
+/* A byte range of the arena. */
+typedef struct kiln_prog_range {
+    uint64_t offset;        /* a multiple of KILN_PROG_ALIGN */
+    uint64_t size;          /* > 0 */
+} kiln_prog_range_t;
+
+/* One stage of a pipelined program (--pipeline-cores): the ops from
+ * first_op to the next stage's first_op (or the end), run on a core of
+ * its own with an arena of its own.  `handoff` lists the arena bytes that
+ * are live when the stage starts (written by an earlier stage, or a graph
+ * input, and read by this stage or a later one, or a graph output
+ * written earlier): the runtime copies them from the previous stage's
+ * arena into this stage's, at the same offsets.  Stage 0's is empty (the
+ * inputs are copied in as in an unpipelined run). */
+typedef struct kiln_prog_stage {
+    int first_op;
+    kiln_prog_range_t *handoff;   /* owned; sorted, disjoint */
+    int n_handoff;
+} kiln_prog_stage_t;
+
 /* Transparent, like the graph IR: the compiler builds it and the runtime
  * walks it; the functions below keep the invariants above. */
 typedef struct kiln_program {
@@ -251,6 +277,8 @@ typedef struct kiln_program {
     int *inputs;                  int n_inputs;   int cap_inputs;
     int *outputs;                 int n_outputs;  int cap_outputs;
     uint64_t arena_size;          /* bytes */
+    kiln_prog_stage_t *stages;    /* owned; NULL when not pipelined */
+    int n_stages;                 /* 0, or 2..KILN_PROG_MAX_STAGES */
 } kiln_program_t;
 
 /* --- kernels and kinds ---------------------------------------------- */

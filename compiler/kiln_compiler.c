@@ -10,8 +10,10 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include "common/kiln_log.h"
 #include "common/kiln_program.h"
 #include "compiler/kiln_cc_lower.h"
+#include "compiler/kiln_cc_pipeline.h"
 #include "compiler/kiln_cc_plan.h"
 #include "graph/kiln_fold.h"
 
@@ -38,15 +40,20 @@ kiln_cc_target (void)
 }
 
 /* The flags the builtin compiler understands, as data: a flag with a
- * value names its bounds. */
+ * value names its bounds; an alias names the flag it stands for. */
 typedef struct {
     const char *flag;
     int min, max;
     size_t field;           /* offsetof in kiln_cc_options_t (an int) */
+    const char *alias_of;   /* another tool's spelling of that flag, or NULL */
 } s_flag_t;
 
 static const s_flag_t s_flags[] = {
-    { "--optlevel", 0, 3, offsetof (kiln_cc_options_t, optlevel) },
+    { "--optlevel", 0, 3, offsetof (kiln_cc_options_t, optlevel), NULL },
+    { "--pipeline-cores", 1, KILN_MAX_PIPELINE_STAGES,
+      offsetof (kiln_cc_options_t, pipeline_cores), NULL },
+    { "--neuroncore-pipeline-cores", 1, KILN_MAX_PIPELINE_STAGES,
+      offsetof (kiln_cc_options_t, pipeline_cores), "--pipeline-cores" },
 };
 
 static int
@@ -67,6 +74,7 @@ kiln_cc_parse_args (const char *args, kiln_cc_options_t *opts, kiln_err_t *err)
 {
     memset (opts, 0, sizeof *opts);
     opts->optlevel = 2;
+    opts->pipeline_cores = 1;
     if (!args)
         return 0;
     if (strlen (args) > KILN_MAX_ARGS_BYTES)
@@ -98,6 +106,10 @@ kiln_cc_parse_args (const char *args, kiln_cc_options_t *opts, kiln_err_t *err)
         int rc = s_set_flag (f, value, opts, err);
         if (rc)
             return rc;
+        if (f->alias_of)
+            kiln_log_notice ("compiler argument %s is torch-neuron's spelling of "
+                             "%s: taken as %s %s", f->flag, f->alias_of, f->alias_of,
+                             value);
     }
     return 0;
 }
@@ -246,6 +258,10 @@ kiln_cc_compile_spill (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats
         || (spill_dir && (spill_fd = s_spill_file (spill_dir, err)) < 0)
         || kiln_cc_plan (&cx, spill_fd, &weights, &weights_len, stats, err))
         goto fail;
+    kiln_stage_info_t stages[KILN_MAX_PIPELINE_STAGES];
+    int n_stages = opts.pipeline_cores > 1 ? opts.pipeline_cores : 0;
+    if (n_stages && kiln_cc_pipeline_cut (&cx, n_stages, stages, err))
+        goto fail;
     /* The runtime will refuse anything that breaks the format; so must
      * the compiler, before it signs off on it. */
     if (kiln_program_check (cx.prog, weights_len, err)) {
@@ -260,6 +276,8 @@ kiln_cc_compile_spill (kiln_graph_t *g, const char *args, kiln_cc_stats_t *stats
         goto fail;
     }
     if (s_fill_manifest (art, g, digest, norm, err)
+        || kiln_manifest_set_pipeline (kiln_artifact_manifest (art), stages, n_stages,
+                                       err)
         || kiln_artifact_take_member (art, KILN_PROGRAM_MEMBER, &prog, prog_len,
                                       err)
         || (spill_fd < 0 && kiln_artifact_take_member (art, KILN_WEIGHTS_MEMBER, &weights,

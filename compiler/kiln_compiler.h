@@ -25,13 +25,16 @@
 
 typedef struct kiln_cc_options {
     int optlevel;               /* --optlevel 0..3, default 2 */
+    int pipeline_cores;         /* --pipeline-cores N: stages (1: none) */
 } kiln_cc_options_t;
 
 /* The target this compiler builds for, e.g. "cpu-x86_64". */
 const char *kiln_cc_target (void);
 
 /* Parse a compiler argument string ("--optlevel 1"); unknown flags and
- * bad values are an error naming them.  `opts` gets the defaults first. */
+ * bad values are an error naming them.  `opts` gets the defaults first.
+ * torch-neuron's spelling --neuroncore-pipeline-cores is taken for
+ * --pipeline-cores, with a notice in the log. */
 int kiln_cc_parse_args (const char *args, kiln_cc_options_t *opts,
                         kiln_err_t *err);
 

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "runtime/kiln_cores.h"
+#include "runtime/kiln_pipeline.h"
 #include "runtime/kiln_rt.h"
 #include "runtime/kiln_rt_priv.h"
 
@@ -52,10 +53,50 @@ kiln_model_run (kiln_model_t *m, const kiln_rt_tensor_t *inputs, int n_inputs,
     if (!m || (n_inputs > 0 && !inputs) || (n_outputs > 0 && !outputs))
         return kiln_error (err, KILN_EINVAL, "kiln_model_run needs a model, its "
                            "inputs and its outputs");
+    /* A pipelined model's stages are on their own cores: the caller
+     * feeds them and waits, so that concurrent callers fill the
+     * pipeline. */
+    if (kiln_model_pipeline (m))
+        return kiln_model_run_here (m, inputs, n_inputs, outputs, n_outputs, err);
     s_run_t r = { m, inputs, n_inputs, outputs, n_outputs, err, 0 };
     int rc = kiln_cores_call (kiln_model_cores (m), kiln_model_core (m), s_run_job,
                               &r, err);
     return rc ? rc : r.rc;
+}
+
+/* --- pipelined models ------------------------------------------------ */
+
+int
+kiln_model_run_pipelined (kiln_model_t *m, const kiln_rt_tensor_t *const *ins,
+                          kiln_rt_tensor_t *const *outs, int n, kiln_err_t *err)
+{
+    kiln_pipeline_t *pipe = kiln_model_pipeline (m);
+    const kiln_manifest_t *man = kiln_model_manifest (m);
+    int n_in = man->n_inputs, n_out = man->n_outputs;
+    kiln_pipe_req_t *reqs = calloc ((size_t) n + 1, sizeof *reqs);
+    void **ptrs = calloc ((size_t) n * (size_t) (n_in + n_out) + 1, sizeof *ptrs);
+    if (!reqs || !ptrs) {
+        free (reqs);
+        free (ptrs);
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    }
+    for (int r = 0; r < n; r++) {
+        void **in = ptrs + (size_t) r * (size_t) (n_in + n_out), **out = in + n_in;
+        for (int i = 0; i < n_in; i++)
+            in[i] = ins[r][i].data;
+        for (int i = 0; i < n_out; i++)
+            out[i] = outs[r][i].data;
+        reqs[r] = (kiln_pipe_req_t) { .in = in, .out = out };
+    }
+    kiln_pipeline_run (pipe, reqs, n);
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < n_out; i++) {
+            outs[r][i].dtype = man->outputs[i].dtype;
+            outs[r][i].shape = man->outputs[i].shape;
+        }
+    free (reqs);
+    free (ptrs);
+    return 0;
 }
 
 /* --- the interface -------------------------------------------------- */
@@ -293,6 +334,45 @@ s_check_inputs (const kiln_manifest_t *man, const kiln_rt_tensor_t *inputs,
     return 0;
 }
 
+/* Every chunk of a batch of pipelined replicas in flight at once (as
+ * far as their slots allow), chunk c through replica c mod n: the chunks
+ * are the stream that fills the pipelines. */
+static int
+s_batch_pipelined (s_batch_t *bt, kiln_model_t *const *replicas, int n_replicas,
+                   kiln_err_t *err)
+{
+    const kiln_manifest_t *man = bt->man;
+    int n_in = man->n_inputs, n_out = man->n_outputs;
+    int64_t chunks = bt->chunks;
+    kiln_pipe_req_t *reqs = calloc ((size_t) chunks + 1, sizeof *reqs);
+    void **ptrs = calloc ((size_t) chunks * (size_t) (n_in + n_out) + 1, sizeof *ptrs);
+    if (!reqs || !ptrs) {
+        free (reqs);
+        free (ptrs);
+        return kiln_error (err, KILN_ENOMEM, "out of memory for %lld chunks",
+                           (long long) chunks);
+    }
+    for (int64_t c = 0; c < chunks; c++) {
+        bool partial = (c + 1) * bt->b > bt->n;
+        void **in = ptrs + (size_t) c * (size_t) (n_in + n_out), **out = in + n_in;
+        for (int i = 0; i < n_in; i++)
+            in[i] = partial ? (void *) bt->pad_in[i]
+                            : (uint8_t *) bt->inputs[i].data
+                              + (uint64_t) (c * bt->b) * bt->in_row[i];
+        for (int i = 0; i < n_out; i++)
+            out[i] = partial ? (void *) bt->pad_out[i]
+                             : (uint8_t *) bt->outputs[i].data
+                               + (uint64_t) (c * bt->b) * bt->out_row[i];
+        reqs[c] = (kiln_pipe_req_t) { .in = in, .out = out };
+        kiln_pipeline_submit (kiln_model_pipeline (replicas[c % n_replicas]), &reqs[c]);
+    }
+    for (int64_t c = 0; c < chunks; c++)
+        kiln_pipeline_wait (kiln_model_pipeline (replicas[c % n_replicas]), &reqs[c]);
+    free (reqs);
+    free (ptrs);
+    return 0;
+}
+
 static void
 s_batch_release (s_batch_t *bt, int n_in, int n_out)
 {
@@ -385,6 +465,12 @@ kiln_model_run_batched (kiln_model_t *const *replicas, int n_replicas,
     int n_tasks = (int) (bt.chunks < n_replicas ? bt.chunks : n_replicas);
     if ((rc = s_batch_prepare (&bt, err)))
         goto done;
+    if (kiln_model_pipeline (replicas[0])) {
+        n_tasks = 0;
+        if ((rc = s_batch_pipelined (&bt, replicas, n_replicas, err)))
+            goto done;
+        goto joined;
+    }
     if (n_tasks > 0) {
         tasks = calloc ((size_t) n_tasks, sizeof *tasks);
         if (!tasks) {
@@ -437,6 +523,7 @@ kiln_model_run_batched (kiln_model_t *const *replicas, int n_replicas,
             *err = failed->err;
         goto done;
     }
+joined:
     if (bt.n % bt.b != 0) {
         uint64_t rows = (uint64_t) (bt.n - (bt.chunks - 1) * bt.b);
         for (int i = 0; i < n_outputs; i++)

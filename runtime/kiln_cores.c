@@ -291,6 +291,14 @@ kiln_core_latch_release (kiln_core_latch_t *l)
 }
 
 void
+kiln_core_latch_add (kiln_core_latch_t *l, int n)
+{
+    pthread_mutex_lock (&l->mu);
+    l->pending += n;
+    pthread_mutex_unlock (&l->mu);
+}
+
+void
 kiln_core_latch_wait (kiln_core_latch_t *l)
 {
     pthread_mutex_lock (&l->mu);

@@ -80,6 +80,8 @@ void kiln_core_latch_init (kiln_core_latch_t *l, int pending);
 void kiln_core_latch_release (kiln_core_latch_t *l);
 /* Count one job done (the cores do this for jobs they ran). */
 void kiln_core_latch_done (kiln_core_latch_t *l);
+/* Count `n` more jobs (one submitted after the latch was made). */
+void kiln_core_latch_add (kiln_core_latch_t *l, int n);
 /* Wait until every job counted in the latch has finished. */
 void kiln_core_latch_wait (kiln_core_latch_t *l);
 

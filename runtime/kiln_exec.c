@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/kiln_cost.h"
 #include "common/kiln_log.h"
 #include "runtime/kiln_gemm.h"
 
@@ -22,6 +23,8 @@
 struct kiln_exec {
     const kiln_program_t *p;
     const kiln_kplan_t *plans;
+    int first, end;                 /* the ops it runs */
+    char label[64];                 /* heads the report, or "" */
     float *ws;                      /* threads × ws_bytes, or NULL */
     size_t ws_bytes;                /* per worker, a multiple of 64 */
     uint64_t runs;                  /* runs timed */
@@ -46,6 +49,13 @@ kiln_exec_t *
 kiln_exec_new (const kiln_program_t *p, const kiln_kplan_t *plans,
                kiln_err_t *err)
 {
+    return kiln_exec_new_range (p, plans, 0, p->n_ops, NULL, err);
+}
+
+kiln_exec_t *
+kiln_exec_new_range (const kiln_program_t *p, const kiln_kplan_t *plans,
+                     int first, int end, const char *label, kiln_err_t *err)
+{
     kiln_exec_t *self = calloc (1, sizeof *self);
     if (!self) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
@@ -53,8 +63,11 @@ kiln_exec_new (const kiln_program_t *p, const kiln_kplan_t *plans,
     }
     self->p = p;
     self->plans = plans;
+    self->first = first;
+    self->end = end;
+    snprintf (self->label, sizeof self->label, "%s", label ? label : "");
     size_t need = 0;
-    for (int i = 0; i < p->n_ops; i++)
+    for (int i = first; i < end; i++)
         if (plans[i].ws_bytes > need)
             need = plans[i].ws_bytes;
     if (need) {
@@ -98,48 +111,55 @@ s_report (const kiln_exec_t *self, FILE *out)
 {
     const kiln_program_t *p = self->p;
     const kiln_kplan_t *plans = self->plans;
+    int first = self->first, n_ops = self->end - self->first;
     double runs = (double) self->runs;
     uint64_t total = 0;
     s_row_t by_kernel[KILN_K_COUNT];
     for (int k = 0; k < KILN_K_COUNT; k++)
         by_kernel[k] = (s_row_t) { k, 0, 0 };
-    for (int i = 0; i < p->n_ops; i++) {
+    kiln_cost_t model = { 0, 0 };
+    for (int i = first; i < self->end; i++) {
         total += self->ns[i];
         by_kernel[plans[i].kernel].ns += self->ns[i];
         by_kernel[plans[i].kernel].count++;
+        kiln_cost_t c = kiln_cost_op (p, i);
+        model.flops += c.flops;
+        model.bytes += c.bytes;
     }
     qsort (by_kernel, KILN_K_COUNT, sizeof *by_kernel, s_row_cmp);
-    fprintf (out, "kiln profile: %llu runs, %.3f ms per run in %d ops "
-             "(%d intra-op threads, %s micro-kernel)\n",
-             (unsigned long long) self->runs, (double) total / runs / 1e6,
-             p->n_ops, kiln_exec_threads (), kiln_gemm_isa ());
+    fprintf (out, "kiln profile%s%s: %llu runs, %.3f ms per run in %d ops "
+             "(%d intra-op threads, %s micro-kernel)\n", self->label[0] ? ", " : "",
+             self->label, (unsigned long long) self->runs,
+             (double) total / runs / 1e6, n_ops, kiln_exec_threads (),
+             kiln_gemm_isa ());
     fprintf (out, "  %-20s %10s %7s %5s\n", "kernel", "ms/run", "share", "ops");
-    double all_flops = 0;
-    for (int i = 0; i < p->n_ops; i++)
-        all_flops += kiln_kernel_flops (&plans[i]);
     for (int k = 0; k < KILN_K_COUNT && by_kernel[k].count; k++)
         fprintf (out, "  %-20s %10.3f %6.1f%% %5d\n",
                  kiln_kernel_name ((kiln_kernel_t) by_kernel[k].key),
                  (double) by_kernel[k].ns / runs / 1e6,
                  total ? 100.0 * (double) by_kernel[k].ns / (double) total : 0.0,
                  by_kernel[k].count);
-    if (all_flops > 0 && total > 0)
+    if (model.flops > 0 && total > 0)
         fprintf (out, "  %.3f GFLOP per run (convolutions, matrix products): "
-                 "%.1f GFLOP/s over the whole run\n", all_flops / 1e9,
-                 all_flops / ((double) total / runs));
-    s_row_t *ops = malloc ((size_t) p->n_ops * sizeof *ops + 1);
+                 "%.1f GFLOP/s over the whole run\n", model.flops / 1e9,
+                 model.flops / ((double) total / runs));
+    fprintf (out, "  cost model (common/kiln_cost.h): %.3f GFLOP + %.1f MB moved = "
+             "%.3f ms estimated per run, %.3f ms measured\n", model.flops / 1e9,
+             model.bytes / 1e6, kiln_cost_ns (model) / 1e6,
+             (double) total / runs / 1e6);
+    s_row_t *ops = malloc ((size_t) n_ops * sizeof *ops + 1);
     if (!ops)
         return;
-    for (int i = 0; i < p->n_ops; i++)
-        ops[i] = (s_row_t) { i, self->ns[i], 1 };
-    qsort (ops, (size_t) p->n_ops, sizeof *ops, s_row_cmp);
+    for (int i = 0; i < n_ops; i++)
+        ops[i] = (s_row_t) { first + i, self->ns[first + i], 1 };
+    qsort (ops, (size_t) n_ops, sizeof *ops, s_row_cmp);
     fprintf (out, self->all_ops ? "  every op, slowest first:\n" : "  slowest ops:\n");
-    for (int r = 0; r < p->n_ops && (self->all_ops || r < S_TOP_OPS); r++) {
+    for (int r = 0; r < n_ops && (self->all_ops || r < S_TOP_OPS); r++) {
         int i = ops[r].key;
         char shape[160];
         kiln_shape_str (&p->tensors[plans[i].out].shape, shape, sizeof shape);
         double ms = (double) ops[r].ns / runs / 1e6;
-        double flops = kiln_kernel_flops (&plans[i]);
+        double flops = kiln_cost_op (p, i).flops;
         char rate[32] = "";
         if (flops > 0 && ms > 0)
             snprintf (rate, sizeof rate, "%7.1f GFLOP/s", flops / ms / 1e6);
@@ -180,14 +200,13 @@ kiln_exec_set_ws (float *ws, size_t bytes)
 void
 kiln_exec_run (kiln_exec_t *self, void *const *data)
 {
-    const kiln_program_t *p = self->p;
     tls_ws = self->ws;
     tls_ws_bytes = self->ws_bytes;
     if (!self->ns) {
-        for (int i = 0; i < p->n_ops; i++)
+        for (int i = self->first; i < self->end; i++)
             kiln_kernel_run (&self->plans[i], data);
     } else {
-        for (int i = 0; i < p->n_ops; i++) {
+        for (int i = self->first; i < self->end; i++) {
             uint64_t t0 = s_now_ns ();
             kiln_kernel_run (&self->plans[i], data);
             self->ns[i] += s_now_ns () - t0;

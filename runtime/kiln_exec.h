@@ -6,7 +6,9 @@
  * loaded: every op of every run is timed, and when the model is destroyed
  * a report goes to stderr (time per run by kernel, then the slowest ops
  * with their output shapes and, for products, GFLOP/s; every op with
- * KILN_RT_PROFILE=all).  Off, it costs one pointer test per run.
+ * KILN_RT_PROFILE=all) and the estimate of common/kiln_cost.h beside the
+ * time measured (the model the compiler cuts pipelines by).  Off, it
+ * costs one pointer test per run.
  *
  * Intra-op threads (KILN_RT_THREADS, default 1: the execution cores are
  * the parallelism) let one inference use several CPUs: the heavy kernels
@@ -38,12 +40,18 @@ typedef struct kiln_exec kiln_exec_t;
  * Caller owns the result. */
 kiln_exec_t *kiln_exec_new (const kiln_program_t *p, const kiln_kplan_t *plans,
                             kiln_err_t *err);
+/* The same for ops first..end-1 only (a pipeline stage): its workspace
+ * is what those ops need, kiln_exec_run runs those ops, and the profile
+ * report is headed by `label` (e.g. "stage 1 on core 1"; copied). */
+kiln_exec_t *kiln_exec_new_range (const kiln_program_t *p, const kiln_kplan_t *plans,
+                                  int first, int end, const char *label,
+                                  kiln_err_t *err);
 /* Print the profile report to stderr when there were timed runs, and
  * free. */
 void kiln_exec_destroy (kiln_exec_t **self_p);
 
-/* Run the ops in order on the tensors at data[t].  One run at a time per
- * kiln_exec_t (the model's lock). */
+/* Run the ops (its range) in order on the tensors at data[t].  One run at
+ * a time per kiln_exec_t (the model's lock). */
 void kiln_exec_run (kiln_exec_t *self, void *const *data);
 
 /* The workspace of the kernel running on the calling thread: 64-byte

@@ -1718,25 +1718,6 @@ kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
     return 0;
 }
 
-double
-kiln_kernel_flops (const kiln_kplan_t *plan)
-{
-    switch (plan->kernel) {
-    case KILN_K_CONV2D:
-        return 2.0 * (double) plan->u.conv.n * (double) plan->u.conv.m
-               * (double) (plan->u.conv.oh * plan->u.conv.ow)
-               * (double) (plan->u.conv.c / plan->u.conv.group)
-               * (double) (plan->u.conv.kh * plan->u.conv.kw);
-    case KILN_K_MATMUL:
-        return 2.0 * (double) plan->u.mm.nbatch * plan->u.mm.m * plan->u.mm.n
-               * plan->u.mm.k;
-    case KILN_K_GEMM:
-        return 2.0 * (double) plan->u.gemm.m * plan->u.gemm.n * plan->u.gemm.k;
-    default:
-        return 0.0;
-    }
-}
-
 void
 kiln_kernel_run (const kiln_kplan_t *plan, void *const *data)
 {

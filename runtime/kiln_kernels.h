@@ -120,11 +120,6 @@ typedef struct kiln_kplan {
 int kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
                          kiln_err_t *err);
 
-/* Floating-point operations of one run of a prepared op, counting a
- * multiply-add as two; 0 for kernels whose work is not counted (data
- * movement, elementwise).  For profiles. */
-double kiln_kernel_flops (const kiln_kplan_t *plan);
-
 /* Run a prepared op; `data[t]` is the address of tensor t. */
 void kiln_kernel_run (const kiln_kplan_t *plan, void *const *data);
 

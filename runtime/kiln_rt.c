@@ -13,6 +13,7 @@
 #include "runtime/kiln_cores.h"
 #include "runtime/kiln_exec.h"
 #include "runtime/kiln_kernels.h"
+#include "runtime/kiln_pipeline.h"
 #include "runtime/kiln_rt_priv.h"
 
 struct kiln_rt {
@@ -40,7 +41,9 @@ struct kiln_model {
     void **data;                    /* address of each tensor */
     pthread_mutex_t lock;           /* one run at a time: the arena is shared */
     kiln_rt_t *rt;                  /* holds a reference */
-    int core;                       /* where its runs execute */
+    int core;                       /* where its runs execute (stage 0's) */
+    kiln_pipeline_t *pipe;          /* a pipelined program's stages, or NULL
+                                       (then exec, arena and data are unused) */
 };
 
 kiln_rt_t *
@@ -143,6 +146,7 @@ kiln_model_destroy (kiln_model_t **self_p)
     if (!self_p || !*self_p)
         return;
     kiln_model_t *m = *self_p;
+    kiln_pipeline_destroy (&m->pipe);
     pthread_mutex_destroy (&m->lock);
     kiln_exec_destroy (&m->exec);
     free (m->data);
@@ -157,9 +161,8 @@ kiln_model_destroy (kiln_model_t **self_p)
     *self_p = NULL;
 }
 
-/* 64-byte aligned, zeroed, at least one byte. */
-static uint8_t *
-s_aligned_zalloc (uint64_t size)
+uint8_t *
+kiln_rt_aligned_zalloc (uint64_t size)
 {
     uint64_t n;
     if (!kiln_prog_align_up (size ? size : 1, &n) || n > SIZE_MAX)
@@ -233,6 +236,9 @@ s_prepare (kiln_model_t *m, kiln_err_t *err)
     if (rc)
         return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
 
+    if ((rc = kiln_pipeline_check_manifest (man, p, err)))
+        return rc;
+
     m->plans = calloc ((size_t) p->n_ops + 1, sizeof *m->plans);
     m->data = calloc ((size_t) p->n_tensors + 1, sizeof *m->data);
     if (!m->plans || !m->data)
@@ -240,8 +246,6 @@ s_prepare (kiln_model_t *m, kiln_err_t *err)
     for (int i = 0; i < p->n_ops; i++)
         if ((rc = kiln_kernel_prepare (p, i, &m->plans[i], err)))
             return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
-    if (!(m->exec = kiln_exec_new (p, m->plans, err)))
-        return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
 
     /* Weights are used where they lie — pages mapped from the artifact
      * file (page-aligned) or the artifact's malloc'd copy (16-byte
@@ -252,14 +256,20 @@ s_prepare (kiln_model_t *m, kiln_err_t *err)
      * 64-byte aligned buffer. */
     m->weights = wbytes;
     if ((uintptr_t) wbytes % _Alignof (max_align_t) != 0) {
-        m->weights_copy = s_aligned_zalloc (wlen);
+        m->weights_copy = kiln_rt_aligned_zalloc (wlen);
         if (!m->weights_copy)
             return kiln_error (err, KILN_ENOMEM, "out of memory copying %zu "
                                "bytes of weights", wlen);
         memcpy (m->weights_copy, wbytes, wlen);
         m->weights = m->weights_copy;
     }
-    m->arena = s_aligned_zalloc (p->arena_size);
+    /* A pipelined program's stages get their workspaces and arenas when
+     * they are placed (kiln_pipeline_new). */
+    if (p->n_stages > 0)
+        return 0;
+    if (!(m->exec = kiln_exec_new (p, m->plans, err)))
+        return kiln_error_prefix (err, "member '%s'", KILN_PROGRAM_MEMBER);
+    m->arena = kiln_rt_aligned_zalloc (p->arena_size);
     if (!m->arena)
         return kiln_error (err, KILN_ENOMEM, "out of memory allocating an arena "
                            "of %llu bytes", (unsigned long long) p->arena_size);
@@ -315,10 +325,32 @@ kiln_rt_load_on (kiln_rt_t *rt, const char *path, const char *keyring_dir,
         return NULL;
     }
     /* Placed only once loaded, so that a failed load takes no turn; a
-     * model placed on a given core takes none either. */
+     * model placed on a given core takes none either.  A pipelined model
+     * takes one turn per stage, its stages on consecutive cores. */
+    int turns = m->prog->n_stages > 0 ? m->prog->n_stages : 1;
+    if (turns > kiln_rt_num_cores (rt) && !kiln_pipeline_may_share ()) {
+        kiln_error (err, KILN_EUNSUPPORTED, "%s: the model is pipelined over %d "
+                    "cores (compiled with --pipeline-cores %d) but this runtime has "
+                    "%d (KILN_RT_VISIBLE_CORES, KILN_RT_NUM_CORES); give it %d cores, "
+                    "or set KILN_RT_PIPELINE_SHARE=1 to run its stages together on "
+                    "fewer", path, turns, turns, kiln_rt_num_cores (rt), turns);
+        kiln_model_destroy (&m);
+        return NULL;
+    }
     m->core = core >= 0 ? core
-                        : (int) (atomic_fetch_add (&rt->n_loaded, 1)
+                        : (int) (atomic_fetch_add (&rt->n_loaded, (unsigned) turns)
                                  % (unsigned) kiln_rt_num_cores (rt));
+    if (m->prog->n_stages > 0) {
+        int cores[KILN_PROG_MAX_STAGES];
+        for (int s = 0; s < m->prog->n_stages; s++)
+            cores[s] = (m->core + s) % kiln_rt_num_cores (rt);
+        if (!(m->pipe = kiln_pipeline_new (m->prog, m->plans, m->weights, rt->cores,
+                                           cores, err))) {
+            kiln_error_prefix (err, "%s", path);
+            kiln_model_destroy (&m);
+            return NULL;
+        }
+    }
     return m;
 }
 
@@ -373,12 +405,11 @@ s_check_tensor (const char *what, const kiln_io_t *io,
 }
 
 int
-kiln_model_run_here (kiln_model_t *m, const kiln_rt_tensor_t *inputs,
-                     int n_inputs, kiln_rt_tensor_t *outputs, int n_outputs,
-                     kiln_err_t *err)
+kiln_model_check_run (const kiln_model_t *m, const kiln_rt_tensor_t *inputs,
+                      int n_inputs, kiln_rt_tensor_t *outputs, int n_outputs,
+                      kiln_err_t *err)
 {
     const kiln_manifest_t *man = kiln_model_manifest (m);
-    const kiln_program_t *p = m->prog;
     if (n_inputs != man->n_inputs || n_outputs != man->n_outputs)
         return kiln_error (err, KILN_EINVAL, "the model takes %d inputs and %d "
                            "outputs, got %d and %d", man->n_inputs,
@@ -392,6 +423,21 @@ kiln_model_run_here (kiln_model_t *m, const kiln_rt_tensor_t *inputs,
         if (!outputs[i].data)
             return kiln_error (err, KILN_EINVAL, "output '%s': no buffer",
                                man->outputs[i].name);
+    return 0;
+}
+
+int
+kiln_model_run_here (kiln_model_t *m, const kiln_rt_tensor_t *inputs,
+                     int n_inputs, kiln_rt_tensor_t *outputs, int n_outputs,
+                     kiln_err_t *err)
+{
+    const kiln_manifest_t *man = kiln_model_manifest (m);
+    const kiln_program_t *p = m->prog;
+    int rc = kiln_model_check_run (m, inputs, n_inputs, outputs, n_outputs, err);
+    if (rc)
+        return rc;
+    if (m->pipe)
+        return kiln_model_run_pipelined (m, &inputs, &outputs, 1, err);
 
     pthread_mutex_lock (&m->lock);
     for (int i = 0; i < n_inputs; i++) {
@@ -407,4 +453,28 @@ kiln_model_run_here (kiln_model_t *m, const kiln_rt_tensor_t *inputs,
     }
     pthread_mutex_unlock (&m->lock);
     return 0;
+}
+
+kiln_pipeline_t *
+kiln_model_pipeline (const kiln_model_t *m)
+{
+    return m ? m->pipe : NULL;
+}
+
+int
+kiln_model_stage_count (const kiln_model_t *m)
+{
+    if (!m)
+        return 0;
+    return m->pipe ? kiln_pipeline_stages (m->pipe) : 1;
+}
+
+int
+kiln_model_stage_core (const kiln_model_t *m, int stage)
+{
+    if (!m)
+        return -1;
+    if (!m->pipe)
+        return stage == 0 ? m->core : -1;
+    return kiln_pipeline_core (m->pipe, stage);
 }

@@ -12,7 +12,8 @@
  * A runtime owns execution cores (runtime/kiln_cores.h): each model is
  * placed on one, round-robin, and every run of it executes on that core's
  * pinned thread; kiln_model_run_batched spreads a batch of any size over
- * replicas on several cores (dynamic batching).
+ * replicas on several cores (dynamic batching); a pipelined model's
+ * stages run on consecutive cores (runtime/kiln_pipeline.h).
  */
 #ifndef KILN_RT_H
 #define KILN_RT_H
@@ -83,8 +84,22 @@ void kiln_model_destroy (kiln_model_t **self_p);
 kiln_model_t *kiln_rt_load_on (kiln_rt_t *rt, const char *path,
                                const char *keyring_dir, int core,
                                kiln_err_t *err);
-/* The core the model runs on. */
+/* The core the model runs on (a pipelined model's first stage's). */
 int kiln_model_core (const kiln_model_t *m);
+
+/* Pipelining (compiled with --pipeline-cores N, docs/program-format.md):
+ * the model's program runs as N stages, stage s on core (core + s) mod
+ * the runtime's cores, each in an arena of its own; consecutive inputs
+ * (concurrent kiln_model_run calls, the chunks of kiln_model_run_batched)
+ * are in different stages at once, handed from stage to stage through a
+ * bounded number of slots (2·N).  A pipelined model takes N turns of the
+ * round-robin placement; loading it on a runtime with fewer than N cores
+ * is a KILN_EUNSUPPORTED error that says so, unless
+ * KILN_RT_PIPELINE_SHARE=1 lets its stages share the cores.  The number
+ * of stages (1 for a model that is not pipelined), and the core of stage
+ * s (-1 when there is no stage s). */
+int kiln_model_stage_count (const kiln_model_t *m);
+int kiln_model_stage_core (const kiln_model_t *m, int stage);
 
 /* The model's manifest (inputs, outputs, digests); owned by the model. */
 const kiln_manifest_t *kiln_model_manifest (const kiln_model_t *m);

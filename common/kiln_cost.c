@@ -1,0 +1,87 @@
+#include "common/kiln_cost.h"
+
+#include <string.h>
+
+/* The integer parameter `name` of `op`, or `dflt` when it is absent or
+ * not an integer.  Reads without marking it used: the model looks, the
+ * kernel decides. */
+static int64_t
+s_int (const kiln_prog_op_t *op, const char *name, int64_t dflt)
+{
+    for (int i = 0; i < op->n_params; i++)
+        if (strcmp (op->params[i].name, name) == 0)
+            return op->params[i].kind == KILN_PP_INT ? op->params[i].i : dflt;
+    return dflt;
+}
+
+/* The product of the integer list `name` (1 when absent or empty). */
+static double
+s_ints_product (const kiln_prog_op_t *op, const char *name)
+{
+    double v = 1;
+    for (int i = 0; i < op->n_params; i++)
+        if (strcmp (op->params[i].name, name) == 0
+            && op->params[i].kind == KILN_PP_INTS)
+            for (int k = 0; k < op->params[i].n; k++)
+                v *= (double) op->params[i].ints[k];
+    return v;
+}
+
+static double
+s_numel (const kiln_shape_t *s)
+{
+    double n = 1;
+    for (int d = 0; d < s->rank; d++)
+        n *= (double) s->dims[d];
+    return n;
+}
+
+/* Multiply-adds of a convolution, from its input, output and the
+ * `kernel` and `group` parameters: packed weights change W's shape, not
+ * these. */
+static double
+s_conv_flops (const kiln_program_t *p, const kiln_prog_op_t *op)
+{
+    const kiln_shape_t *x = &p->tensors[op->inputs[0]].shape;
+    const kiln_shape_t *y = &p->tensors[op->outputs[0]].shape;
+    if (x->rank < 2 || y->rank < 2)
+        return 0;
+    int64_t group = s_int (op, "group", 1);
+    if (group < 1)
+        group = 1;
+    double c = (double) x->dims[1] / (double) group;
+    return 2.0 * s_numel (y) * c * s_ints_product (op, "kernel");
+}
+
+kiln_cost_t
+kiln_cost_op (const kiln_program_t *p, int i)
+{
+    const kiln_prog_op_t *op = &p->ops[i];
+    kiln_cost_t c = { 0, 0 };
+    for (int j = 0; j < op->n_inputs; j++)
+        c.bytes += (double) p->tensors[op->inputs[j]].size;
+    for (int j = 0; j < op->n_outputs; j++)
+        c.bytes += (double) p->tensors[op->outputs[j]].size;
+    switch (op->kernel) {
+    case KILN_K_CONV2D:
+        c.flops = s_conv_flops (p, op);
+        break;
+    case KILN_K_MATMUL:
+        c.flops = 2.0 * s_ints_product (op, "batch") * (double) s_int (op, "m", 0)
+                  * (double) s_int (op, "n", 0) * (double) s_int (op, "k", 0);
+        break;
+    case KILN_K_GEMM:
+        c.flops = 2.0 * (double) s_int (op, "m", 0) * (double) s_int (op, "n", 0)
+                  * (double) s_int (op, "k", 0);
+        break;
+    default:
+        break;
+    }
+    return c;
+}
+
+double
+kiln_cost_ns (kiln_cost_t c)
+{
+    return c.flops / KILN_COST_FLOPS_PER_NS + c.bytes / KILN_COST_BYTES_PER_NS;
+}
