@@ -32,9 +32,12 @@ static const char s_usage[] =
     "                   outputs are joined and trimmed\n"
     "  --replicas N     with --dynamic-batch: load the model N times, one per\n"
     "                   core round-robin (default: one per core, at most one\n"
-    "                   per chunk)\n"
+    "                   per chunk; a model compiled with --pipeline-cores S\n"
+    "                   takes S cores, and its chunks stream through its\n"
+    "                   stages, several in flight)\n"
     "  --bench N        after a warm-up, run N more times and print the latency\n"
-    "                   per inference (min, median, p99, mean), the peak RSS\n"
+    "                   per inference (min, median, p99, mean), the rows per\n"
+    "                   second at the median, the peak RSS\n"
     "                   and whether the weights are mapped from the artifact\n"
     "                   and shared by the replicas; --output-dir is then\n"
     "                   optional.  Intra-op threads: KILN_RT_THREADS;\n"
@@ -261,7 +264,10 @@ main (int argc, char **argv)
             goto done;
         batch = n_in > 0 && ins[0].shape.rank >= 1 ? ins[0].shape.dims[0] : 0;
         int64_t chunks = (batch + compiled_batch - 1) / compiled_batch;
-        long want = replicas_opt ? replicas_opt : kiln_rt_num_cores (rt);
+        int stages = kiln_model_stage_count (model);
+        long want = replicas_opt ? replicas_opt : kiln_rt_num_cores (rt) / stages;
+        if (want < 1)
+            want = 1;
         if (!replicas_opt && want > chunks)
             want = chunks > 0 ? (long) chunks : 1;
         replicas[n_replicas++] = model;
@@ -315,26 +321,43 @@ main (int argc, char **argv)
         /* Whether the weights are the artifact's pages, and how many of
          * the replicas share them, so that the peak RSS can be read. */
         int mapped = kiln_model_weights_mapped (model), sharing = 1;
+        /* Rows of dimension 0 per run: the batch given with
+         * --dynamic-batch, else the compiled one (1 when not batched). */
+        int64_t rows = dynamic ? batch : n_in > 0 && ins[0].shape.rank >= 1
+                                         ? ins[0].shape.dims[0] : 1;
+        double per_s = times[bench / 2] > 0 ? (double) rows * 1e3 / times[bench / 2] : 0;
+        int stages = kiln_model_stage_count (model);
+        char where[160] = "";
+        size_t wl = (size_t) snprintf (where, sizeof where, "%d stage%s on core%s",
+                                       stages, stages == 1 ? "" : "s",
+                                       stages == 1 ? "" : "s");
+        for (int st = 0; st < stages && wl < sizeof where; st++)
+            wl += (size_t) snprintf (where + wl, sizeof where - wl, "%s%d",
+                                     st ? ", " : " ", kiln_model_stage_core (model, st));
         for (int r = 1; r < n_replicas; r++)
             sharing += kiln_model_weights_ptr (replicas[r])
                        == kiln_model_weights_ptr (model);
         if (json)
             printf ("{\"runs\":%ld,\"warmup\":%ld,\"min_ms\":%.4f,\"median_ms\":"
                     "%.4f,\"p99_ms\":%.4f,\"mean_ms\":%.4f,\"peak_rss_kib\":%ld,"
-                    "\"weights_mapped\":%s,\"replicas_sharing_weights\":%d}\n",
+                    "\"weights_mapped\":%s,\"replicas_sharing_weights\":%d,"
+                    "\"rows\":%lld,\"rows_per_s\":%.3f,\"stages\":%d,"
+                    "\"replicas\":%d}\n",
                     bench, warmup, times[0], times[bench / 2],
                     times[p99 < 0 ? 0 : p99], sum / (double) bench, rss_kib,
-                    mapped ? "true" : "false", sharing);
+                    mapped ? "true" : "false", sharing, (long long) rows, per_s,
+                    stages, n_replicas ? n_replicas : 1);
         else
             printf ("%ld runs after %ld warm-up (KILN_RT_THREADS=%s)\n"
                     "latency per inference: min %.3f ms, median %.3f ms, "
-                    "p99 %.3f ms, mean %.3f ms\npeak RSS: %.1f MiB\n"
-                    "weights: %s, one copy for %d model%s\n", bench,
+                    "p99 %.3f ms, mean %.3f ms\nthroughput: %.2f rows/s (%lld "
+                    "per run, at the median)\npeak RSS: %.1f MiB\n"
+                    "weights: %s, one copy for %d model%s\nplacement: %s\n", bench,
                     warmup, thr ? thr : "default", times[0], times[bench / 2],
-                    times[p99 < 0 ? 0 : p99], sum / (double) bench,
-                    (double) rss_kib / 1024.0,
+                    times[p99 < 0 ? 0 : p99], sum / (double) bench, per_s,
+                    (long long) rows, (double) rss_kib / 1024.0,
                     mapped ? "mapped from the artifact" : "read into memory",
-                    sharing, sharing == 1 ? "" : "s");
+                    sharing, sharing == 1 ? "" : "s", where);
     }
     free (times);
     if (!outdir) {

@@ -132,6 +132,8 @@ def rt():
         _proto(lib, "kiln_rt_load_on", P, P, S, S, I, E)
         _proto(lib, "kiln_model_destroy", None, ctypes.POINTER(P))
         _proto(lib, "kiln_model_core", I, P)
+        _proto(lib, "kiln_model_stage_count", I, P)
+        _proto(lib, "kiln_model_stage_core", I, P, I)
         _proto(lib, "kiln_model_run", I, P, ctypes.POINTER(Tensor), I,
                ctypes.POINTER(Tensor), I, E)
         _proto(lib, "kiln_model_run_batched", I, ctypes.POINTER(P), I,

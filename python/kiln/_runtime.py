@@ -88,7 +88,8 @@ def num_cores():
 
 
 class Model:
-    """A verified artifact loaded on one core."""
+    """A verified artifact loaded on one core, or, pipelined, on one core
+    per stage."""
 
     def __init__(self, rt, path, keyring, core=-1):
         self._rt = rt            # keeps the Python side alive, for order
@@ -101,6 +102,11 @@ class Model:
             raise _lib.error_from(err)
         self._ptr = ptr
         self.core = self._lib.kiln_model_core(ptr)
+        # A model compiled with --pipeline-cores N runs as N stages, stage
+        # s on stage_cores[s]; any other has one stage, on `core`.
+        self.stages = self._lib.kiln_model_stage_count(ptr)
+        self.stage_cores = [self._lib.kiln_model_stage_core(ptr, s)
+                            for s in range(self.stages)]
         self.inputs = self._io(0)
         self.outputs = self._io(1)
         self._batch = None

@@ -89,6 +89,26 @@ def normalize_args(compiler_args):
     return words
 
 
+# Other tools' spellings of kiln's compiler flags: kiln.trace passes
+# kiln's on (so that both spellings share one action key) and says so in
+# compile.log, as the compiler does in its log.
+FLAG_ALIASES = {"--neuroncore-pipeline-cores": "--pipeline-cores"}
+
+
+def spell_flags(words):
+    """`words` with other tools' spellings of kiln's flags replaced
+    ("--neuroncore-pipeline-cores=2" too), and a note for each."""
+    out, notes = [], []
+    for w in words:
+        name, eq, value = w.partition("=")
+        if name in FLAG_ALIASES:
+            notes.append(f"note: {name} is torch-neuron's spelling of "
+                         f"{FLAG_ALIASES[name]}; compiling with {FLAG_ALIASES[name]}")
+            w = FLAG_ALIASES[name] + eq + value
+        out.append(w)
+    return out, notes
+
+
 def _ops_from_message(msg):
     """{'Clip': 35} from '... unsupported ops: Clip (35), Foo (1)'."""
     tail = msg.split("unsupported ops:", 1)[-1]
@@ -225,6 +245,9 @@ def compile_graph(graph, kgraph_path, out_path, *, args, broker=None, timeout=No
     artifact at `out_path`.  Returns the compile result: artifact (content
     hash), action_key, graph_digest, cached, worker, mode."""
     log = _Log(log_path)
+    args, notes = spell_flags(args)
+    for note in notes:
+        log.write(note)
     arg_text = " ".join(args)
     if timeout is not None:
         timeout = float(timeout)

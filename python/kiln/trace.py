@@ -254,7 +254,9 @@ class KilnPart(torch.nn.Module):
 
     def enable_dynamic_batch(self):
         self.model.batch_size      # raises when the model cannot be batched
-        if len(self.replicas) == 1:
+        # A pipelined model already spans the cores: the chunks of a batch
+        # stream through its stages instead of going to replicas.
+        if len(self.replicas) == 1 and self.model.stages == 1:
             rt = runtime()
             for k in range(1, rt.num_cores):
                 core = (self.model.core + k) % rt.num_cores
@@ -356,8 +358,27 @@ class TracedModule(torch.nn.Module):
 
     @property
     def cores(self):
-        """The cores of every loaded replica or part."""
-        return [m.core for p in self.parts for m in p.replicas]
+        """The cores of every loaded replica or part (every stage's, for a
+        pipelined one), each once, in order of first use."""
+        seen = []
+        for p in self.parts:
+            for m in p.replicas:
+                for c in m.stage_cores:
+                    if c not in seen:
+                        seen.append(c)
+        return seen
+
+    @property
+    def stages(self):
+        """How many pipeline stages the module runs as (its first part's):
+        N when compiled with `--pipeline-cores N` (or torch-neuron's
+        `--neuroncore-pipeline-cores N`), else 1."""
+        return self.parts[0].model.stages if self.parts else 0
+
+    @property
+    def stage_cores(self):
+        """The core of each pipeline stage (its first part's)."""
+        return list(self.parts[0].model.stage_cores) if self.parts else []
 
     @property
     def artifact(self):
@@ -370,7 +391,9 @@ class TracedModule(torch.nn.Module):
                     f"cpu_ops={self.cpu_ops}")
         ins = ", ".join(f"{s.name}: {describe(s.dtype, s.shape)}" for s in self.input_specs)
         outs = ", ".join(f"{s.name}: {describe(s.dtype, s.shape)}" for s in self.output_specs)
-        return (f"inputs=({ins}), outputs=({outs}), core={self.core}, "
+        where = (f"stages={self.stages}, stage_cores={self.stage_cores}"
+                 if self.stages > 1 else f"core={self.core}")
+        return (f"inputs=({ins}), outputs=({outs}), {where}, "
                 f"dynamic_batching={self.dynamic_batching}")
 
     # --- running ------------------------------------------------------
