@@ -103,7 +103,7 @@ SO_TORCH := $(LIB)/libkiln_torch.so
 
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: bench-farm bench-serve bench-large
+.PHONY: bench-farm bench-serve bench-large bench-pipeline
 .PHONY: dist ansible-test
 .PHONY: all deps test unit-test integration-test demo clean install memcheck \
 	python-test conformance bench-runtime bench-deps
@@ -345,6 +345,11 @@ bench-deps:
 # prints the README's serving table; asserts nothing about time.
 bench-serve: all
 	KILN_BIN=$(abspath $(BIN)) KILN_SRC=$(CURDIR) $(PYTHON) bench/bench_serve.py
+
+# --pipeline-cores 2 against 1 core and 2 replicas on a stream of 32
+# (bench/bench_pipeline.py): prints the README's pipelining table.
+bench-pipeline: all
+	KILN_BIN=$(abspath $(BIN)) $(PYTHON) bench/bench_pipeline.py
 
 # The Python package goes where Debian's python3 looks: /usr/lib/python3/
 # dist-packages for PREFIX=/usr, else PREFIX/lib/python3.X/dist-packages.
