@@ -287,10 +287,20 @@ kiln_capi_program_dump (const char *artifact_path, const char *path,
         fprintf (f, "\n");
     }
     fprintf (f, "ops:\n");
-    for (int i = 0; i < p->n_ops; i++) {
+    for (int i = 0, stage = 0; i < p->n_ops; i++) {
         const kiln_prog_op_t *op = &p->ops[i];
         size_t used = 0;
         line[0] = '\0';
+        if (stage < p->n_stages && p->stages[stage].first_op == i) {
+            const kiln_prog_stage_t *st = &p->stages[stage];
+            uint64_t bytes = 0;
+            for (int r = 0; r < st->n_handoff; r++)
+                bytes += st->handoff[r].size;
+            fprintf (f, "  -- stage %d of %d: receives %d range%s, %" PRIu64 " bytes\n",
+                     stage, p->n_stages, st->n_handoff, st->n_handoff == 1 ? "" : "s",
+                     bytes);
+            stage++;
+        }
         s_cat (line, &used, "  %4d %s (", i, kiln_kernel_name (op->kernel));
         for (int k = 0; k < op->n_inputs; k++)
             s_cat (line, &used, "%st%d", k ? ", " : "", op->inputs[k]);
