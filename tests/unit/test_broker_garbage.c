@@ -53,15 +53,17 @@ s_free_port (void)
     return ntohs (a.sin_port);
 }
 
-/* Start kiln-broker with `listen`; its output goes to DIR/broker.log. */
+/* Start kiln-broker with `listen` and its state in DIR/`state_name`
+ * (one broker per state directory: it is locked); its output goes to
+ * DIR/`state_name`.log. */
 static pid_t
-s_spawn_broker (const char *listen)
+s_spawn_broker (const char *listen, const char *state_name)
 {
     char exe[PATH_MAX], state[PATH_MAX], key[PATH_MAX], log[PATH_MAX];
     snprintf (exe, sizeof exe, "%s/kiln-broker", s_bin ());
-    snprintf (state, sizeof state, "%s/state", s_dir);
+    snprintf (state, sizeof state, "%s/%s", s_dir, state_name);
     snprintf (key, sizeof key, "%s/key/kiln.key", s_dir);
-    snprintf (log, sizeof log, "%s/broker.log", s_dir);
+    snprintf (log, sizeof log, "%s/%s.log", s_dir, state_name);
     pid_t parent = getpid ();
     pid_t pid = fork ();
     ck_assert_int_ge (pid, 0);
@@ -132,14 +134,14 @@ s_setup (void)
     ck_assert_msg (key && kiln_key_write_pair (key, keydir, &err) == 0, "%s", err.msg);
     kiln_key_destroy (&key);
     snprintf (s_endpoint, sizeof s_endpoint, "tcp://127.0.0.1:%d", s_free_port ());
-    s_broker = s_spawn_broker (s_endpoint);
+    s_broker = s_spawn_broker (s_endpoint, "state");
     /* Wait, bounded, until it answers. */
     zsock_t *d = s_dealer ();
     bool up = false;
     for (int i = 0; i < 40 && !up; i++)
         up = s_ping (d, 1000 + (uint64_t) i, 250);
     zsock_destroy (&d);
-    ck_assert_msg (up, "kiln-broker did not answer PING within 10 s (see %s/broker.log)",
+    ck_assert_msg (up, "kiln-broker did not answer PING within 10 s (see %s/state.log)",
                    s_dir);
 }
 
@@ -491,7 +493,7 @@ START_TEST (test_broker_refuses_to_listen_beyond_loopback)
 {
     char listen[64];
     snprintf (listen, sizeof listen, "tcp://0.0.0.0:%d", s_free_port ());
-    pid_t pid = s_spawn_broker (listen);
+    pid_t pid = s_spawn_broker (listen, "state-wide");
     int status = 0;
     bool gone = false;
     for (int i = 0; i < 100 && !gone; i++) {
@@ -506,7 +508,7 @@ START_TEST (test_broker_refuses_to_listen_beyond_loopback)
     ck_assert_msg (gone, "kiln-broker kept running on 0.0.0.0");
     ck_assert (WIFEXITED (status) && WEXITSTATUS (status) != 0);
     char log[PATH_MAX];
-    snprintf (log, sizeof log, "%s/broker.log", s_dir);
+    snprintf (log, sizeof log, "%s/state-wide.log", s_dir);
     uint8_t *text;
     size_t len;
     kiln_err_t err = { 0 };
