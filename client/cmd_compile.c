@@ -35,18 +35,20 @@ static const char *s_usage =
     "  --key KEY.pem             local builds: sign with this private key\n"
     "                            (default: your key in ~/.config/kiln/keys,\n"
     "                            created on first use)\n"
-    "  --fallback local|none     when the farm cannot be reached within\n"
-    "                            --fallback-after, compile here and sign with your\n"
-    "                            key (local, the default: $KILN_FALLBACK), or fail\n"
-    "                            with exit status 3 (none)\n"
+    "  --fallback local|none     when the farm cannot be reached, fail with exit\n"
+    "                            status 3 (none, the default) or, if it does not\n"
+    "                            answer within --fallback-after, compile here and\n"
+    "                            sign with your key (local) (default: $KILN_FALLBACK)\n"
     "  --no-fallback             the same as --fallback none\n"
-    "  --fallback-after SECONDS  how long the farm has to answer (default 5)\n"
+    "  --fallback-after SECONDS  with --fallback local: how long the farm has to\n"
+    "                            answer (default 5)\n"
     "  -q, --quiet               no progress line (it is shown only on a terminal,\n"
     "                            on stderr, and never with --json)\n"
     "  --json                    print one JSON object: artifact, cached,\n"
     "                            worker, action_key, graph_digest, broker,\n"
     "                            fallback, output\n"
-    "exit status: 0 built, 1 failed, 2 usage, 3 farm unreachable (no fallback)\n";
+    "exit status: 0 built, 1 failed, 2 usage, 3 farm unreachable (without\n"
+    "--fallback local)\n";
 
 /* Seconds in (0, max_s] as milliseconds (fractions allowed: "0.2"), or
  * -1. */
@@ -93,9 +95,9 @@ s_compile_remote (kiln_client_config_t *ccfg, kiln_graph_t *g, const kiln_compil
     if (rc == 0 || !fallback || err->code != KILN_EUNREACHABLE)
         return rc;
     kiln_progress_clear (prog);
-    fprintf (stderr, "kiln compile: %s; compiling locally instead, signed with your own "
-             "key (hosts that trust only the farm's key will refuse it; --fallback none "
-             "fails instead)\n", err->msg);
+    fprintf (stderr, "kiln compile: %s; compiling locally instead (--fallback local), "
+             "signed with your own key (hosts that trust only the farm's key will "
+             "refuse it)\n", err->msg);
     kiln_err_clear (err);
     *fell_back = true;
     kiln_progress_phase (prog, "compiling locally");
@@ -119,7 +121,9 @@ cmd_compile (int argc, char **argv)
     kiln_compile_opts_t copts = { 0 };
     int json = 0, local = 0, quiet = 0;
     const char *env_fallback = getenv ("KILN_FALLBACK");
-    int fallback = env_fallback && *env_fallback ? s_fallback_arg (env_fallback) : 1;
+    /* Opt-in (issue 16): a local build is signed by your key, not the
+     * farm's, so an unreachable farm fails unless asked otherwise. */
+    int fallback = env_fallback && *env_fallback ? s_fallback_arg (env_fallback) : 0;
     long v, fallback_ms = 5000;
     if (fallback < 0) {
         fprintf (stderr, "kiln compile: KILN_FALLBACK is '%s'; it must be 'local' or 'none'\n",
@@ -238,8 +242,13 @@ cmd_compile (int argc, char **argv)
     }
     kiln_progress_destroy (&prog);
     kiln_graph_destroy (&g);
-    if (rc != 0)
-        return kiln_cmd_fail ("compile", &err);
+    if (rc != 0) {
+        int status = kiln_cmd_fail ("compile", &err);
+        if (status == KILN_EXIT_UNREACHABLE)
+            fprintf (stderr, "kiln compile: --fallback local (or KILN_FALLBACK=local) "
+                     "builds here instead when the farm does not answer\n");
+        return status;
+    }
 
     if (json) {
         printf ("{\"artifact\":");

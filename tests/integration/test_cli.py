@@ -93,7 +93,7 @@ def test_exit_statuses_usage_verification_and_unreachable(tmp_path, config_dir):
     assert status.returncode == EXIT_UNREACHABLE, status.stderr
 
 
-def test_compile_falls_back_to_a_local_build_when_the_farm_is_down(farm, tmp_path,
+def test_compile_fails_when_the_farm_is_down_unless_local_fallback_is_asked(farm, tmp_path,
                                                                    config_dir):
     farm.start_worker("w1")
     farm.wait_for_workers(1)
@@ -101,8 +101,21 @@ def test_compile_falls_back_to_a_local_build_when_the_farm_is_down(farm, tmp_pat
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["fallback"] is False
     farm.kill_broker()
-    # The default: built here, said on stderr, in --json and in provenance.
-    proc = farm.compile(MODEL, tmp_path / "local.kar", "--fallback-after", "0.5", timeout=60)
+    # The default: no fallback, the documented status and no file.
+    for extra, env in (([], None), (["--fallback", "none"], None),
+                       ([], {"KILN_FALLBACK": "none"}), (["--no-fallback"], None),
+                       (["--fallback", "none"], {"KILN_FALLBACK": "local"})):
+        argv = farm.compile_argv(MODEL, tmp_path / "none.kar", "--wait", "1", *extra)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, **(env or {})))
+        assert proc.returncode == EXIT_UNREACHABLE, (extra, env, proc.stderr)
+        assert "no answer from the broker" in proc.stderr
+        assert "--fallback local" in proc.stderr          # the hint
+        assert "compiling locally" not in proc.stderr
+        assert not (tmp_path / "none.kar").exists()
+    # Opted in: built here, said on stderr, in --json and in provenance.
+    proc = farm.compile(MODEL, tmp_path / "local.kar", "--fallback", "local",
+                        "--fallback-after", "0.5", timeout=60)
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     assert res["fallback"] is True and res["worker"] is None and res["cached"] is False
@@ -115,14 +128,13 @@ def test_compile_falls_back_to_a_local_build_when_the_farm_is_down(farm, tmp_pat
                 config_dir / "keys"]).returncode == 0
     assert run(["kiln", "verify", tmp_path / "local.kar", "--keyring",
                 farm.keyring]).returncode == EXIT_VERIFY
-    # Opted out (flag or environment): the documented status, no file.
-    for extra, env in ((["--fallback", "none"], None), ([], {"KILN_FALLBACK": "none"}),
-                       (["--no-fallback"], None)):
-        argv = farm.compile_argv(MODEL, tmp_path / "none.kar", "--wait", "1", *extra)
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                              env=dict(os.environ, **(env or {})))
-        assert proc.returncode == EXIT_UNREACHABLE, (extra, env, proc.stderr)
-        assert not (tmp_path / "none.kar").exists()
+    # The environment opts in the same way.
+    argv = farm.compile_argv(MODEL, tmp_path / "env.kar", "--fallback-after", "0.5")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, KILN_FALLBACK="local"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["fallback"] is True
+    assert (tmp_path / "env.kar").exists()
 
 
 def test_batch_writes_junit_with_the_failure_log_and_exits_4(farm, tmp_path):
