@@ -168,6 +168,31 @@ kiln_client_refused (kiln_client_t *self, kiln_err_t *err)
     return refused;
 }
 
+int
+kiln_client_writable (kiln_client_t *self, int wait_ms, kiln_err_t *err)
+{
+    int64_t deadline = zclock_mono () + wait_ms;
+    while (!(zsock_events (self->dealer) & ZMQ_POLLOUT)) {
+        int64_t left = deadline - zclock_mono ();
+        if (left <= 0)
+            return kiln_error (err, KILN_EUNREACHABLE, "no connection to the broker at %s "
+                               "within %g s", self->endpoint, wait_ms / 1000.0);
+        if (zsys_interrupted)
+            return kiln_error (err, KILN_ECANCELED, "interrupted");
+        zmq_pollitem_t items[2] = {
+            { zsock_resolve (self->dealer), 0, ZMQ_POLLOUT, 0 },
+            { self->monitor ? zsock_resolve (self->monitor) : NULL, 0, ZMQ_POLLIN, 0 },
+        };
+        int n = zmq_poll (items, self->monitor ? 2 : 1,
+                          (long) (left < KILN_CLIENT_MAX_POLL_MS ? left
+                                                                 : KILN_CLIENT_MAX_POLL_MS));
+        if (n > 0 && self->monitor && (items[1].revents & ZMQ_POLLIN)
+            && kiln_client_refused (self, err))
+            return -err->code;
+    }
+    return 0;
+}
+
 /* A chunk ZeroMQ holds: which bytes, and whose. */
 typedef struct {
     kiln_client_t *self;

@@ -48,6 +48,11 @@ void kiln_client_disconnect (kiln_client_t *self);
 /* Read one monitor event; a refused handshake fills `err` and returns
  * true. */
 bool kiln_client_refused (kiln_client_t *self, kiln_err_t *err);
+/* Wait at most wait_ms until the dealer can send without blocking.  A
+ * broker that refuses our handshake drops the connection for good (no
+ * reconnect), and a send would then block for the whole send timeout:
+ * the monitor's refusal is reported instead.  0, or -code with `err`. */
+int kiln_client_writable (kiln_client_t *self, int wait_ms, kiln_err_t *err);
 /* The farm's ERROR as our error: its code, its message, and as much of
  * the end of a compile log as fits. */
 void kiln_client_remote_error (const kiln_msg_t *msg, kiln_err_t *err);

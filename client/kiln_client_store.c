@@ -52,6 +52,11 @@ s_request (kiln_client_t *self, kiln_msg_t **msg, kiln_cmd_t want, int wait_ms,
     uint64_t req_id = self->next_req++;
     (*msg)->req_id = req_id;
     zsock_set_sndtimeo (self->dealer, wait);
+    int ready = kiln_client_writable (self, wait, err);
+    if (ready != 0) {
+        kiln_msg_destroy (msg);
+        return ready;
+    }
     if (kiln_msg_send (msg, self->dealer, NULL, err) != 0)
         return kiln_error_prefix (err, "broker %s", self->endpoint);
     int64_t deadline = zclock_mono () + wait;
@@ -227,6 +232,11 @@ s_get_send (s_get_t *g, const char *why, kiln_err_t *err)
     memcpy (msg->artifact, g->digest, KILN_HEX_LEN);
     msg->credit = S_GET_WINDOW;
     g->progress = zclock_mono ();
+    int rc = kiln_client_writable (self, (int) self->broker_timeout_ms, err);
+    if (rc != 0) {
+        kiln_msg_destroy (&msg);
+        return rc;
+    }
     if (kiln_msg_send (&msg, self->dealer, NULL, err) != 0)
         return kiln_error_prefix (err, "broker %s", self->endpoint);
     self->stats.requests++;
