@@ -575,6 +575,8 @@ s_send_find (s_engine_t *e, s_req_t *r, kiln_err_t *err)
         grown[msg->n_blobs].size = r->blobs[i].size;
         grown[msg->n_blobs++].in_msg = false;
     }
+    if (rc == 0)
+        rc = kiln_client_writable (self, (int) self->broker_timeout_ms, err);
     if (rc != 0) {
         kiln_msg_destroy (&msg);
         return rc;
@@ -624,6 +626,8 @@ s_send_compile (s_engine_t *e, s_req_t *r, kiln_err_t *err)
         else
             rc = kiln_msg_add_blob_ref (msg, b->digest, b->size, err);
     }
+    if (rc == 0)
+        rc = kiln_client_writable (self, (int) self->broker_timeout_ms, err);
     if (rc != 0) {
         kiln_msg_destroy (&msg);
         return rc;
