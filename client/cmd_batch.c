@@ -14,6 +14,7 @@
 #include "client/kiln_junit.h"
 #include "client/kiln_progress.h"
 #include "common/kiln_error.h"
+#include "common/kiln_log.h"
 
 #define S_MAX_JOBS      100000        /* jobs in one batch */
 #define S_MAX_LINE      (64u << 10)   /* one line of a jobs file */
@@ -70,7 +71,7 @@ s_junit_job (s_ctx_t *ctx, const kiln_client_job_t *job, size_t index)
     };
     kiln_err_t err = { 0 };
     if (kiln_junit_add (ctx->junit, &c, &err) != 0)
-        fprintf (stderr, "kiln batch: %s\n", err.msg);
+        kiln_print_error ("kiln batch", err.msg);
 }
 
 static void

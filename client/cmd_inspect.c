@@ -6,6 +6,7 @@
 
 #include "artifact/kiln_artifact.h"
 #include "client/kiln_cmds.h"
+#include "common/kiln_log.h"
 
 static const char *s_usage =
     "usage: kiln inspect ARTIFACT.kar | MODEL.kgraph | MODEL.onnx\n"
@@ -34,8 +35,9 @@ s_inspect_artifact (const char *path)
 static void
 s_print_tensor (const kiln_graph_t *g, int t)
 {
-    char shape[128];
-    printf ("  %s %s %s\n", g->tensors[t].name, kiln_dtype_name (g->tensors[t].dtype),
+    char shape[128], name[4 * KILN_MAX_NAME + 1];
+    printf ("  %s %s %s\n", kiln_text_escape (g->tensors[t].name, name, sizeof name),
+            kiln_dtype_name (g->tensors[t].dtype),
             kiln_shape_str (&g->tensors[t].shape, shape, sizeof shape));
 }
 
@@ -62,8 +64,11 @@ s_inspect_model (const char *path)
     printf ("outputs:\n");
     for (int i = 0; i < g->n_outputs; i++)
         s_print_tensor (g, g->outputs[i]);
-    if (g->io_structure)
-        printf ("io structure: %s\n", g->io_structure);
+    if (g->io_structure) {
+        printf ("io structure: ");
+        kiln_fputs_escaped (g->io_structure, stdout);
+        putchar ('\n');
+    }
     printf ("ops:\n");
     /* Count ops in order of first appearance: small graphs, quadratic is fine. */
     for (int i = 0; i < g->n_nodes; i++) {
@@ -74,7 +79,8 @@ s_inspect_model (const char *path)
             continue;
         for (int j = i; j < g->n_nodes; j++)
             count += strcmp (g->nodes[j].op, g->nodes[i].op) == 0;
-        printf ("  %s %d\n", g->nodes[i].op, count);
+        char op[4 * KILN_MAX_NAME + 1];
+        printf ("  %s %d\n", kiln_text_escape (g->nodes[i].op, op, sizeof op), count);
     }
     kiln_graph_destroy (&g);
     return 0;

@@ -12,6 +12,7 @@
 #include "artifact/kiln_release.h"
 #include "client/kiln_cmds.h"
 #include "common/kiln_fs.h"
+#include "common/kiln_log.h"
 
 static const char *s_usage =
     "usage: kiln release sign ARTIFACT.kar --model NAME --seq N --key RELEASE_KEY -o FILE\n"
@@ -265,8 +266,8 @@ s_verify (int argc, char **argv)
 fail_named:
     kiln_error_prefix (&err, "release record '%s'", path);
 fail:
-    fprintf (stderr, "kiln release verify: refused: %s\n",
-             err.msg[0] ? err.msg : kiln_strerror (err.code));
+    kiln_print_error ("kiln release verify: refused",
+                      err.msg[0] ? err.msg : kiln_strerror (err.code));
     status = err.code == KILN_EIO || err.code == KILN_ENOMEM || err.code == KILN_ENOTFOUND
                  ? KILN_EXIT_FAIL : KILN_EXIT_VERIFY;
 done:

@@ -1,9 +1,11 @@
 /* kiln verify ARTIFACT.kar --keyring DIR */
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 
 #include "artifact/kiln_artifact.h"
 #include "client/kiln_cmds.h"
+#include "common/kiln_log.h"
 
 static const char *s_usage =
     "usage: kiln verify ARTIFACT.kar --keyring DIR\n"
@@ -38,7 +40,9 @@ cmd_verify (int argc, char **argv)
     kiln_artifact_t *art = kiln_artifact_open_verified (argv[optind], keyring, &err);
     if (!art || kiln_artifact_digest (art, digest, &err) != 0) {
         kiln_artifact_destroy (&art);
-        fprintf (stderr, "kiln verify: '%s' refused: %s\n", argv[optind], err.msg);
+        char what[PATH_MAX + 32];
+        snprintf (what, sizeof what, "kiln verify: '%s' refused", argv[optind]);
+        kiln_print_error (what, err.msg);
         /* Anything wrong with the artifact itself is a failed verification;
          * a file that cannot be read, or no memory, is not. */
         return err.code == KILN_EIO || err.code == KILN_ENOMEM || err.code == KILN_ENOTFOUND

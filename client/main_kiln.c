@@ -59,7 +59,9 @@ kiln_cmd_exit_status (int code)
 int
 kiln_cmd_fail (const char *cmd, const kiln_err_t *err)
 {
-    fprintf (stderr, "kiln %s: %s\n", cmd, err->msg[0] ? err->msg : kiln_strerror (err->code));
+    char prefix[64];
+    snprintf (prefix, sizeof prefix, "kiln %s", cmd);
+    kiln_print_error (prefix, err->msg[0] ? err->msg : kiln_strerror (err->code));
     return kiln_cmd_exit_status (err->code);
 }
 

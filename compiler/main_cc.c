@@ -15,6 +15,7 @@
 #include "common/kiln_fs.h"
 #include "compiler/kiln_compiler.h"
 #include "graph/kiln_graph.h"
+#include "common/kiln_log.h"
 
 static const char s_usage[] =
     "usage: kiln-cc MODEL.kgraph -o OUT.kar (--key KEY.pem | --unsigned)\n"
@@ -167,8 +168,7 @@ main (int argc, char **argv)
     status = 0;
 done:
     if (status)
-        fprintf (stderr, "kiln-cc: %s\n", err.msg[0] ? err.msg
-                                                     : kiln_strerror (err.code));
+        kiln_print_error ("kiln-cc", err.msg[0] ? err.msg : kiln_strerror (err.code));
     kiln_artifact_destroy (&art);
     kiln_graph_destroy (&g);
     kiln_key_destroy (&key);

@@ -13,6 +13,7 @@
 #include "common/kiln_fs.h"
 #include "runtime/kiln_npy.h"
 #include "runtime/kiln_rt.h"
+#include "common/kiln_log.h"
 
 #define S_MAX_INPUTS KILN_MAX_GRAPH_IO
 
@@ -87,7 +88,7 @@ s_now_ms (void)
 static int
 s_fail (const char *msg)
 {
-    fprintf (stderr, "kiln-run: %s\n", msg);
+    kiln_print_error ("kiln-run", msg);
     return 1;
 }
 

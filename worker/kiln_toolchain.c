@@ -5,12 +5,14 @@
 #include "worker/kiln_toolchain.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +44,102 @@ kiln_toolchain_release (kiln_toolchain_t *tc)
     free (tc->words);
     tc->words = NULL;
     tc->n_words = 0;
+    for (int i = 0; i < tc->n_allow; i++)
+        free (tc->allow[i]);
+    free (tc->allow);
+    tc->allow = NULL;
+    tc->n_allow = 0;
+}
+
+/* A value a "P*" entry of {args:...} takes: 1..64 of [A-Za-z0-9._+-]. */
+static bool
+s_plain_value (const char *v)
+{
+    size_t n = strlen (v);
+    if (n < 1 || n > 64)
+        return false;
+    for (const char *p = v; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')
+              || *p == '.' || *p == '_' || *p == '+' || *p == '-'))
+            return false;
+    return true;
+}
+
+/* An entry of {args:...} as the operator may write it: 1..64 printable
+ * characters, no space, no comma, '*' only at the end. */
+static bool
+s_allow_entry_ok (const char *e)
+{
+    size_t n = strlen (e);
+    if (n < 1 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (e[i] <= ' ' || e[i] > '~' || e[i] == ',' || (e[i] == '*' && i + 1 != n))
+            return false;
+    return true;
+}
+
+/* Find the {args} placeholder in tc->words: a word of its own, "{args}"
+ * or "{args:A,B,...}" (the list goes to tc->allow and the word becomes
+ * "{args}"); anywhere else in a word it is an error. */
+static int
+s_parse_args_word (kiln_toolchain_t *tc, kiln_err_t *err)
+{
+    for (int i = 0; i < tc->n_words; i++) {
+        char *w = tc->words[i];
+        if (!strstr (w, "{args"))
+            continue;
+        size_t n = strlen (w);
+        bool list = strncmp (w, "{args:", 6) == 0 && w[n - 1] == '}';
+        if (strcmp (w, "{args}") != 0 && !list)
+            return kiln_error (err, KILN_EINVAL, "'%s': {args} must be a word of its own, "
+                               "{args} or {args:ALLOWED,...}", w);
+        if (tc->allow)
+            return kiln_error (err, KILN_EINVAL, "{args} appears twice");
+        if (!(tc->allow = calloc (KILN_TOOLCHAIN_MAX_ALLOW + 1, sizeof *tc->allow)))
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        if (!list)
+            continue;
+        w[n - 1] = '\0';
+        size_t ln = strlen (w + 6);
+        if (ln && (w[6] == ',' || w[6 + ln - 1] == ',' || strstr (w + 6, ",,")))
+            return kiln_error (err, KILN_EINVAL, "{args:%s}: an empty argument in the list",
+                               w + 6);
+        for (char *save = NULL, *e = strtok_r (w + 6, ",", &save); e;
+             e = strtok_r (NULL, ",", &save)) {
+            if (!s_allow_entry_ok (e))
+                return kiln_error (err, KILN_EINVAL, "{args:...}: '%s' is not an argument "
+                                   "(1..64 printable characters, '*' only at the end)", e);
+            if (tc->n_allow == KILN_TOOLCHAIN_MAX_ALLOW)
+                return kiln_error (err, KILN_ELIMIT, "{args:...} lists more than %d arguments",
+                                   KILN_TOOLCHAIN_MAX_ALLOW);
+            if (!(tc->allow[tc->n_allow++] = strdup (e)))
+                return kiln_error (err, KILN_ENOMEM, "out of memory");
+        }
+        char *plain = strdup ("{args}");
+        if (!plain)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        free (tc->words[i]);
+        tc->words[i] = plain;
+    }
+    return 0;
+}
+
+/* Whether {args:...} allows the job's argument `arg`. */
+static bool
+s_arg_allowed (const kiln_toolchain_t *tc, const char *arg)
+{
+    for (int i = 0; i < tc->n_allow; i++) {
+        const char *e = tc->allow[i];
+        size_t n = strlen (e);
+        if (e[n - 1] == '*') {
+            if (strncmp (arg, e, n - 1) == 0 && s_plain_value (arg + n - 1))
+                return true;
+        }
+        else if (strcmp (arg, e) == 0)
+            return true;
+    }
+    return false;
 }
 
 int
@@ -158,8 +256,12 @@ kiln_toolchain_parse_spec (const char *spec, const char *target, kiln_toolchain_
         return 0;
     }
     int rc = kiln_toolchain_split (eq + 1, &out->words, &out->n_words, err);
-    if (rc)
+    if (rc == 0)
+        rc = s_parse_args_word (out, err);
+    if (rc) {
+        kiln_toolchain_release (out);
         return kiln_error_prefix (err, "toolchain '%s'", name);
+    }
     return 0;
 }
 
@@ -211,10 +313,19 @@ kiln_toolchain_argv (const kiln_toolchain_t *tc, const char *input, const char *
     int n_args = 0;
     if (args && *args && kiln_toolchain_split (args, &arg_words, &n_args, err) != 0)
         return NULL;
+    for (int k = 0; tc->allow && k < n_args; k++)
+        if (!s_arg_allowed (tc, arg_words[k])) {
+            kiln_error (err, KILN_EINVAL, "compiler argument '%s' is not one that toolchain "
+                        "'%s' allows (its {args:...} on the worker)", arg_words[k], tc->id.id);
+            for (int j = 0; j < n_args; j++)
+                free (arg_words[j]);
+            free (arg_words);
+            return NULL;
+        }
     size_t cap = (size_t) tc->n_words + (size_t) n_args + 1;
     char **argv = calloc (cap, sizeof *argv);
-    static const char *const keys[] = { "{input}", "{output}", "{workdir}", "{args}" };
-    const char *values[] = { input, output, workdir, args ? args : "" };
+    static const char *const keys[] = { "{input}", "{output}", "{workdir}" };
+    const char *values[] = { input, output, workdir };
     size_t n = 0;
     bool ok = argv != NULL;
     for (int i = 0; ok && i < tc->n_words; i++) {
@@ -223,7 +334,7 @@ kiln_toolchain_argv (const kiln_toolchain_t *tc, const char *input, const char *
                 ok = (argv[n++] = strdup (arg_words[k])) != NULL;
             continue;
         }
-        ok = (argv[n++] = s_substitute (tc->words[i], keys, values, 4)) != NULL;
+        ok = (argv[n++] = s_substitute (tc->words[i], keys, values, 3)) != NULL;
     }
     for (int k = 0; k < n_args; k++)
         free (arg_words[k]);
@@ -234,6 +345,59 @@ kiln_toolchain_argv (const kiln_toolchain_t *tc, const char *input, const char *
         return NULL;
     }
     return argv;
+}
+
+/* --- the command's output ------------------------------------------------------ */
+
+int
+kiln_toolchain_create_output (const char *path, kiln_err_t *err)
+{
+    int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return kiln_error (err, KILN_ESYS, "could not create the toolchain's output '%s': %s",
+                           path, strerror (errno));
+    close (fd);
+    return 0;
+}
+
+int
+kiln_toolchain_read_output (const char *path, uint64_t max, uint8_t **data, size_t *len,
+                            uint64_t *size, kiln_err_t *err)
+{
+    *data = NULL;
+    *len = 0;
+    struct stat st;
+    int fd = kiln_open_regular (path, "the toolchain's output", O_NOFOLLOW, &st, err);
+    if (fd < 0)
+        return fd;
+    if (size)
+        *size = (uint64_t) st.st_size;
+    int rc = 0;
+    if (st.st_nlink != 1)
+        rc = kiln_error (err, KILN_EIO, "the toolchain's output '%s' has %llu links, not one",
+                         path, (unsigned long long) st.st_nlink);
+    else if ((uint64_t) st.st_size > max)
+        rc = kiln_error (err, KILN_ELIMIT, "the toolchain's output '%s' is %lld bytes, more "
+                         "than %llu", path, (long long) st.st_size, (unsigned long long) max);
+    else if (!(*data = malloc ((size_t) st.st_size + 1)))
+        rc = kiln_error (err, KILN_ENOMEM, "out of memory reading '%s'", path);
+    while (rc == 0 && *len < (size_t) st.st_size) {
+        ssize_t n = read (fd, *data + *len, (size_t) st.st_size - *len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            rc = kiln_error (err, KILN_EIO, "could not read '%s': %s", path,
+                             n < 0 ? strerror (errno) : "file shrank while reading");
+        else
+            *len += (size_t) n;
+    }
+    close (fd);
+    if (rc) {
+        free (*data);
+        *data = NULL;
+        *len = 0;
+    }
+    return rc;
 }
 
 /* --- wrapping ------------------------------------------------------------------ */
@@ -356,7 +520,8 @@ kiln_toolchain_wrap (const kiln_wrap_job_t *job, kiln_err_t *err)
         kiln_error_prefix (err, "cannot describe the graph's inputs and outputs");
         goto done;
     }
-    if ((rc = kiln_read_file (job->output, KILN_MAX_MEMBER_BYTES, &bytes, &len, err)) != 0) {
+    if ((rc = kiln_toolchain_read_output (job->output, KILN_MAX_MEMBER_BYTES, &bytes, &len,
+                                          NULL, err)) != 0) {
         kiln_error_prefix (err, "the toolchain's output");
         goto done;
     }

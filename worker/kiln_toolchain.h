@@ -17,8 +17,17 @@
  *   {input}    the graph to compile, WORKDIR/model.kgraph (docs/graph-format.md)
  *   {output}   the file the toolchain must write, WORKDIR/toolchain.out
  *   {workdir}  the job's private directory (also the current directory)
- *   {args}     the job's normalised compiler arguments; a word that is
- *              exactly "{args}" becomes one word per argument (none if empty)
+ *   {args:ALLOWED}
+ *              the job's compiler arguments, one word per argument (none
+ *              if empty), each of which must be one the operator allows:
+ *              ALLOWED is a comma-separated list of arguments ("-O1"), or
+ *              of prefixes ending in '*' ("--level=*") that take a value of
+ *              1..64 characters of [A-Za-z0-9._+-] (no '/', so no path).
+ *              A job with any other argument is refused, naming it.  The
+ *              placeholder must be a word of its own; plain "{args}" is
+ *              the same with nothing allowed.  (A client chose these
+ *              words: passed unchecked, `cp {input} {output} {args}` with
+ *              "-t DIR" copied the client's graph where it chose.)
  * The command exits 0 on success; then the worker wraps {output} into an
  * unsigned kiln artifact: the manifest (graph digest, action key,
  * toolchain id, version, arguments and target, and the graph's inputs and
@@ -52,9 +61,13 @@ typedef struct kiln_toolchain {
     kiln_toolchain_id_t id;      /* what it is called on the wire */
     bool builtin;                /* kiln-cc; else `words` */
     bool noop;                   /* COMMAND "@noop": no work, no child (see below) */
-    char **words;                /* the command split, owned */
+    char **words;                /* the command split, owned; "{args:...}" as "{args}" */
     int n_words;
+    char **allow;                /* the compiler arguments allowed, owned ("P*": a prefix) */
+    int n_allow;
 } kiln_toolchain_t;
+
+#define KILN_TOOLCHAIN_MAX_ALLOW   64        /* entries in {args:...} */
 
 /* Parse "NAME[@VERSION]=COMMAND" for a worker whose target is `target`.
  * Release *out with kiln_toolchain_release. */
@@ -71,11 +84,25 @@ int kiln_toolchain_split (const char *command, char ***words, int *n,
 
 /* The argument vector for one job: the command's words with the
  * placeholders replaced.  NULL-terminated; caller frees each string and
- * the array (kiln_toolchain_argv_free). */
+ * the array (kiln_toolchain_argv_free).  KILN_EINVAL naming the argument
+ * when `args` holds one that {args:...} does not allow. */
 char **kiln_toolchain_argv (const kiln_toolchain_t *tc, const char *input,
                             const char *output, const char *workdir,
                             const char *args, kiln_err_t *err);
 void kiln_toolchain_argv_free (char **argv);
+
+/* Create the empty {output} file before the command runs, O_EXCL |
+ * O_NOFOLLOW (a file or link already there is an error), mode 0644. */
+int kiln_toolchain_create_output (const char *path, kiln_err_t *err);
+
+/* Read the command's {output} (at most `max` bytes) as the worker does:
+ * never through a symbolic link (O_NOFOLLOW), only a regular file with
+ * one link (a hard link to a file the command could read but not write,
+ * made in place of the output, is refused too), without blocking on a
+ * FIFO.  *size (may be NULL) gets its size even when it is over `max`
+ * (then KILN_ELIMIT).  Caller frees *data. */
+int kiln_toolchain_read_output (const char *path, uint64_t max, uint8_t **data,
+                                size_t *len, uint64_t *size, kiln_err_t *err);
 
 /* What the wrapper needs to know about the job. */
 typedef struct kiln_wrap_job {

@@ -373,6 +373,9 @@ s_run_spawn (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
     snprintf (kgraph, sizeof kgraph, "%s/model.kgraph", run->workdir);
     snprintf (out, sizeof out, "%s/out.kar", run->workdir);
     snprintf (tool_out, sizeof tool_out, "%s/toolchain.out", run->workdir);
+    if (!run->tc->builtin && run->phase == S_RUNNING
+        && kiln_toolchain_create_output (tool_out, err) != 0)
+        return -err->code;
     char *fixed[24];
     char **argv = fixed, **command = NULL;
     int argc = 0;
@@ -582,22 +585,27 @@ s_wrap_output (kiln_worker_t *self, int slot, const char *log)
     snprintf (kgraph, sizeof kgraph, "%s/model.kgraph", run->workdir);
     snprintf (tool_out, sizeof tool_out, "%s/toolchain.out", run->workdir);
     snprintf (kar_path, sizeof kar_path, "%s/out.kar", run->workdir);
-    struct stat st;
-    if (stat (tool_out, &st) != 0 || !S_ISREG (st.st_mode)) {
-        char text[256];
-        snprintf (text, sizeof text, "toolchain '%s' exited 0 but wrote no output ({output})",
-                  run->tc->id.id);
+    /* Never through a link the command left in place of {output}: the
+     * worker reads what the sandboxed command could not. */
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    uint64_t size = 0;
+    int rc = kiln_toolchain_read_output (tool_out, KILN_TOOLCHAIN_WRAP_INLINE, &bytes, &len,
+                                         &size, &err);
+    if ((rc != 0 && rc != -KILN_ELIMIT) || size == 0) {
+        char text[KILN_ERR_MSG_MAX + 160];
+        snprintf (text, sizeof text, "toolchain '%s' exited 0 but wrote no output ({output})%s%s",
+                  run->tc->id.id, rc ? ": " : "", rc ? err.msg : "");
+        free (bytes);
         s_send_failure (self, run->id, KILN_ECOMPILE, text, log);
         return false;
     }
     kiln_wrap_job_t job = s_wrap_job (run, kgraph, tool_out, kar_path);
-    if ((uint64_t) st.st_size <= KILN_TOOLCHAIN_WRAP_INLINE) {
-        uint8_t *bytes = NULL, *kar = NULL;
-        size_t len = 0, kar_len = 0;
-        int rc = kiln_read_file (tool_out, KILN_TOOLCHAIN_WRAP_INLINE, &bytes, &len, &err);
-        if (rc == 0)
-            rc = kiln_toolchain_wrap_mem (&job, run->structure, run->struct_len, &bytes, len,
-                                          &kar, &kar_len, &err);
+    if (rc == 0) {
+        uint8_t *kar = NULL;
+        size_t kar_len = 0;
+        rc = kiln_toolchain_wrap_mem (&job, run->structure, run->struct_len, &bytes, len,
+                                      &kar, &kar_len, &err);
         free (bytes);
         if (rc == 0) {
             s_send_artifact (self, run, &kar, kar_len, log);
@@ -657,7 +665,8 @@ s_run_finish (kiln_worker_t *self, int slot)
         else {
             uint8_t *bytes = NULL;
             size_t len = 0;
-            if (kiln_read_file (out, KILN_MAX_ARTIFACT_BYTES, &bytes, &len, &err) != 0) {
+            if (kiln_read_file_flags (out, O_NOFOLLOW, KILN_MAX_ARTIFACT_BYTES, &bytes, &len,
+                                      &err) != 0) {
                 kiln_log_err ("job %llu action %.12s: the compiler succeeded but its artifact "
                               "cannot be read: %s", (unsigned long long) run->id,
                               run->action_key, err.msg);
@@ -902,7 +911,9 @@ s_run_advance (kiln_worker_t *self, int slot)
     run->phase = S_RUNNING;
     if (s_write_kgraph (self, run, kgraph, &err) != 0
         || s_run_spawn (self, run, &err) != 0) {
-        s_run_fail (self, slot, KILN_ESYS, err.msg);
+        /* An argument the toolchain does not allow is the job's fault,
+         * not this host's: the job fails (uncached), not requeued. */
+        s_run_fail (self, slot, err.code == KILN_EINVAL ? KILN_EINVAL : KILN_ESYS, err.msg);
         return;
     }
     char tc[KILN_PROTO_MAX_TOOLCHAIN + 1];

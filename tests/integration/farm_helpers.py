@@ -7,6 +7,7 @@ fixtures, also when a test fails) kills each one by its pid.  Every wait
 is bounded in time.
 """
 
+import contextlib
 import json
 import os
 import random
@@ -60,6 +61,17 @@ def big_model(path, megabytes, seed=0):
 def sleepy(seconds, name="sleepy", version="1"):
     """--toolchain spec: sleep, then hand the graph back as the output."""
     return f"{name}@{version}=sh -c 'sleep {seconds}; cp {{input}} {{output}}'"
+
+
+@contextlib.contextmanager
+def running_farm(workdir, **kw):
+    """A Farm with its broker started, stopped (every process) on exit."""
+    farm = Farm(workdir, **kw)
+    farm.start_broker()
+    try:
+        yield farm
+    finally:
+        farm.stop()
 
 
 class Farm:

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import SRC, kiln_bin, run
-from farm_helpers import Farm, tiny_model, write_jobs
+from farm_helpers import Farm, running_farm, tiny_model, write_jobs
 from kiln.farm import free_port
 
 MODEL = os.path.join(SRC, "tests", "data", "onnx", "mlp.onnx")
@@ -34,12 +34,8 @@ BAD_TC = ("bad@1=sh -c 'echo \"error: node boom (Conv): refused by the test\" >&
 
 @pytest.fixture
 def farm(tmp_path):
-    f = Farm(tmp_path / "farm")
-    f.start_broker()
-    try:
+    with running_farm(tmp_path / "farm") as f:
         yield f
-    finally:
-        f.stop()
 
 
 def _provenance(path):

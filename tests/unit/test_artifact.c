@@ -55,11 +55,7 @@ teardown (void)
 static char *
 s_path (const char *name)
 {
-    static char buf[4][PATH_MAX];
-    static int next;
-    char *p = buf[next++ % 4];
-    snprintf (p, PATH_MAX, "%s/%s", s_dir, name);
-    return p;
+    return testlib_path (s_dir, name);
 }
 
 static uint8_t *

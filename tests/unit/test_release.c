@@ -209,11 +209,7 @@ s_decode_fails (const char *json, int code, const char *want)
 static char *
 s_path (const char *name)
 {
-    static char buf[4][PATH_MAX];
-    static int next;
-    char *p = buf[next++ % 4];
-    snprintf (p, PATH_MAX, "%s/%s", s_dir, name);
-    return p;
+    return testlib_path (s_dir, name);
 }
 
 /* --- the record ------------------------------------------------------ */

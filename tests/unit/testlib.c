@@ -3,6 +3,7 @@
  */
 #include "tests/unit/testlib.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,16 @@ testlib_keydir (const char *prefix, char *keys, kiln_key_t **key_p)
         ck_assert_msg (kiln_key_write_pair (*key_p, keys, &err) == 0, "%s", err.msg);
     }
     return dir;
+}
+
+char *
+testlib_path (const char *dir, const char *name)
+{
+    static char buf[4][PATH_MAX];
+    static int next;
+    char *p = buf[next++ % 4];
+    snprintf (p, PATH_MAX, "%s/%s", dir, name);
+    return p;
 }
 
 void

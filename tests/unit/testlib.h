@@ -31,6 +31,10 @@
  * (free it with testlib_rmdir) and *key_p (kiln_key_destroy). */
 char *testlib_keydir (const char *prefix, char *keys, kiln_key_t **key_p);
 
+/* "DIR/NAME" in one of four buffers used in turn: valid until the fourth
+ * call after this one. */
+char *testlib_path (const char *dir, const char *name);
+
 /* Remove the directory *dir_p and all it holds, free the path and set
  * *dir_p to NULL; nothing when it is already NULL. */
 void testlib_rmdir (char **dir_p);
