@@ -2,8 +2,8 @@
 #
 #   make deps     install every Debian package the build and tests need
 #   make          build programs and libraries into build/
-#   make test     unit tests (Check), integration tests (real processes)
-#                 and the ONNX conformance run
+#   make test     unit tests (Check), integration tests (real processes),
+#                 the ONNX conformance run, san-test and a 5 s run of each fuzzer
 #   make conformance  the ONNX backend node tests through kiln
 #   make python-test  the Python package (kiln.trace) against the build
 #   make demo     a broker and two workers on loopback compile and run a model
@@ -274,6 +274,8 @@ test: deps
 	@$(MAKE) --no-print-directory integration-test
 	@$(MAKE) --no-print-directory python-test
 	@$(MAKE) --no-print-directory conformance
+	@$(MAKE) --no-print-directory san-test
+	@$(MAKE) --no-print-directory fuzz-test
 
 # The Python package (kiln.trace, python/kiln) against the built libraries.
 # An ASan-built library needs the ASan runtime (and, for torch's C++

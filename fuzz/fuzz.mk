@@ -52,6 +52,29 @@ fuzz: deps
 fuzz-test:
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=5
 
+# --- sanitizers ---------------------------------------------------------
+# gcc -O1 with ASan and UBSan (every UB report fatal), in build/san: the
+# unit tests, and the integration tests that drive kiln's own programs
+# over hostile and ordinary inputs, a farm included (SAN_INTEGRATION).
+# Not the torch extension (libtorch is not instrumented) nor the tests
+# that load kiln's libraries into Python.
+SAN_BUILD       := $(BUILD)/san
+SAN_INTEGRATION ?= tests/integration/test_hostile_inputs.py tests/integration/test_release.py \
+	tests/integration/test_farm.py tests/integration/test_models.py
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LSAN_OPTIONS=suppressions=$(CURDIR)/fuzz/lsan.supp
+san-test: deps
+	@$(MAKE) --no-print-directory BUILD=$(SAN_BUILD) OPT=-O1 SANITIZE=address,undefined \
+	  EXTRA_CFLAGS=-fno-sanitize-recover=all san-bins
+	@fail=0; for t in $(patsubst $(BUILD)/%,$(SAN_BUILD)/%,$(UNIT_TESTS)); do \
+	  echo "== $$t"; $(SAN_ENV) KILN_BIN=$(abspath $(SAN_BUILD)/bin) KILN_SRC=$(CURDIR) $$t \
+	    || fail=1; done; exit $$fail
+	$(SAN_ENV) KILN_BIN=$(abspath $(SAN_BUILD)/bin) KILN_LIB=$(abspath $(SAN_BUILD)/lib) \
+	  KILN_SRC=$(CURDIR) $(PYTHON) -m pytest -q -p no:cacheprovider $(SAN_INTEGRATION)
+
+# In the sub-make (BUILD=build/san): all but the torch extension.
+san-bins: $(UNIT_TESTS) $(filter-out $(BIN)/kiln-torch-run,$(PROGRAMS)) $(SO_RT) $(SO_CLIENT)
+
 # In the sub-make (BUILD=build/fuzz, CC=clang).
 FUZZ_BINS := $(patsubst %,$(BIN)/fuzz_%,$(FUZZ_HARNESSES)) $(BIN)/fuzz-seeds
 fuzz-bins: $(FUZZ_BINS)

@@ -350,6 +350,13 @@ kiln_sandbox_exec (const kiln_sandbox_cmd_t *cmd)
     struct rlimit cpu = { cmd->cpu_s, cmd->cpu_s + S_CPU_GRACE_S };
     struct rlimit fsize = { KILN_MAX_COMPILE_FILE_BYTES, KILN_MAX_COMPILE_FILE_BYTES };
     struct rlimit core = { 0, 0 };
+#if defined(__SANITIZE_ADDRESS__)
+    /* An AddressSanitizer build (make san-test) reserves terabytes of
+     * shadow address space as it starts: an address-space limit would stop
+     * every compile.  That build is for tests; the memory limit is tested
+     * in the normal one. */
+    as.rlim_cur = as.rlim_max = RLIM_INFINITY;
+#endif
     if (setrlimit (RLIMIT_AS, &as) != 0 || setrlimit (RLIMIT_CPU, &cpu) != 0
         || setrlimit (RLIMIT_FSIZE, &fsize) != 0 || setrlimit (RLIMIT_CORE, &core) != 0) {
         s_write_str (2, "kiln-worker: could not set the compile's resource limits\n");
