@@ -57,7 +57,7 @@ void kiln_vlayer_norm_row (const float *x, float *y, int64_t n, const float *sc,
                            int64_t sc_st, const float *bias, int64_t b_st,
                            double eps, double *mean, double *inv);
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
 /* e^x on sixteen lanes for x <= 0 (not NaN), as kiln_vmath.c's s_exp_nonpos
