@@ -26,7 +26,7 @@ reported apart, from the worker's own rusage of its children), and
 `kiln-run --dynamic-batch --replicas 2 --bench` on the artifact.
 
 Usage: bench_large.py --bin BUILD/bin --bench-farm BUILD/bench/bench_farm
-                      [--gib 6] [--dim 8192] [--workdir DIR] [--keep]
+                      [--gib 6] [--dim 8192] [--workdir DIR [--reuse]] [--keep]
 """
 
 import argparse
@@ -190,6 +190,8 @@ def main():
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--workdir")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the model already generated in --workdir")
     a = ap.parse_args()
     kiln = os.path.join(a.bin, "kiln")
     work = a.workdir or tempfile.mkdtemp(prefix="kiln-bench-large-", dir="/var/tmp")
@@ -199,7 +201,12 @@ def main():
     try:
         mdir = os.path.join(work, "model")
         t0 = time.monotonic()
-        model, wbytes = gen_model(mdir, a.gib, a.dim)
+        if a.reuse and os.path.exists(os.path.join(mdir, "model.onnx")):
+            model = os.path.join(mdir, "model.onnx")
+            wbytes = sum(os.path.getsize(os.path.join(mdir, f)) for f in os.listdir(mdir)
+                         if f.endswith(".bin"))
+        else:
+            model, wbytes = gen_model(mdir, a.gib, a.dim)
         gib = wbytes / (1 << 30)
         print(f"model: {gib:.2f} GiB of float32 weights in {wbytes // (a.dim * a.dim * 4)} "
               f"external files, generated in {time.monotonic() - t0:.0f} s", flush=True)

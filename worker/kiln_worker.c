@@ -35,6 +35,7 @@
 #define S_LOG_RESERVE    96      /* room for the "[log cut]" note */
 #define S_EXIT_EXEC      127     /* the child's status when exec failed */
 #define S_EXIT_WRAP      125     /* the wrapper's status when wrapping failed */
+#define S_EXIT_KGRAPH    124     /* the child's status when model.kgraph could not be written */
 #define S_MAX_READS      64      /* pipe reads per child per wake-up */
 #define S_LOG_EVERY_MS   1000    /* new output goes to the broker this often */
 #define S_LOG_CHUNK      (64u << 10)   /* at most this much per LOG */
@@ -301,63 +302,147 @@ s_run_send_log (kiln_worker_t *self, s_run_t *run)
     s_send (self, &msg);
 }
 
-/* Write WORKDIR/model.kgraph: the job's structure and its blobs, copied
- * from the cache, in the .kgraph layout (docs/graph-format.md): a map
- * {"format", "version", "graph"} then one [digest, data] pair per blob. */
-static int
-s_write_kgraph (kiln_worker_t *self, s_run_t *run, const char *path, kiln_err_t *err)
+/* WORKDIR/model.kgraph, as the compile's child writes it before it runs
+ * the toolchain: everything that needs memory or the blob cache is worked
+ * out here, so that the child (after fork) only opens, writes and copies
+ * (copy_file_range, in the kernel), and the worker's loop does not stall
+ * for the seconds that copying gigabytes of weights takes.  The layout is
+ * the .kgraph's (docs/graph-format.md): a map {"format", "version",
+ * "graph"}, then one [digest, data] pair per blob. */
+typedef struct {
+    uint8_t *head;                       /* the header map, packed */
+    size_t head_len;
+    uint32_t n;
+    uint8_t (*pair)[64];                 /* per blob: array(2), bin digest, bin head */
+    uint8_t *pair_len;
+    char **path;                         /* per blob: its file in the cache */
+    uint64_t *size;
+} s_kgraph_t;
+
+static void
+s_kgraph_free (s_kgraph_t *k)
 {
-    int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return kiln_error (err, KILN_EIO, "could not create '%s': %s", path, strerror (errno));
+    if (!k)
+        return;
+    for (uint32_t i = 0; k->path && i < k->n; i++)
+        free (k->path[i]);
+    free (k->path);
+    free (k->pair);
+    free (k->pair_len);
+    free (k->size);
+    free (k->head);
+    free (k);
+}
+
+static s_kgraph_t *
+s_kgraph_plan (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
+{
+    s_kgraph_t *k = calloc (1, sizeof *k);
     msgpack_sbuffer sbuf;
     msgpack_sbuffer_init (&sbuf);
     msgpack_packer pk;
     msgpack_packer_init (&pk, &sbuf, msgpack_sbuffer_write);
+    uint32_t n = run->n_blobs;
+    if (!k || !(k->pair = calloc (n + 1, sizeof *k->pair))
+        || !(k->pair_len = calloc (n + 1, 1)) || !(k->path = calloc (n + 1, sizeof *k->path))
+        || !(k->size = calloc (n + 1, sizeof *k->size))) {
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        goto fail;
+    }
+    k->n = n;
     msgpack_pack_map (&pk, 3);
     kiln_mpk_pack_kv_str (&pk, "format", "kiln-graph");
     kiln_mpk_pack_kv_i64 (&pk, "version", 1);
     kiln_mpk_pack_kv_bin (&pk, "graph", run->structure, run->struct_len);
-    int rc = 0;
-    if (write (fd, sbuf.data, sbuf.size) != (ssize_t) sbuf.size)
-        rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", path, strerror (errno));
-    for (uint32_t i = 0; rc == 0 && i < run->n_blobs; i++) {
+    if (!(k->head = malloc (sbuf.size))) {
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        goto fail;
+    }
+    memcpy (k->head, sbuf.data, sbuf.size);
+    k->head_len = sbuf.size;
+    for (uint32_t i = 0; i < n; i++) {
         const kiln_blob_ref_t *b = &run->blobs[i];
         msgpack_sbuffer_clear (&sbuf);
         msgpack_pack_array (&pk, 2);
         msgpack_pack_bin (&pk, KILN_DIGEST_LEN);
         msgpack_pack_bin_body (&pk, b->digest, KILN_DIGEST_LEN);
         msgpack_pack_bin (&pk, (size_t) b->size);
-        if (write (fd, sbuf.data, sbuf.size) != (ssize_t) sbuf.size) {
-            rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", path, strerror (errno));
-            break;
-        }
+        memcpy (k->pair[i], sbuf.data, sbuf.size);      /* at most 41 bytes */
+        k->pair_len[i] = (uint8_t) sbuf.size;
+        k->size[i] = b->size;
         char blob[PATH_MAX];
-        if ((rc = kiln_blobcache_path (self->cache, b->digest, blob, sizeof blob, err)) != 0)
-            break;
-        int in = open (blob, O_RDONLY | O_CLOEXEC);
-        if (in < 0) {
-            rc = kiln_error (err, KILN_EIO, "cached blob '%s': %s", blob, strerror (errno));
-            break;
+        if (kiln_blobcache_path (self->cache, b->digest, blob, sizeof blob, err) != 0)
+            goto fail;
+        if (!(k->path[i] = strdup (blob))) {
+            kiln_error (err, KILN_ENOMEM, "out of memory");
+            goto fail;
         }
-        uint64_t left = b->size;
+    }
+    msgpack_sbuffer_destroy (&sbuf);
+    /* Created empty here, so that the sandbox's preparation gives it to the
+     * compile's user with the rest of the job's directory; the child fills it. */
+    char path[PATH_MAX];
+    snprintf (path, sizeof path, "%s/model.kgraph", run->workdir);
+    int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        kiln_error (err, KILN_EIO, "could not create '%s': %s", path, strerror (errno));
+        s_kgraph_free (k);
+        return NULL;
+    }
+    close (fd);
+    return k;
+fail:
+    msgpack_sbuffer_destroy (&sbuf);
+    s_kgraph_free (k);
+    return NULL;
+}
+
+/* write(2) all of it, in the child. */
+static bool
+s_child_write (int fd, const uint8_t *p, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write (fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t) n;
+    }
+    return true;
+}
+
+/* In the child, after fork: write the planned kgraph at `path` with
+ * system calls only.  False (errno set) on failure. */
+static bool
+s_kgraph_write_child (const s_kgraph_t *k, const char *path)
+{
+    int fd = open (path, O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 || !s_child_write (fd, k->head, k->head_len))
+        return false;
+    for (uint32_t i = 0; i < k->n; i++) {
+        if (!s_child_write (fd, k->pair[i], k->pair_len[i]))
+            return false;
+        int in = open (k->path[i], O_RDONLY | O_CLOEXEC);
+        if (in < 0)
+            return false;
+        uint64_t left = k->size[i];
         while (left > 0) {
             ssize_t n = copy_file_range (in, NULL, fd, NULL, (size_t) left, 0);
             if (n < 0 && errno == EINTR)
                 continue;
             if (n <= 0) {
-                rc = kiln_error (err, KILN_EIO, "copying blob '%s' into '%s': %s", blob, path,
-                                 n < 0 ? strerror (errno) : "it is short");
-                break;
+                if (n == 0)
+                    errno = EIO;         /* the cached blob is short */
+                close (in);
+                return false;
             }
             left -= (uint64_t) n;
         }
         close (in);
     }
-    msgpack_sbuffer_destroy (&sbuf);
-    if (close (fd) != 0 && rc == 0)
-        rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", path, strerror (errno));
-    return rc;
+    return close (fd) == 0;
 }
 
 static int
@@ -367,7 +452,8 @@ s_on_child_event (zloop_t *loop, zmq_pollitem_t *item, void *arg);
  * built before fork so that the child only calls async-signal-safe
  * functions. */
 static int
-s_run_spawn (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
+s_run_spawn (kiln_worker_t *self, s_run_t *run, const s_kgraph_t *kgraph_plan,
+             kiln_err_t *err)
 {
     char kgraph[PATH_MAX], out[PATH_MAX], tool_out[PATH_MAX], tc[KILN_PROTO_MAX_TOOLCHAIN + 1];
     snprintf (kgraph, sizeof kgraph, "%s/model.kgraph", run->workdir);
@@ -459,6 +545,12 @@ s_run_spawn (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
             _exit (S_EXIT_EXEC);
         if (dup2 (devnull, 0) < 0 || dup2 (fds[1], 1) < 0 || dup2 (fds[1], 2) < 0)
             _exit (S_EXIT_EXEC);
+        if (kgraph_plan && !s_kgraph_write_child (kgraph_plan, kgraph)) {
+            static const char text[] = "kiln-worker: could not write the job's model.kgraph\n";
+            ssize_t ignored = write (2, text, sizeof text - 1);
+            (void) ignored;
+            _exit (S_EXIT_KGRAPH);
+        }
         kiln_sandbox_exec (&sb);
     }
     setpgid (pid, pid);      /* also here, so that a kill before the child ran works */
@@ -627,7 +719,7 @@ s_wrap_output (kiln_worker_t *self, int slot, const char *log)
     run->exited = false;
     run->status = 0;
     run->phase = S_WRAPPING;
-    if (s_run_spawn (self, run, &err) != 0) {
+    if (s_run_spawn (self, run, NULL, &err) != 0) {
         s_send_failure (self, run->id, KILN_ESYS, err.msg, log);
         return false;
     }
@@ -679,7 +771,13 @@ s_run_finish (kiln_worker_t *self, int slot)
     else {
         char text[PATH_MAX + 64];
         int code = KILN_ECOMPILE;
-        if (WIFEXITED (run->status) && WEXITSTATUS (run->status) == S_EXIT_EXEC) {
+        if (WIFEXITED (run->status) && WEXITSTATUS (run->status) == S_EXIT_KGRAPH
+            && run->phase == S_RUNNING) {
+            snprintf (text, sizeof text, "could not write the job's model.kgraph in %s "
+                      "(is its disk full?)", run->workdir);
+            code = KILN_ESYS;
+        }
+        else if (WIFEXITED (run->status) && WEXITSTATUS (run->status) == S_EXIT_EXEC) {
             snprintf (text, sizeof text, "could not run the toolchain '%s'",
                       run->tc->builtin ? self->cc : run->tc->words[0]);
             code = KILN_ESYS;
@@ -906,16 +1004,16 @@ s_run_advance (kiln_worker_t *self, int slot)
         s_run_destroy (self, &self->runs[slot]);
         return;
     }
-    char kgraph[PATH_MAX];
-    snprintf (kgraph, sizeof kgraph, "%s/model.kgraph", run->workdir);
     run->phase = S_RUNNING;
-    if (s_write_kgraph (self, run, kgraph, &err) != 0
-        || s_run_spawn (self, run, &err) != 0) {
+    s_kgraph_t *plan = s_kgraph_plan (self, run, &err);
+    if (!plan || s_run_spawn (self, run, plan, &err) != 0) {
+        s_kgraph_free (plan);
         /* An argument the toolchain does not allow is the job's fault,
          * not this host's: the job fails (uncached), not requeued. */
         s_run_fail (self, slot, err.code == KILN_EINVAL ? KILN_EINVAL : KILN_ESYS, err.msg);
         return;
     }
+    s_kgraph_free (plan);
     char tc[KILN_PROTO_MAX_TOOLCHAIN + 1];
     kiln_log_notice ("job %llu action %.12s: compiling with %s in %s (args '%s', blobs ready "
                      "after %lld ms)", (unsigned long long) run->id, run->action_key,
