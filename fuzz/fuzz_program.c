@@ -12,6 +12,7 @@
  */
 #include <string.h>
 
+#include "common/kiln_cost.h"
 #include "common/kiln_program.h"
 #include "fuzz/fuzz.h"
 #include "runtime/kiln_exec.h"
@@ -54,7 +55,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     for (int i = 0; rc == 0 && i < p->n_ops; i++) {
         rc = kiln_kernel_prepare (p, i, &plans[i], &err);
         if (rc == 0)
-            flops += kiln_kernel_flops (&plans[i]);
+            flops += kiln_cost_op (p, i).flops;
     }
     fuzz_refused (rc, &err);
     if (rc != 0 || p->arena_size > FUZZ_PROG_MAX_BYTES || flops > FUZZ_PROG_MAX_FLOPS)
