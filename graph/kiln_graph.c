@@ -1491,10 +1491,10 @@ kiln_graph_save (const kiln_graph_t *g, const char *path, kiln_err_t *err)
     for (int w = 0; w < g->n_weights; w++) {
         if (!emit[w])
             continue;
-        msgpack_pack_array (&pk, 2);
-        msgpack_pack_bin (&pk, KILN_DIGEST_LEN);
-        msgpack_pack_bin_body (&pk, g->weights[w].digest, KILN_DIGEST_LEN);
-        msgpack_pack_bin (&pk, (size_t) g->weights[w].size);
+        uint8_t head[KILN_GRAPH_BLOB_HEAD_MAX];
+        size_t hlen = kiln_graph_blob_head (buf.len, g->weights[w].digest,
+                                            g->weights[w].size, head);
+        s_buf_write (&buf, (const char *) head, hlen);
         msgpack_pack_bin_body (&pk, g->weights[w].data, (size_t) g->weights[w].size);
     }
     uint8_t *file = NULL;
@@ -1512,6 +1512,51 @@ err:
     return rc;
 }
 
+/* One msgpack head in form 0, 1 or 2 (an 8-, 16- or 32-bit length for a
+ * bin; a fixarray, array 16 or array 32 for an array).  Its length. */
+static size_t
+s_put_head (uint8_t *out, bool array, int form, uint64_t v)
+{
+    if (array && form == 0) {
+        out[0] = (uint8_t) (0x90 | v);
+        return 1;
+    }
+    int bytes = 1 << form;          /* array: 2 or 4; bin: 1, 2 or 4 */
+    out[0] = (uint8_t) (array ? 0xdb + form : 0xc4 + form);
+    for (int i = 0; i < bytes; i++)
+        out[1 + i] = (uint8_t) (v >> (8 * (bytes - 1 - i)));
+    return 1 + (size_t) bytes;
+}
+
+/* The head of one `[digest, data]` entry starting at file offset `at`.
+ * msgpack lets a head take a longer form than it needs; of the forms, the
+ * shortest is chosen that starts the data on a multiple of 8 (else of 4:
+ * one of them always is), so that a reader mapping the blob from the file
+ * finds it aligned for its element type.  Every form is standard msgpack. */
+size_t
+kiln_graph_blob_head (uint64_t at, const uint8_t digest[KILN_DIGEST_LEN], uint64_t size,
+                      uint8_t out[KILN_GRAPH_BLOB_HEAD_MAX])
+{
+    static const size_t s_array_len[] = { 1, 3, 5 }, s_bin_len[] = { 2, 3, 5 };
+    int min_h = size > 0xffff ? 2 : size > 0xff ? 1 : 0;
+    int fa = 0, fd = 0, fh = min_h;
+    size_t best = 0;
+    for (uint64_t want = 8; want >= 4 && best == 0; want /= 2)
+        for (int a = 0; a < 3; a++)
+            for (int d = 0; d < 3; d++)
+                for (int h = min_h; h < 3; h++) {
+                    size_t len = s_array_len[a] + s_bin_len[d] + KILN_DIGEST_LEN
+                                 + s_bin_len[h];
+                    if ((at + len) % want == 0 && (best == 0 || len < best))
+                        fa = a, fd = d, fh = h, best = len;
+                }
+    size_t n = s_put_head (out, true, fa, 2);
+    n += s_put_head (out + n, false, fd, KILN_DIGEST_LEN);
+    memcpy (out + n, digest, KILN_DIGEST_LEN);
+    n += KILN_DIGEST_LEN;
+    return n + s_put_head (out + n, false, fh, size);
+}
+
 /* A sequential reader over a .kgraph file.  `left` counts the bytes the
  * file still holds, so that no length read from it is trusted beyond what
  * is actually there: a header claiming a 4 GiB blob in a small file is
@@ -1520,6 +1565,7 @@ typedef struct {
     FILE *f;
     const char *path;
     uint64_t left;
+    uint8_t *align;         /* per weight: the largest element size of a tensor using it */
 } s_reader_t;
 
 typedef enum {
@@ -1802,9 +1848,16 @@ s_rd_blob (s_reader_t *r, kiln_graph_t *g, const s_wref_t *refs, int index,
         rc = kiln_error (err, KILN_EFORMAT, "'%s' is truncated in blob %s (%s)", r->path, hex, wl);
         goto err;
     }
-    if (size >= S_MAP_BLOB_BYTES) {
+    off_t at = ftello (r->f);
+    unsigned need = 1;
+    for (int i = first; r->align && i < g->n_weights
+                        && memcmp (refs[i].digest, digest, KILN_DIGEST_LEN) == 0; i++)
+        need = r->align[refs[i].w] > need ? r->align[refs[i].w] : need;
+    if (size >= S_MAP_BLOB_BYTES && at >= 0 && (uint64_t) at % need == 0) {
         /* A large blob is mapped from the file, not read: hashed with its
-         * pages given back, then each weight that uses it maps it. */
+         * pages given back, then each weight that uses it maps it.  Only
+         * where the file puts it aligned for its elements (kiln's writers
+         * always do); elsewhere it is read into memory. */
         rc = s_rd_blob_mapped (r, g, refs, first, digest, size, wl, err);
         goto err;
     }
@@ -1857,6 +1910,16 @@ s_load (s_reader_t *r, uint64_t size, kiln_err_t *err)
     refs = s_weights_by_digest (g, err);
     if (!refs)
         goto err;
+    if (!(r->align = calloc ((size_t) g->n_weights + 1, 1))) {
+        kiln_error (err, KILN_ENOMEM, "out of memory");
+        goto err;
+    }
+    for (int t = 0; t < g->n_tensors; t++) {
+        int w = g->tensors[t].weight;
+        size_t es = kiln_dtype_size (g->tensors[t].dtype);
+        if (w >= 0 && w < g->n_weights && es <= 8 && es > r->align[w])
+            r->align[w] = (uint8_t) es;
+    }
     for (int i = 0; r->left > 0; i++)
         if (s_rd_blob (r, g, refs, i, err) != 0)
             goto err;
@@ -1870,10 +1933,14 @@ s_load (s_reader_t *r, uint64_t size, kiln_err_t *err)
         }
     free (structure);
     free (refs);
+    free (r->align);
+    r->align = NULL;
     return g;
 err:
     free (structure);
     free (refs);
+    free (r->align);
+    r->align = NULL;
     kiln_graph_destroy (&g);
     return NULL;
 }

@@ -202,6 +202,14 @@ bool kiln_graph_complete (const kiln_graph_t *g);
  * {"format":"kiln-graph","version":1,"graph":<structure bin>} followed
  * by one [digest bin32, data bin] array per distinct weight blob. */
 int kiln_graph_save (const kiln_graph_t *g, const char *path, kiln_err_t *err);
+
+/* The msgpack head of a .kgraph `[digest, data]` entry that starts at file
+ * offset `at` (array, digest and the data's bin head), in the forms that
+ * put the data on a multiple of 8 bytes, else of 4.  Returns its length.
+ * Every writer of .kgraph files uses it. */
+#define KILN_GRAPH_BLOB_HEAD_MAX 48
+size_t kiln_graph_blob_head (uint64_t at, const uint8_t digest[KILN_DIGEST_LEN],
+                             uint64_t size, uint8_t out[KILN_GRAPH_BLOB_HEAD_MAX]);
 /* Load a .kgraph file with all its blobs (a regular file: a FIFO or a
  * device is refused, not waited on).  Caller owns the result. */
 kiln_graph_t *kiln_graph_load (const char *path, kiln_err_t *err);

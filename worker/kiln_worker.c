@@ -26,6 +26,7 @@
 #include "common/kiln_mpk.h"
 #include "common/kiln_proto.h"
 #include "compiler/kiln_compiler.h"
+#include "graph/kiln_graph.h"
 #include "worker/kiln_blobcache.h"
 #include "worker/kiln_outgoing.h"
 #include "worker/kiln_sandbox.h"
@@ -313,7 +314,7 @@ typedef struct {
     uint8_t *head;                       /* the header map, packed */
     size_t head_len;
     uint32_t n;
-    uint8_t (*pair)[64];                 /* per blob: array(2), bin digest, bin head */
+    uint8_t (*pair)[KILN_GRAPH_BLOB_HEAD_MAX];   /* per blob: array(2), bin digest, bin head */
     uint8_t *pair_len;
     char **path;                         /* per blob: its file in the cache */
     uint64_t *size;
@@ -352,7 +353,7 @@ s_kgraph_plan (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
     k->n = n;
     msgpack_pack_map (&pk, 3);
     kiln_mpk_pack_kv_str (&pk, "format", "kiln-graph");
-    kiln_mpk_pack_kv_i64 (&pk, "version", 1);
+    kiln_mpk_pack_kv_i64 (&pk, "version", KILN_GRAPH_FORMAT_VERSION);
     kiln_mpk_pack_kv_bin (&pk, "graph", run->structure, run->struct_len);
     if (!(k->head = malloc (sbuf.size))) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
@@ -360,15 +361,11 @@ s_kgraph_plan (kiln_worker_t *self, s_run_t *run, kiln_err_t *err)
     }
     memcpy (k->head, sbuf.data, sbuf.size);
     k->head_len = sbuf.size;
+    uint64_t at = sbuf.size;
     for (uint32_t i = 0; i < n; i++) {
         const kiln_blob_ref_t *b = &run->blobs[i];
-        msgpack_sbuffer_clear (&sbuf);
-        msgpack_pack_array (&pk, 2);
-        msgpack_pack_bin (&pk, KILN_DIGEST_LEN);
-        msgpack_pack_bin_body (&pk, b->digest, KILN_DIGEST_LEN);
-        msgpack_pack_bin (&pk, (size_t) b->size);
-        memcpy (k->pair[i], sbuf.data, sbuf.size);      /* at most 41 bytes */
-        k->pair_len[i] = (uint8_t) sbuf.size;
+        k->pair_len[i] = (uint8_t) kiln_graph_blob_head (at, b->digest, b->size, k->pair[i]);
+        at += k->pair_len[i] + b->size;
         k->size[i] = b->size;
         char blob[PATH_MAX];
         if (kiln_blobcache_path (self->cache, b->digest, blob, sizeof blob, err) != 0)

@@ -742,6 +742,87 @@ START_TEST (test_save_writes_identical_blobs_once)
 }
 END_TEST
 
+START_TEST (test_blob_heads_align_data_and_parse_as_msgpack)
+{
+    uint8_t digest[KILN_DIGEST_LEN], head[KILN_GRAPH_BLOB_HEAD_MAX];
+    for (int i = 0; i < KILN_DIGEST_LEN; i++)
+        digest[i] = (uint8_t) (0xa0 + i);
+    static const uint64_t sizes[] = { 0, 7, 255, 256, 65535, 65536, 1 << 20, 0xffffffffu };
+    int eight = 0;
+    for (uint64_t at = 0; at < 16; at++)
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+            size_t n = kiln_graph_blob_head (at, digest, sizes[k], head);
+            ck_assert_uint_le (n, KILN_GRAPH_BLOB_HEAD_MAX);
+            ck_assert_msg ((at + n) % 4 == 0, "at %llu size %llu: data at %llu",
+                           (unsigned long long) at, (unsigned long long) sizes[k],
+                           (unsigned long long) (at + n));
+            eight += (at + n) % 8 == 0;
+            ck_assert_int_eq (head[0] == 0x92 || head[0] == 0xdc || head[0] == 0xdd, 1);
+            if (sizes[k] > (1 << 20))
+                continue;
+            /* A stock msgpack reader sees [bin digest, bin of `size`]. */
+            size_t len = n + (size_t) sizes[k];
+            char *entry = calloc (1, len);
+            ck_assert_ptr_nonnull (entry);
+            memcpy (entry, head, n);
+            msgpack_unpacked up;
+            msgpack_unpacked_init (&up);
+            size_t off = 0;
+            ck_assert_int_eq (msgpack_unpack_next (&up, entry, len, &off),
+                              MSGPACK_UNPACK_SUCCESS);
+            ck_assert_uint_eq (off, len);
+            msgpack_object o = up.data;
+            ck_assert_int_eq (o.type, MSGPACK_OBJECT_ARRAY);
+            ck_assert_uint_eq (o.via.array.size, 2);
+            ck_assert_int_eq (o.via.array.ptr[0].type, MSGPACK_OBJECT_BIN);
+            ck_assert_uint_eq (o.via.array.ptr[0].via.bin.size, KILN_DIGEST_LEN);
+            ck_assert_mem_eq (o.via.array.ptr[0].via.bin.ptr, digest, KILN_DIGEST_LEN);
+            ck_assert_int_eq (o.via.array.ptr[1].type, MSGPACK_OBJECT_BIN);
+            ck_assert_uint_eq (o.via.array.ptr[1].via.bin.size, sizes[k]);
+            msgpack_unpacked_destroy (&up);
+            free (entry);
+        }
+    /* 8 whenever the forms allow it: all but one residue of eight. */
+    ck_assert_int_ge (eight, 16 * 8 * 7 / 8 - 8);
+}
+END_TEST
+
+START_TEST (test_load_maps_large_blobs_aligned_for_their_type)
+{
+    char *dir = s_tmpdir ();
+    char path[512];
+    snprintf (path, sizeof path, "%s/a.kgraph", dir);
+    kiln_graph_t *g = kiln_graph_new ();
+    /* Sizes that leave every residue of 8 behind them in the file. */
+    s_weight (g, "h0", KILN_DT_FLOAT16, SHAPE (1025), 1);
+    s_weight (g, "f1", KILN_DT_FLOAT32, SHAPE ((1 << 18) + 1), 2);
+    s_weight (g, "u2", KILN_DT_UINT8, SHAPE ((1 << 20) + 3), 3);
+    s_weight (g, "i3", KILN_DT_INT64, SHAPE ((1 << 17) + 1), 4);
+    s_weight (g, "h4", KILN_DT_FLOAT16, SHAPE ((1 << 19) + 1), 5);
+    s_weight (g, "u5", KILN_DT_UINT8, SHAPE ((1 << 20) + 5), 6);
+    s_weight (g, "d6", KILN_DT_FLOAT64, SHAPE ((1 << 17) + 3), 7);
+    s_weight (g, "u7", KILN_DT_UINT8, SHAPE ((1 << 20) + 6), 8);
+    s_weight (g, "f8", KILN_DT_FLOAT32, SHAPE ((1 << 18) + 7), 9);
+    kiln_err_t err = { 0 };
+    ck_assert_msg (kiln_graph_save (g, path, &err) == 0, "%s", err.msg);
+    kiln_graph_t *h = kiln_graph_load (path, &err);
+    ck_assert_msg (h != NULL, "%s", err.msg);
+    for (int t = 0; t < h->n_tensors; t++) {
+        const kiln_weight_t *w = &h->weights[h->tensors[t].weight];
+        size_t es = kiln_dtype_size (h->tensors[t].dtype);
+        ck_assert_mem_eq (w->data, g->weights[g->tensors[t].weight].data, w->size);
+        ck_assert_msg ((uintptr_t) w->data % es == 0, "%s at %p", h->tensors[t].name,
+                       (void *) w->data);
+        if (w->size >= (1u << 20))
+            ck_assert_msg (w->map.len > 0, "%s was read, not mapped", h->tensors[t].name);
+    }
+    kiln_graph_destroy (&h);
+    kiln_graph_destroy (&g);
+    kiln_rm_rf (dir);
+    free (dir);
+}
+END_TEST
+
 START_TEST (test_load_names_tensor_whose_blob_is_missing)
 {
     char *dir = s_tmpdir ();
@@ -1724,6 +1805,8 @@ s_suite (void)
     tcase_add_test (tc, test_attach_blob_checks_hash_and_size);
     tcase_add_test (tc, test_save_load_round_trip_keeps_weights);
     tcase_add_test (tc, test_save_writes_identical_blobs_once);
+    tcase_add_test (tc, test_blob_heads_align_data_and_parse_as_msgpack);
+    tcase_add_test (tc, test_load_maps_large_blobs_aligned_for_their_type);
     tcase_add_test (tc, test_load_names_tensor_whose_blob_is_missing);
     tcase_add_test (tc, test_load_rejects_corrupt_or_truncated_file);
     tcase_add_test (tc, test_save_refuses_graph_without_weight_data);
