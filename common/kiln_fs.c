@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/kiln_limits.h"
+
 int
 kiln_open_regular (const char *path, const char *what, int flags, struct stat *st_out,
                    kiln_err_t *err)
@@ -134,6 +136,24 @@ int
 kiln_write_all (int fd, const void *data, size_t len)
 {
     return s_write_all (fd, data, len);
+}
+
+int64_t
+kiln_pread_all (int fd, void *buf, uint64_t len, uint64_t offset)
+{
+    uint64_t done = 0;
+    while (done < len) {
+        size_t want = len - done < KILN_CHUNK_BYTES ? (size_t) (len - done) : KILN_CHUNK_BYTES;
+        ssize_t n = pread (fd, (uint8_t *) buf + done, want, (off_t) (offset + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            break;
+        done += (uint64_t) n;
+    }
+    return (int64_t) done;
 }
 
 int

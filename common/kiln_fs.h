@@ -48,6 +48,11 @@ void kiln_dirname (const char *path, char *dir, size_t size);
 /* Write all `len` bytes to `fd` (retrying short writes); -1 with errno. */
 int kiln_write_all (int fd, const void *data, size_t len);
 
+/* Read `len` bytes at `offset` of `fd` into buf, at most KILN_CHUNK_BYTES a
+ * call (retrying short reads and EINTR).  Returns the bytes read (fewer
+ * than `len` only where the file ends), or -1 with errno. */
+int64_t kiln_pread_all (int fd, void *buf, uint64_t len, uint64_t offset);
+
 /* A new file "PATH.tmp.XXXXXX" beside `path` with `mode`, its name into
  * tmp[size]: returns its descriptor, to be written and then given to
  * kiln_tmp_commit (or closed and unlinked by the caller on failure). */

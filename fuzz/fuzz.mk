@@ -59,12 +59,8 @@ fuzz-test:
 # Not the torch extension (libtorch is not instrumented) nor the tests
 # that load kiln's libraries into Python.
 SAN_BUILD       := $(BUILD)/san
-# test_models is left out for now: UBSan reports misaligned float loads
-# in the weight packing (common/kiln_pack.c) on torchvision models, the
-# weights reaching the packer at odd addresses since the streaming
-# artifact work; harmless on x86, but to be fixed and the test put back.
 SAN_INTEGRATION ?= tests/integration/test_hostile_inputs.py tests/integration/test_release.py \
-	tests/integration/test_farm.py
+	tests/integration/test_farm.py tests/integration/test_models.py
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LSAN_OPTIONS=suppressions=$(CURDIR)/fuzz/lsan.supp
 san-test: deps

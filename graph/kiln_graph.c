@@ -415,6 +415,22 @@ kiln_graph_map_weight (kiln_graph_t *g, int t, int fd, uint64_t offset, uint64_t
     char what[KILN_MAX_NAME + 16];
     snprintf (what, sizeof what, "weight '%s'",
               t >= 0 && t < g->n_tensors && g->tensors[t].name ? g->tensors[t].name : "?");
+    size_t es = t >= 0 && t < g->n_tensors ? kiln_dtype_size (g->tensors[t].dtype) : 1;
+    if (es > 1 && offset % es != 0) {
+        /* Mapped, the elements would sit at addresses that are not a
+         * multiple of their size: read them into memory instead. */
+        uint8_t *bytes = malloc ((size_t) size);
+        if (!bytes)
+            return kiln_error (err, KILN_ENOMEM, "out of memory for %s (%llu bytes)", what,
+                               (unsigned long long) size);
+        int64_t n = kiln_pread_all (fd, bytes, size, offset);
+        if (n < 0 || (uint64_t) n < size) {
+            free (bytes);
+            return kiln_error (err, KILN_EIO, "could not read %s: %s", what,
+                               n < 0 ? strerror (errno) : "the file is shorter than it was");
+        }
+        return s_set_weight (g, t, bytes, NULL, digest, size, err);
+    }
     int rc = kiln_map_range (fd, offset, size, what, &map, &data, err);
     if (rc)
         return rc;

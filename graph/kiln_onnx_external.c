@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/kiln_fs.h"
 #include "common/kiln_limits.h"
 
 /* Longest location accepted: a path the kernel could open at all. */
@@ -239,27 +240,19 @@ done:
     return rc;
 }
 
-/* Read `len` bytes at `offset` of `fd` into buf, at most KILN_CHUNK_BYTES
- * per call. */
+/* Read `len` bytes at `offset` of `fd` into buf. */
 static int
 s_pread_all (int fd, uint8_t *buf, uint64_t len, uint64_t offset, const char *name,
              const char *loc, kiln_err_t *err)
 {
-    uint64_t done = 0;
-    while (done < len) {
-        size_t want = len - done < KILN_CHUNK_BYTES ? (size_t) (len - done) : KILN_CHUNK_BYTES;
-        ssize_t n = pread (fd, buf + done, want, (off_t) (offset + done));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return kiln_error (err, KILN_EIO, "weight '%s': could not read external data "
-                               "file '%s': %s", name, loc, strerror (errno));
-        if (n == 0)
-            return kiln_error (err, KILN_EIO, "weight '%s': external data file '%s' ended "
-                               "at byte %llu while being read (was it truncated?)", name,
-                               loc, (unsigned long long) (offset + done));
-        done += (uint64_t) n;
-    }
+    int64_t n = kiln_pread_all (fd, buf, len, offset);
+    if (n < 0)
+        return kiln_error (err, KILN_EIO, "weight '%s': could not read external data "
+                           "file '%s': %s", name, loc, strerror (errno));
+    if ((uint64_t) n < len)
+        return kiln_error (err, KILN_EIO, "weight '%s': external data file '%s' ended "
+                           "at byte %llu while being read (was it truncated?)", name,
+                           loc, (unsigned long long) (offset + (uint64_t) n));
     return 0;
 }
 

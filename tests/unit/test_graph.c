@@ -6,11 +6,13 @@
  * each test says which formula it exercises.
  */
 #include <check.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <msgpack.h>
 
@@ -818,6 +820,40 @@ START_TEST (test_load_maps_large_blobs_aligned_for_their_type)
     }
     kiln_graph_destroy (&h);
     kiln_graph_destroy (&g);
+    kiln_rm_rf (dir);
+    free (dir);
+}
+END_TEST
+
+START_TEST (test_map_weight_reads_elements_at_an_unaligned_offset)
+{
+    char *dir = s_tmpdir ();
+    char path[512];
+    snprintf (path, sizeof path, "%s/ext.bin", dir);
+    enum { N = (1 << 18) + 3 };
+    uint8_t *file = malloc (N * 4 + 16);
+    ck_assert_ptr_nonnull (file);
+    for (size_t i = 0; i < N * 4 + 16; i++)
+        file[i] = (uint8_t) (i * 7 + 1);
+    s_write (path, file, N * 4 + 16);
+    int fd = open (path, O_RDONLY | O_CLOEXEC);
+    ck_assert_int_ge (fd, 0);
+    for (uint64_t offset = 0; offset < 8; offset++) {
+        kiln_graph_t *g = kiln_graph_new ();
+        kiln_err_t err = { 0 };
+        kiln_shape_t shape = SHAPE (N);
+        int t = kiln_graph_add_tensor (g, "w", KILN_DT_FLOAT32, &shape, &err);
+        ck_assert_int_ge (t, 0);
+        ck_assert_msg (kiln_graph_map_weight (g, t, fd, offset, N * 4, NULL, &err) == 0,
+                       "%s", err.msg);
+        const kiln_weight_t *w = &g->weights[g->tensors[t].weight];
+        ck_assert_uint_eq ((uintptr_t) w->data % 4, 0);
+        ck_assert_mem_eq (w->data, file + offset, N * 4);
+        ck_assert_int_eq (w->map.len > 0, offset % 4 == 0);
+        kiln_graph_destroy (&g);
+    }
+    close (fd);
+    free (file);
     kiln_rm_rf (dir);
     free (dir);
 }
@@ -1807,6 +1843,7 @@ s_suite (void)
     tcase_add_test (tc, test_save_writes_identical_blobs_once);
     tcase_add_test (tc, test_blob_heads_align_data_and_parse_as_msgpack);
     tcase_add_test (tc, test_load_maps_large_blobs_aligned_for_their_type);
+    tcase_add_test (tc, test_map_weight_reads_elements_at_an_unaligned_offset);
     tcase_add_test (tc, test_load_names_tensor_whose_blob_is_missing);
     tcase_add_test (tc, test_load_rejects_corrupt_or_truncated_file);
     tcase_add_test (tc, test_save_refuses_graph_without_weight_data);
