@@ -92,26 +92,26 @@ kiln_pack_b_u16 (const uint16_t *b, int64_t k, int64_t n, int64_t rs, int64_t cs
     }
 }
 
-void
-kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
-                int64_t group, float *out)
+/* The conv weight W[m, cg, kh, kw] in `group` groups of panels `width`
+ * output channels wide: row (or column) i of group g's matrix is output
+ * channel g·mg + i, and its element kk = tap·cg + c is W[.., c, tap] =
+ * wg[i·k + c·taps + tap].  `per` is one group's packed size. */
+static void
+s_pack_conv (const float *w, int64_t m, int64_t cg, int64_t taps, int64_t group,
+             int64_t width, int64_t per, float *out)
 {
-    int64_t mg = m / group, taps = kh * kw, k = cg * taps, per;
-    kiln_pack_a_elems (mg, k, &per);
+    int64_t mg = m / group, k = cg * taps;
     for (int64_t g = 0; g < group; g++) {
         float *dst = out + g * per;
         const float *wg = w + g * mg * k;
-        /* Row i of this group's A is output channel g·mg + i; element
-         * kk = tap·cg + c is W[.., c, tap] = wg[i·k + c·taps + tap]. */
-        for (int64_t p = 0; p * KILN_PACK_MR < mg; p++) {
-            float *panel = dst + p * KILN_PACK_MR * k;
+        for (int64_t p = 0; p * width < mg; p++) {
+            float *panel = dst + p * width * k;
             for (int64_t t = 0; t < taps; t++)
                 for (int64_t c = 0; c < cg; c++) {
                     int64_t kk = t * cg + c;
-                    for (int64_t r = 0; r < KILN_PACK_MR; r++) {
-                        int64_t i = p * KILN_PACK_MR + r;
-                        panel[kk * KILN_PACK_MR + r] =
-                            i < mg ? wg[i * k + c * taps + t] : 0.0f;
+                    for (int64_t r = 0; r < width; r++) {
+                        int64_t i = p * width + r;
+                        panel[kk * width + r] = i < mg ? wg[i * k + c * taps + t] : 0.0f;
                     }
                 }
         }
@@ -119,29 +119,21 @@ kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
 }
 
 void
+kiln_pack_conv (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
+                int64_t group, float *out)
+{
+    int64_t per;
+    kiln_pack_a_elems (m / group, cg * kh * kw, &per);
+    s_pack_conv (w, m, cg, kh * kw, group, KILN_PACK_MR, per, out);
+}
+
+void
 kiln_pack_conv_t (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
                   int64_t group, float *out)
 {
-    int64_t mg = m / group, taps = kh * kw, k = cg * taps, per;
-    kiln_pack_b_elems (k, mg, &per);
-    for (int64_t g = 0; g < group; g++) {
-        float *dst = out + g * per;
-        const float *wg = w + g * mg * k;
-        /* Column j of this group's B is output channel g·mg + j; element
-         * kk = tap·cg + c is W[.., c, tap] = wg[j·k + c·taps + tap]. */
-        for (int64_t q = 0; q * KILN_PACK_NR < mg; q++) {
-            float *panel = dst + q * KILN_PACK_NR * k;
-            for (int64_t t = 0; t < taps; t++)
-                for (int64_t c = 0; c < cg; c++) {
-                    int64_t kk = t * cg + c;
-                    for (int64_t r = 0; r < KILN_PACK_NR; r++) {
-                        int64_t j = q * KILN_PACK_NR + r;
-                        panel[kk * KILN_PACK_NR + r] =
-                            j < mg ? wg[j * k + c * taps + t] : 0.0f;
-                    }
-                }
-        }
-    }
+    int64_t per;
+    kiln_pack_b_elems (cg * kh * kw, m / group, &per);
+    s_pack_conv (w, m, cg, kh * kw, group, KILN_PACK_NR, per, out);
 }
 
 bool

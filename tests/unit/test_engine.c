@@ -168,32 +168,6 @@ s_param (const kiln_program_t *p, kiln_kernel_t k, const char *name)
 
 /* --- the matrix-product engine ----------------------------------------- */
 
-typedef struct {
-    kiln_gemm_t g;
-} s_one_t;
-
-static void
-s_get_one (const void *ctx, int64_t idx, kiln_gemm_t *g)
-{
-    *g = ((const s_one_t *) ctx)->g;
-}
-
-/* Run one product with a workspace of our own. */
-static void
-s_gemm (const kiln_gemm_t *g)
-{
-    size_t bytes = kiln_gemm_ws_bytes (g->m, g->n, g->k,
-                                       g->a.kind == KILN_GSRC_PACKED,
-                                       g->b.kind == KILN_GSRC_PACKED);
-    bytes = (bytes + 63) & ~(size_t) 63;
-    float *ws = aligned_alloc (64, bytes * (size_t) kiln_exec_threads ());
-    kiln_exec_set_ws (ws, bytes);
-    s_one_t one = { *g };
-    kiln_gemm_run (s_get_one, &one, 1);
-    kiln_exec_set_ws (NULL, 0);
-    free (ws);
-}
-
 static double
 s_act_ref (double v, kiln_act_t act, double a, double b)
 {
@@ -292,7 +266,7 @@ s_check_shape (int64_t m, int64_t n, int64_t k)
             g.add[g.n_add++] = (kiln_gadd_t) { res, n, 1, 1.0f };
         for (int64_t i = 0; i < m * n; i++)
             c[i] = NAN;                 /* every element must be written */
-        s_gemm (&g);
+        testlib_gemm (&g);
         s_expect_product (&g, a, k, b, "product", form);
     }
     free (a); free (b); free (ap); free (bp); free (at); free (bt);
@@ -334,7 +308,7 @@ s_check_trans (int64_t m, int64_t n, int64_t k)
         g.act_b = 0.75f;
         for (int64_t i = 0; i < m * n; i++)
             c[i] = NAN;
-        s_gemm (&g);
+        testlib_gemm (&g);
         s_expect_product (&g, a, k, b, "transposed", form);
     }
     free (a); free (b); free (at); free (bp); free (bias_n); free (res); free (c);
@@ -378,7 +352,7 @@ s_check_conv_as (bool trans, int64_t c, int64_t h, int64_t w, int64_t m,
     }
     for (int64_t i = 0; i < m * n; i++)
         y[i] = NAN;
-    s_gemm (&g);
+    testlib_gemm (&g);
     for (int64_t o = 0; o < m; o++)
         for (int64_t r = 0; r < oh; r++)
             for (int64_t q = 0; q < ow; q++) {
@@ -512,7 +486,7 @@ START_TEST (test_strassen_products_match_double)
                                (long long) k, form);
             for (int64_t i = 0; i < m * n; i++)
                 c[i] = NAN;
-            s_gemm (&g);
+            testlib_gemm (&g);
             s_expect_product (&g, a, lda, b, "Strassen", form);
         }
         free (a); free (b); free (bias_m); free (bias_n); free (res); free (bp); free (c);

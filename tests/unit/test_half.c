@@ -285,31 +285,6 @@ END_TEST
 
 /* --- the engine's half weights ---------------------------------------- */
 
-typedef struct {
-    kiln_gemm_t g;
-} s_one_t;
-
-static void
-s_get_one (const void *ctx, int64_t idx, kiln_gemm_t *g)
-{
-    *g = ((const s_one_t *) ctx)->g;
-}
-
-static void
-s_gemm (const kiln_gemm_t *g)
-{
-    size_t bytes = kiln_gemm_ws_bytes (g->m, g->n, g->k,
-                                       g->a.kind == KILN_GSRC_PACKED,
-                                       g->b.kind == KILN_GSRC_PACKED);
-    bytes = (bytes + 63) & ~(size_t) 63;
-    float *ws = aligned_alloc (64, bytes * (size_t) kiln_exec_threads ());
-    kiln_exec_set_ws (ws, bytes);
-    s_one_t one = { *g };
-    kiln_gemm_run (s_get_one, &one, 1);
-    kiln_exec_set_ws (NULL, 0);
-    free (ws);
-}
-
 /* C = relu(A·B + bias) with B a half weight packed as it is, A read in
  * place (a transformer's activations: the weight's panels widened one at
  * a time) or pre-packed (the whole block widened per tile), against the
@@ -338,7 +313,7 @@ s_check_half_product (const s_fmt_t *f, int64_t m, int64_t n, int64_t k)
         g.add[g.n_add++] = (kiln_gadd_t) { bias, 0, 1, 1.0f };
         for (int64_t i = 0; i < m * n; i++)
             c[i] = NAN;             /* every element must be written */
-        s_gemm (&g);
+        testlib_gemm (&g);
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
                 double sum = bias[j], mag = fabs (bias[j]);

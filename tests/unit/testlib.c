@@ -12,6 +12,7 @@
 #include <archive_entry.h>
 
 #include "common/kiln_fs.h"
+#include "runtime/kiln_exec.h"
 
 /* --- temporary directories and keys --------------------------------- */
 
@@ -316,4 +317,30 @@ testlib_tar_copy (const uint8_t *data, size_t len, void (*edit) (struct archive_
     archive_write_free (out);
     archive_read_free (in);
     return buf;
+}
+
+typedef struct {
+    kiln_gemm_t g;
+} s_one_t;
+
+static void
+s_get_one (const void *ctx, int64_t idx, kiln_gemm_t *g)
+{
+    *g = ((const s_one_t *) ctx)->g;
+}
+
+void
+testlib_gemm (const kiln_gemm_t *g)
+{
+    size_t bytes = kiln_gemm_ws_bytes (g->m, g->n, g->k,
+                                       g->a.kind == KILN_GSRC_PACKED,
+                                       g->b.kind == KILN_GSRC_PACKED);
+    bytes = (bytes + 63) & ~(size_t) 63;
+    float *ws = aligned_alloc (64, bytes * (size_t) kiln_exec_threads ());
+    ck_assert_ptr_nonnull (ws);
+    kiln_exec_set_ws (ws, bytes);
+    s_one_t one = { *g };
+    kiln_gemm_run (s_get_one, &one, 1);
+    kiln_exec_set_ws (NULL, 0);
+    free (ws);
 }

@@ -21,6 +21,7 @@
 #include "artifact/kiln_artifact.h"
 #include "common/kiln_program.h"
 #include "graph/kiln_graph.h"
+#include "runtime/kiln_gemm.h"
 
 /* --- temporary directories and keys --------------------------------- */
 
@@ -134,6 +135,9 @@ uint8_t *testlib_tar_copy (const uint8_t *data, size_t len,
 
 /* Run every test of `suite` and return the process's exit status.  Takes
  * ownership of the suite. */
+/* Run one matrix product `g` with a workspace of its own. */
+void testlib_gemm (const kiln_gemm_t *g);
+
 int testlib_run (Suite *suite);
 
 /* testlib_run with TMPDIR set to a fresh directory that is removed
