@@ -46,7 +46,9 @@ static const char *s_usage =
     "                            on stderr, and never with --json)\n"
     "  --json                    print one JSON object: artifact, cached,\n"
     "                            worker, action_key, graph_digest, broker,\n"
-    "                            fallback, output\n"
+    "                            fallback, import_cache (weight ranges whose\n"
+    "                            digests the import cache knew: hits, misses),\n"
+    "                            output\n"
     "exit status: 0 built, 1 failed, 2 usage, 3 farm unreachable (without\n"
     "--fallback local)\n";
 
@@ -223,7 +225,9 @@ cmd_compile (int argc, char **argv)
     char text[300];
     snprintf (text, sizeof text, "importing and hashing %.200s", argv[optind]);
     kiln_progress_phase (prog, text);
-    kiln_graph_t *g = kiln_cmd_load_model (argv[optind], &err);
+    uint64_t cache_hits = 0, cache_misses = 0;
+    kiln_graph_t *g = kiln_cmd_load_model_counted (argv[optind], &cache_hits, &cache_misses,
+                                                   &err);
     if (!g) {
         kiln_progress_destroy (&prog);
         return kiln_cmd_fail ("compile", &err);
@@ -268,6 +272,8 @@ cmd_compile (int argc, char **argv)
         else
             printf ("null");
         printf (",\"fallback\":%s", fell_back ? "true" : "false");
+        printf (",\"import_cache\":{\"hits\":%llu,\"misses\":%llu}",
+                (unsigned long long) cache_hits, (unsigned long long) cache_misses);
         if (res.signer[0]) {
             printf (",\"signer\":");
             kiln_cmd_json_str (res.signer);

@@ -52,8 +52,15 @@ int kiln_cmd_usage (const char *usage, const char *fmt, ...)
     __attribute__ ((format (printf, 2, 3)));
 
 /* Load a model: .onnx files through the ONNX importer, anything else as a
- * .kgraph.  Caller owns the graph. */
+ * .kgraph.  External-data weights whose files did not change since an
+ * earlier import take their digests from the user's import cache
+ * (kiln_statcache_default) instead of being hashed again.  Caller owns
+ * the graph. */
 kiln_graph_t *kiln_cmd_load_model (const char *path, kiln_err_t *err);
+/* The same, saying how many weight ranges the import cache knew (*hits)
+ * and had to hash (*misses); both NULL or both set. */
+kiln_graph_t *kiln_cmd_load_model_counted (const char *path, uint64_t *hits,
+                                           uint64_t *misses, kiln_err_t *err);
 
 /* An artifact's content hash from the command line: 64 hex characters,
  * either case, written lower-case into `out`.  -1 when `arg` is not one. */

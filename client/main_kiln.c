@@ -83,10 +83,29 @@ kiln_cmd_usage (const char *usage, const char *fmt, ...)
 kiln_graph_t *
 kiln_cmd_load_model (const char *path, kiln_err_t *err)
 {
+    return kiln_cmd_load_model_counted (path, NULL, NULL, err);
+}
+
+kiln_graph_t *
+kiln_cmd_load_model_counted (const char *path, uint64_t *hits, uint64_t *misses,
+                             kiln_err_t *err)
+{
     size_t n = strlen (path);
-    if (n > 5 && strcmp (path + n - 5, ".onnx") == 0)
-        return kiln_onnx_import (path, err);
-    return kiln_graph_load (path, err);
+    if (!(n > 5 && strcmp (path + n - 5, ".onnx") == 0)) {
+        if (hits)
+            *hits = *misses = 0;
+        return kiln_graph_load (path, err);
+    }
+    /* Weight files not changed since an earlier import are not hashed
+     * again (common/kiln_statcache.h). */
+    kiln_statcache_t *cache = kiln_statcache_default ();
+    kiln_graph_t *g = kiln_onnx_import_cached (path, cache, err);
+    if (g)
+        kiln_statcache_save (cache);
+    if (hits)
+        kiln_statcache_counts (cache, hits, misses);
+    kiln_statcache_destroy (&cache);
+    return g;
 }
 
 int

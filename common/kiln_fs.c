@@ -320,23 +320,37 @@ kiln_file_unchanged (const struct stat *a, const struct stat *b)
            && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-int
-kiln_config_dir (char *buf, size_t size, kiln_err_t *err)
+/* $VAR, else $XDG_VAR/kiln, else $HOME/HOMESUB/kiln, into buf. */
+static int
+s_user_dir (const char *var, const char *xdg, const char *home_sub, char *buf, size_t size,
+            kiln_err_t *err)
 {
-    const char *env = getenv ("KILN_CONFIG_DIR");
+    const char *env = getenv (var);
     int n;
     if (env && *env)
         n = snprintf (buf, size, "%s", env);
-    else if ((env = getenv ("XDG_CONFIG_HOME")) && *env)
+    else if ((env = getenv (xdg)) && *env)
         n = snprintf (buf, size, "%s/kiln", env);
     else if ((env = getenv ("HOME")) && *env)
-        n = snprintf (buf, size, "%s/.config/kiln", env);
+        n = snprintf (buf, size, "%s/%s/kiln", env, home_sub);
     else
-        return kiln_error (err, KILN_ENOTFOUND,
-                           "no config directory: set KILN_CONFIG_DIR or HOME");
+        return kiln_error (err, KILN_ENOTFOUND, "no %s directory: set %s or HOME",
+                           home_sub + 1, var);
     if (n < 0 || (size_t) n >= size)
-        return kiln_error (err, KILN_ELIMIT, "config directory path too long");
+        return kiln_error (err, KILN_ELIMIT, "%s directory path too long", home_sub + 1);
     return 0;
+}
+
+int
+kiln_config_dir (char *buf, size_t size, kiln_err_t *err)
+{
+    return s_user_dir ("KILN_CONFIG_DIR", "XDG_CONFIG_HOME", ".config", buf, size, err);
+}
+
+int
+kiln_cache_dir (char *buf, size_t size, kiln_err_t *err)
+{
+    return s_user_dir ("KILN_CACHE_DIR", "XDG_CACHE_HOME", ".cache", buf, size, err);
 }
 
 int

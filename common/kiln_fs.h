@@ -89,6 +89,11 @@ bool kiln_file_unchanged (const struct stat *a, const struct stat *b);
  * $XDG_CONFIG_HOME/kiln, else $HOME/.config/kiln.  Written into buf. */
 int kiln_config_dir (char *buf, size_t size, kiln_err_t *err);
 
+/* The user's kiln cache directory (what may be lost without harm, e.g.
+ * the import cache): $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
+ * $HOME/.cache/kiln.  Written into buf. */
+int kiln_cache_dir (char *buf, size_t size, kiln_err_t *err);
+
 /* Path of the directory holding the running executable (for finding
  * sibling programs such as kiln-cc next to kiln-worker). */
 int kiln_exe_dir (char *buf, size_t size, kiln_err_t *err);

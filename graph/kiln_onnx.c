@@ -87,6 +87,8 @@ typedef struct {
     kiln_graph_t *g;         /* graph being built, owned until returned */
     zhashx_t *names;         /* value name -> tensor index + 1 */
     kiln_onnx_external_t *ext;   /* reads external data; the caller's */
+    kiln_statcache_t *cache;     /* digests of external ranges by file identity, or
+                                    NULL; the caller's */
 } importer_t;
 
 typedef struct {
@@ -753,6 +755,27 @@ s_tensor_data (Onnx__TensorProto *t, const char *name, kiln_onnx_external_t *ext
     return 0;
 }
 
+/* Map tensor `t`'s external bytes (`size` at `offset` of `fd`), taking
+ * their digest from the import cache when the file is the one hashed
+ * before (kiln_statcache.h), else hashing them and remembering it. */
+static int
+s_map_cached (importer_t *imp, int t, int fd, uint64_t offset, uint64_t size,
+              kiln_err_t *err)
+{
+    struct stat before, after;
+    uint8_t digest[KILN_DIGEST_LEN];
+    if (!imp->cache || fstat (fd, &before) != 0)
+        return kiln_graph_map_weight (imp->g, t, fd, offset, size, NULL, err);
+    if (kiln_statcache_lookup (imp->cache, &before, offset, size, digest))
+        return kiln_graph_map_weight (imp->g, t, fd, offset, size, digest, err);
+    int64_t start = kiln_statcache_now_ns ();
+    int rc = kiln_graph_map_weight (imp->g, t, fd, offset, size, NULL, err);
+    if (rc == 0 && fstat (fd, &after) == 0)
+        kiln_statcache_remember (imp->cache, &before, &after, start, offset, size,
+                                 imp->g->weights[imp->g->tensors[t].weight].digest);
+    return rc;
+}
+
 static int
 s_add_initializer (importer_t *imp, Onnx__TensorProto *t, size_t i, kiln_err_t *err)
 {
@@ -775,8 +798,7 @@ s_add_initializer (importer_t *imp, Onnx__TensorProto *t, size_t i, kiln_err_t *
         /* External data, mapped: its pages cost nothing until used, and
          * hashing it gives them back. */
         int tensor = s_define (imp, name, dt, &shape, "initializer", err);
-        rc = tensor < 0 ? tensor : kiln_graph_map_weight (imp->g, tensor, fd, offset, size,
-                                                          NULL, err);
+        rc = tensor < 0 ? tensor : s_map_cached (imp, tensor, fd, offset, size, err);
         close (fd);
         return rc < 0 ? rc : 0;
     }
@@ -1177,9 +1199,10 @@ s_add_io_structure (kiln_graph_t *g, const Onnx__ModelProto *model, kiln_err_t *
 
 /* Import the decoded `model`, whose external data (if any) `ext` reads. */
 static kiln_graph_t *
-s_import_model (Onnx__ModelProto *model, kiln_onnx_external_t *ext, kiln_err_t *err)
+s_import_model (Onnx__ModelProto *model, kiln_onnx_external_t *ext, kiln_statcache_t *cache,
+                kiln_err_t *err)
 {
-    importer_t imp = { NULL, NULL, ext };
+    importer_t imp = { NULL, NULL, ext, cache };
     Onnx__GraphProto *graph = model->graph;
     char label[KILN_MAX_NAME + KILN_MAX_OP_NAME + 32];
     int opset = 0;
@@ -1280,7 +1303,7 @@ kiln_onnx_import_mem_dir (const uint8_t *data, size_t len, const char *base_dir,
     if (!ext)
         return NULL;
     Onnx__ModelProto *model = s_unpack (data, len, &alloc, err);
-    kiln_graph_t *g = model ? s_import_model (model, ext, err) : NULL;
+    kiln_graph_t *g = model ? s_import_model (model, ext, NULL, err) : NULL;
     if (model)
         onnx__model_proto__free_unpacked (model, &alloc);
     kiln_onnx_external_destroy (&ext);
@@ -1310,6 +1333,12 @@ s_dirname (const char *path, char *buf, size_t size)
 kiln_graph_t *
 kiln_onnx_import (const char *path, kiln_err_t *err)
 {
+    return kiln_onnx_import_cached (path, NULL, err);
+}
+
+kiln_graph_t *
+kiln_onnx_import_cached (const char *path, kiln_statcache_t *cache, kiln_err_t *err)
+{
     kiln_err_t local;
     if (!err)
         err = &local;
@@ -1334,7 +1363,7 @@ kiln_onnx_import (const char *path, kiln_err_t *err)
      * importer takes the weights from it, so the file buffer goes now:
      * a large model is then held once, not twice. */
     free (data);
-    kiln_graph_t *g = model ? s_import_model (model, ext, err) : NULL;
+    kiln_graph_t *g = model ? s_import_model (model, ext, cache, err) : NULL;
     if (model)
         onnx__model_proto__free_unpacked (model, &alloc);
     kiln_onnx_external_destroy (&ext);

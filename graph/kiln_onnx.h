@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "common/kiln_error.h"
+#include "common/kiln_statcache.h"
 #include "graph/kiln_graph.h"
 
 #define KILN_ONNX_MIN_OPSET 7     /* oldest default-domain opset accepted */
@@ -56,6 +57,13 @@
  * the returned graph and must destroy it with kiln_graph_destroy.  NULL
  * with `err` filled in on failure. */
 kiln_graph_t *kiln_onnx_import (const char *path, kiln_err_t *err);
+
+/* The same, taking the digests of mapped external-data weights from
+ * `cache` when their files are the ones hashed before, and remembering
+ * those it hashes (kiln_statcache.h; the caller saves the cache).  With
+ * `cache` NULL, kiln_onnx_import. */
+kiln_graph_t *kiln_onnx_import_cached (const char *path, kiln_statcache_t *cache,
+                                       kiln_err_t *err);
 
 /* Import an ONNX model held in memory (`len` at most KILN_MAX_MODEL_BYTES);
  * `data` is only read, and may be freed once this returns.  The model has

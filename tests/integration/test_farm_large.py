@@ -10,12 +10,17 @@ weights, nor the artifact, in its own memory; the worker's compile child
 inherits the limit.  Their peak resident sets are read from /proc at the
 end.  The artifact's numbers are checked against numpy, and the cache hit
 and `kiln get` give the same bytes.
+
+The client's import cache (common/kiln_statcache.h): the cache hit hashes
+none of the weight files again, and a weight file changed in place (same
+size) is hashed again and gives the new graph digest.
 """
 
 import hashlib
 import json
 import os
 import subprocess
+import time
 
 import numpy as np
 import onnx
@@ -93,15 +98,27 @@ def farm(tmp_path):
         f.stop()
 
 
+def inspect_digest(model, **env):
+    proc = subprocess.run([kiln_bin("kiln"), "inspect", str(model)], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, **env))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()[proc.stdout.split().index("graph") + 1]
+
+
 def test_weights_larger_than_the_farms_memory_budget_compile_and_come_back_in_chunks(
-        farm, tmp_path):
+        farm, tmp_path, monkeypatch):
     assert WEIGHT_BYTES > BUDGET
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
     model, ws = external_mlp(str(tmp_path / "model"))
+    # files written less than 2 s before they are hashed are not
+    # remembered (they could change again within their timestamps' tick)
+    time.sleep(2.2)
     out = tmp_path / "a.kar"
     proc = farm.compile(model, out, timeout=600)
     assert proc.returncode == 0, proc.stderr + farm.logs()
     first = json.loads(proc.stdout)
     assert first["cached"] is False
+    assert first["import_cache"] == {"hits": 0, "misses": LAYERS}
     assert out.stat().st_size > WEIGHT_BYTES
     # the artifact went worker -> broker apart, in slices, then to us by GET
     farm.wait_for_log("collecting its artifact")
@@ -123,7 +140,10 @@ def test_weights_larger_than_the_farms_memory_budget_compile_and_come_back_in_ch
     # a cache hit and `kiln get` give the same bytes, in chunks
     again = farm.compile(model, tmp_path / "b.kar", timeout=300)
     assert again.returncode == 0, again.stderr + farm.logs()
-    assert json.loads(again.stdout)["cached"] is True
+    second = json.loads(again.stdout)
+    assert second["cached"] is True
+    assert second["import_cache"] == {"hits": LAYERS, "misses": 0}   # nothing hashed again
+    assert second["graph_digest"] == first["graph_digest"]
     assert sha(tmp_path / "b.kar") == sha(out)
     get = subprocess.run([kiln_bin("kiln"), "get", first["artifact"], "-o",
                           str(tmp_path / "c.kar"), "--broker", farm.endpoint],
@@ -136,3 +156,14 @@ def test_weights_larger_than_the_farms_memory_budget_compile_and_come_back_in_ch
     worker_peak = peak_rss(farm.workers["w1"].pid)
     assert broker_peak < WEIGHT_BYTES / 2, (broker_peak, farm.logs())
     assert worker_peak < WEIGHT_BYTES / 2, (worker_peak, farm.logs())
+
+    # a weight changed in place, same size: hashed again, a new digest
+    with open(tmp_path / "model" / "w1.bin", "r+b") as f:
+        f.seek(12345 * 4)
+        f.write(np.float32(3.5).tobytes())
+    changed = inspect_digest(model)
+    assert changed != first["graph_digest"]
+    assert changed == inspect_digest(model, KILN_IMPORT_CACHE="off")
+    # only touched: hashed again (the digest stays)
+    os.utime(tmp_path / "model" / "w0.bin")
+    assert inspect_digest(model) == changed
