@@ -165,7 +165,8 @@
     X (TRILU,              "trilu",              1, 1, 1)          \
     X (GATHER_ELEMENTS,    "gather_elements",    2, 2, 1)          \
     X (CUMSUM,             "cumsum",             1, 1, 1)          \
-    X (EYE,                "eye",                1, 1, 1)
+    X (EYE,                "eye",                1, 1, 1)          \
+    X (RNN,                "rnn",                3, 8, 1)
 
 typedef enum {
 #define KILN_K_ENUM(id, name, min_in, max_in, n_out) KILN_K_##id,
@@ -199,6 +200,31 @@ typedef enum {
 #undef KILN_ACT_ENUM
     KILN_ACT_COUNT
 } kiln_act_t;
+
+#define KILN_RNN_MAX_ACTS 6         /* 3 per direction (LSTM), 2 directions */
+
+/* The cells and activations, as the `cell` and `acts` parameters number
+ * them (docs/program-format.md, kernel `rnn`). */
+enum { KILN_RNN_CELL_RNN = 0, KILN_RNN_CELL_GRU = 1, KILN_RNN_CELL_LSTM = 2 };
+#define KILN_RNN_ACTS(X)                                                  \
+    X (SIGMOID, 0, "Sigmoid")                                             \
+    X (TANH, 1, "Tanh")                                                   \
+    X (RELU, 2, "Relu")                                                   \
+    X (HARD_SIGMOID, 3, "HardSigmoid")  /* min(max(a·v + b, 0), 1) */     \
+    X (LEAKY_RELU, 4, "LeakyRelu")      /* v < 0 ? a·v : v */             \
+    X (AFFINE, 5, "Affine")             /* a·v + b */                     \
+    X (SCALED_TANH, 6, "ScaledTanh")    /* a·tanh(b·v) */                 \
+    X (THRESHOLDED_RELU, 7, "ThresholdedRelu") /* v > a ? v : 0 */       \
+    X (ELU, 8, "Elu")                   /* v < 0 ? a·(exp(v) - 1) : v */  \
+    X (SOFTSIGN, 9, "Softsign")         /* v / (1 + |v|) */               \
+    X (SOFTPLUS, 10, "Softplus")        /* log(1 + exp(v)) */
+enum {
+#define S_RNN_ACT_ENUM(id, num, name) KILN_RNN_ACT_##id = num,
+    KILN_RNN_ACTS (S_RNN_ACT_ENUM)
+#undef S_RNN_ACT_ENUM
+    KILN_RNN_ACT_COUNT
+};
+
 
 /* Where a tensor lives and what the runtime does with it. */
 #define KILN_TENSOR_KINDS(X)                                              \

@@ -1688,6 +1688,9 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "EyeLike",           kiln_lower_shape_eyelike, KILN_K_EYE, true },
     { "CumSum",            kiln_lower_shape_cumsum, KILN_K_CUMSUM, false },
     { "GatherElements",    kiln_lower_shape_gather_elements, KILN_K_GATHER_ELEMENTS, true },
+    { "RNN",               kiln_lower_shape_rnn, KILN_K_RNN, false },
+    { "GRU",               kiln_lower_shape_rnn, KILN_K_RNN, false },
+    { "LSTM",              kiln_lower_shape_rnn, KILN_K_RNN, false },
     /* the float unary ops of common/kiln_ops_unary.h */
 #define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
     { onnx, kiln_lower_math_unary, KILN_K_##id, false },

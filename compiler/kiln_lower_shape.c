@@ -793,3 +793,90 @@ kiln_lower_shape_eyelike (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
         return op < 0 ? op : rc;
     return 0;
 }
+
+/* --- RNN, GRU, LSTM ------------------------------------------------------ */
+
+/* One rnn kernel writes S [T + n_state, D, B, H] (kiln_kernels_rnn.h);
+ * Y, Y_h and Y_c are strided copies out of it in the node's layout. */
+int
+kiln_lower_shape_rnn (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                      kiln_err_t *err)
+{
+    const kiln_shape_t *ins[KILN_MAX_NODE_IO] = { 0 };
+    int n_in = node->n_inputs < KILN_MAX_NODE_IO ? node->n_inputs : KILN_MAX_NODE_IO;
+    for (int i = 0; i < n_in; i++)
+        if (node->inputs[i] >= 0) {
+            ins[i] = &s_gt (cx, node->inputs[i])->shape;
+            if (i != 4 && s_gt (cx, node->inputs[i])->dtype != KILN_DT_FLOAT32)
+                return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "input %d is not float32", i);
+        }
+    kiln_rnn_t r;
+    int rc = kiln_rnn_params (node, ins, n_in, &r, err);
+    if (rc)
+        return s_prefixed (cx, rc, err);
+    int ops[KILN_PROG_MAX_OP_IO], n = 0;
+    int64_t has[5] = { 0 };
+    for (int i = 0; i < n_in && i < 8; i++) {
+        if (node->inputs[i] < 0)
+            continue;
+        if ((ops[n] = kiln_cc_operand (cx, node->inputs[i], err)) < 0)
+            return ops[n];
+        n++;
+        if (i >= 3)
+            has[i - 3] = 1;
+    }
+    int64_t T = r.t, B = r.b, H = r.h, D = r.d, n_state = r.cell == KILN_RNN_CELL_LSTM ? 2 : 1;
+    kiln_shape_t ss = { .rank = 4, .dims = { T + n_state, D, B, H } };
+    int ps = kiln_cc_temp (cx, KILN_DT_FLOAT32, &ss, err);
+    if (ps < 0)
+        return ps;
+    int op = kiln_cc_emit (cx, k, ops, n, &ps, 1, err);
+    if (op < 0)
+        return op;
+    int64_t acts[KILN_RNN_MAX_ACTS], ab[2 * KILN_RNN_MAX_ACTS];
+    int n_act = (int) (D * r.n_act);
+    for (int a = 0; a < n_act; a++) {
+        uint32_t bits[2];
+        memcpy (&bits[0], &r.aa[a], 4);
+        memcpy (&bits[1], &r.ab[a], 4);
+        acts[a] = r.act[a];
+        ab[2 * a] = bits[0];
+        ab[2 * a + 1] = bits[1];
+    }
+    if ((rc = s_set_int (cx, op, "cell", r.cell, err))
+        || (rc = s_set_int (cx, op, "direction", r.direction, err))
+        || (rc = s_set_int (cx, op, "layout", r.layout, err))
+        || (rc = s_set_ints (cx, op, "has", has, 5, err))
+        || (rc = kiln_prog_op_set_float (&cx->prog->ops[op], "clip", r.clip, err))
+        || (rc = s_set_int (cx, op, "input_forget", r.input_forget, err))
+        || (rc = s_set_int (cx, op, "linear_before_reset", r.lbr, err))
+        || (rc = s_set_ints (cx, op, "acts", acts, n_act, err))
+        || (rc = s_set_ints (cx, op, "act_params", ab, 2 * n_act, err))
+        || (rc = kiln_cc_scratch (cx, op, (uint64_t) (T * B * r.g * H + B * r.g * H + 3 * B * H),
+                                  err)))
+        return rc;
+    /* S's strides: t D·B·H, d B·H, b H, j 1 */
+    int64_t st_t = D * B * H, st_d = B * H;
+    for (int o = 0; o < node->n_outputs && o < 3; o++) {
+        const kiln_shape_t *want = o ? &r.yh : &r.y;
+        int py = s_result (cx, node, o, want, err);
+        if (py < 0)
+            return py;
+        int64_t off = o ? (T + o - 1) * st_t : 0;
+        if (o == 0 && r.layout) {
+            int64_t dims[4] = { B, T, D, H }, st[4] = { H, st_t, st_d, 1 };
+            rc = s_emit_strided (cx, ps, py, 4, dims, st, off, err);
+        }
+        else if (o > 0 && r.layout) {
+            int64_t dims[3] = { B, D, H }, st[3] = { H, st_d, 1 };
+            rc = s_emit_strided (cx, ps, py, 3, dims, st, off, err);
+        }
+        else {
+            int64_t dims[1] = { o ? st_t : T * st_t }, st[1] = { 1 };
+            rc = s_emit_strided (cx, ps, py, 1, dims, st, off, err);
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}

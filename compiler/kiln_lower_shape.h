@@ -57,4 +57,8 @@ int kiln_lower_shape_gather_elements (kiln_cc_ctx_t *cx, const kiln_node_t *node
 int kiln_lower_shape_eyelike (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                               kiln_err_t *err);
 
+/* RNN, GRU and LSTM: one rnn kernel, then Y, Y_h and Y_c copied out. */
+int kiln_lower_shape_rnn (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                          kiln_err_t *err);
+
 #endif

@@ -73,7 +73,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     for (int t = 0; t < p->n_tensors; t++)
         ptrs[t] = p->tensors[t].kind == KILN_TK_WEIGHT ? (void *) (s_weights + p->tensors[t].offset)
                                                        : (void *) (arena + p->tensors[t].offset);
-    kiln_exec_run (exec, ptrs);
+    (void) kiln_exec_run (exec, ptrs, NULL);
     memset (s_weights, 0, FUZZ_PROG_WEIGHTS);
 done:
     kiln_exec_destroy (&exec);

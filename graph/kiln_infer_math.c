@@ -7,6 +7,7 @@
 #include "graph/kiln_infer_math.h"
 
 #include "common/kiln_program.h"
+#include "graph/kiln_shape_ops.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -816,5 +817,33 @@ kiln_infer_eyelike (kiln_infer_ctx_t *ctx)
         return kiln_infer_fail (ctx, KILN_EUNSUPPORTED, "dtype %lld is not one EyeLike "
                                 "writes", (long long) dt);
     s_set_out (ctx, 0, (kiln_dtype_t) dt, &x->shape);
+    return 0;
+}
+
+/* --- RNN, GRU, LSTM ------------------------------------------------------ */
+
+int
+kiln_infer_rnn (kiln_infer_ctx_t *ctx)
+{
+    const kiln_shape_t *ins[KILN_MAX_NODE_IO] = { 0 };
+    kiln_rnn_t r;
+    int rc;
+    for (int i = 0; i < ctx->n_in && i < KILN_MAX_NODE_IO; i++) {
+        const kiln_infer_type_t *t = kiln_infer_in (ctx, i);
+        ins[i] = t ? &t->shape : NULL;
+        if (t && i != 4 && t->dtype != KILN_DT_FLOAT32)
+            return kiln_infer_fail (ctx, KILN_EUNSUPPORTED, "input %d is %s; kiln's "
+                                    "recurrent ops compute in float32 only", i,
+                                    kiln_dtype_name (t->dtype));
+    }
+    if ((rc = s_want (ctx, 4, S_M (INT32) | S_M (INT64))))
+        return rc;
+    if ((rc = kiln_rnn_params (ctx->node, ins, ctx->n_in, &r, ctx->err)))
+        return kiln_error_prefix (ctx->err, "%s", ctx->label);
+    int n_out = ctx->node->n_outputs;
+    if (n_out > (r.cell == KILN_RNN_CELL_LSTM ? 3 : 2))
+        return kiln_infer_fail (ctx, KILN_EFORMAT, "has %d outputs", n_out);
+    for (int k = 0; k < n_out; k++)
+        s_set_out (ctx, k, KILN_DT_FLOAT32, k ? &r.yh : &r.y);
     return 0;
 }

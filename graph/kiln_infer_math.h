@@ -50,6 +50,7 @@ int kiln_infer_lrn (kiln_infer_ctx_t *ctx);
 int kiln_infer_trilu (kiln_infer_ctx_t *ctx);         /* k a constant */
 int kiln_infer_cumsum (kiln_infer_ctx_t *ctx);        /* axis a constant */
 int kiln_infer_gather_elements (kiln_infer_ctx_t *ctx);
+int kiln_infer_rnn (kiln_infer_ctx_t *ctx);           /* RNN, GRU, LSTM */
 int kiln_infer_nll (kiln_infer_ctx_t *ctx);
 int kiln_infer_isinf (kiln_infer_ctx_t *ctx);
 int kiln_infer_eyelike (kiln_infer_ctx_t *ctx);           /* and SoftmaxCrossEntropyLoss */

@@ -1044,6 +1044,36 @@ s_add_attr (importer_t *imp, int n, const char *label, const Onnx__AttributeProt
         free (s);
         return rc;
     }
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS: {
+        /* A list of strings (RNN, GRU and LSTM's activations) is kept as
+         * one string, its elements joined by commas (graph-format.md). */
+        size_t len = 0;
+        for (size_t k = 0; k < a->n_strings; k++) {
+            const ProtobufCBinaryData *e = &a->strings[k];
+            if (e->len > S_MAX_ATTR_STRING
+                || (e->len && (memchr (e->data, '\0', e->len) || memchr (e->data, ',', e->len))))
+                return kiln_error (err, KILN_EFORMAT, "%s: attribute '%s': element %zu is "
+                                   "longer than %d bytes or holds a NUL byte or a comma",
+                                   label, name, k, S_MAX_ATTR_STRING);
+            len += e->len + 1;
+            if (len > S_MAX_ATTR_STRING + 1)
+                return kiln_error (err, KILN_ELIMIT, "%s: attribute '%s' is more than %d "
+                                   "bytes", label, name, S_MAX_ATTR_STRING);
+        }
+        char *s = calloc (len + 1, 1);
+        if (!s)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        for (size_t k = 0, at = 0; k < a->n_strings; k++) {
+            if (k)
+                s[at++] = ',';
+            if (a->strings[k].len)
+                memcpy (s + at, a->strings[k].data, a->strings[k].len);
+            at += a->strings[k].len;
+        }
+        rc = kiln_node_set_string (g, n, name, s, err);
+        free (s);
+        return rc;
+    }
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS: {
         static const int64_t none[1];
         if (a->n_ints > KILN_MAX_ATTR_ELEMS)

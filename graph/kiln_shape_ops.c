@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/kiln_half.h"
 
@@ -1044,5 +1045,160 @@ kiln_einsum_params (const kiln_node_t *node, const kiln_shape_t *const *ins, int
     out->rank = (int) strlen (e->out);
     for (int k = 0; k < out->rank; k++)
         out->dims[k] = dim[(unsigned char) e->out[k]];
+    return 0;
+}
+
+/* --- recurrent ops ------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int act;
+} s_rnn_acts[] = {
+#define S_ROW(id, num, name) { name, num },
+    KILN_RNN_ACTS (S_ROW)
+#undef S_ROW
+};
+
+static void
+s_rnn_act_defaults (int act, int *n_ab, float *a, float *b)
+{
+    *n_ab = 0;
+    *a = *b = 0;
+    switch (act) {
+    case KILN_RNN_ACT_HARD_SIGMOID: *n_ab = 2; *a = 0.2f; *b = 0.5f; break;
+    case KILN_RNN_ACT_LEAKY_RELU: *n_ab = 1; *a = 0.01f; break;
+    case KILN_RNN_ACT_AFFINE: *n_ab = 2; *a = 1.0f; *b = 0.0f; break;
+    case KILN_RNN_ACT_SCALED_TANH: *n_ab = 2; *a = 1.0f; *b = 1.0f; break;
+    case KILN_RNN_ACT_THRESHOLDED_RELU: *n_ab = 1; *a = 1.0f; break;
+    case KILN_RNN_ACT_ELU: *n_ab = 1; *a = 1.0f; break;
+    default: break;
+    }
+}
+
+/* Shape `s` must be `want` (rank and dims). */
+static int
+s_rnn_want (const kiln_shape_t *s, const char *what, int rank, const int64_t *want,
+            kiln_err_t *err)
+{
+    bool ok = s->rank == rank;
+    for (int k = 0; ok && k < rank; k++)
+        ok = s->dims[k] == want[k];
+    if (ok)
+        return 0;
+    char got[160], exp[160];
+    kiln_shape_t w = { .rank = rank };
+    memcpy (w.dims, want, (size_t) rank * sizeof *want);
+    kiln_shape_str (s, got, sizeof got);
+    kiln_shape_str (&w, exp, sizeof exp);
+    return kiln_error (err, KILN_ESHAPE, "%s has shape %s, expected %s", what, got, exp);
+}
+
+int
+kiln_rnn_params (const kiln_node_t *node, const kiln_shape_t *const *ins, int n,
+                 kiln_rnn_t *r, kiln_err_t *err)
+{
+    memset (r, 0, sizeof *r);
+    const char *op = node->op;
+    r->cell = !strcmp (op, "LSTM") ? KILN_RNN_CELL_LSTM
+              : !strcmp (op, "GRU") ? KILN_RNN_CELL_GRU : KILN_RNN_CELL_RNN;
+    r->g = r->cell == KILN_RNN_CELL_LSTM ? 4 : r->cell == KILN_RNN_CELL_GRU ? 3 : 1;
+    r->n_act = r->cell == KILN_RNN_CELL_LSTM ? 3 : r->cell == KILN_RNN_CELL_GRU ? 2 : 1;
+    const char *dir = kiln_node_attr_string (node, "direction", "forward");
+    if (!strcmp (dir, "forward"))
+        r->direction = 0;
+    else if (!strcmp (dir, "reverse"))
+        r->direction = 1;
+    else if (!strcmp (dir, "bidirectional"))
+        r->direction = 2;
+    else
+        return kiln_error (err, KILN_EUNSUPPORTED, "direction '%s' is not forward, reverse "
+                           "or bidirectional", dir);
+    r->d = r->direction == 2 ? 2 : 1;
+    int64_t layout = kiln_node_attr_int (node, "layout", 0);
+    if (layout != 0 && layout != 1)
+        return kiln_error (err, KILN_EUNSUPPORTED, "layout %lld is not 0 or 1",
+                           (long long) layout);
+    r->layout = (int) layout;
+    if (n < 3 || !ins[0] || !ins[1] || !ins[2])
+        return kiln_error (err, KILN_EFORMAT, "needs X, W and R");
+    if (ins[0]->rank != 3)
+        return kiln_error (err, KILN_ESHAPE, "X has rank %d, expected 3", ins[0]->rank);
+    r->t = ins[0]->dims[layout ? 1 : 0];
+    r->b = ins[0]->dims[layout ? 0 : 1];
+    r->i = ins[0]->dims[2];
+    if (r->t < 1 || r->b < 1 || r->i < 1)
+        return kiln_error (err, KILN_EUNSUPPORTED, "X has an empty axis");
+    if (ins[1]->rank != 3 || ins[1]->dims[1] % r->g || ins[1]->dims[1] < r->g)
+        return kiln_error (err, KILN_ESHAPE, "W must be [directions, %lld·hidden_size, "
+                           "input_size]", (long long) r->g);
+    r->h = ins[1]->dims[1] / r->g;
+    int64_t hs = kiln_node_attr_int (node, "hidden_size", r->h);
+    if (hs != r->h)
+        return kiln_error (err, KILN_ESHAPE, "hidden_size is %lld but W has %lld rows "
+                           "(%lld gates)", (long long) hs, (long long) ins[1]->dims[1],
+                           (long long) r->g);
+    int64_t D = r->d, G = r->g, H = r->h, B = r->b, T = r->t;
+    int rc;
+    int64_t w[3] = { D, G * H, r->i }, rr[3] = { D, G * H, H }, bb[2] = { D, 2 * G * H };
+    int64_t hh[3] = { D, B, H }, hl[3] = { B, D, H }, p[2] = { D, 3 * H }, sl[1] = { B };
+    if ((rc = s_rnn_want (ins[1], "W", 3, w, err)) || (rc = s_rnn_want (ins[2], "R", 3, rr, err))
+        || (n > 3 && ins[3] && (rc = s_rnn_want (ins[3], "B", 2, bb, err)))
+        || (n > 4 && ins[4] && (rc = s_rnn_want (ins[4], "sequence_lens", 1, sl, err)))
+        || (n > 5 && ins[5] && (rc = s_rnn_want (ins[5], "initial_h", 3, layout ? hl : hh, err)))
+        || (n > 6 && ins[6] && (rc = s_rnn_want (ins[6], "initial_c", 3, layout ? hl : hh, err)))
+        || (n > 7 && ins[7] && (rc = s_rnn_want (ins[7], "P", 2, p, err))))
+        return rc;
+    if (r->cell != KILN_RNN_CELL_LSTM && n > 6)
+        return kiln_error (err, KILN_EFORMAT, "%s takes at most 6 inputs", op);
+    r->clip = kiln_node_attr_float (node, "clip", 0);
+    if (kiln_node_attr (node, "clip") && !(r->clip > 0))
+        return kiln_error (err, KILN_EINVAL, "clip %g is not positive", r->clip);
+    r->input_forget = kiln_node_attr_int (node, "input_forget", 0) != 0;
+    r->lbr = kiln_node_attr_int (node, "linear_before_reset", 0) != 0;
+
+    /* activations */
+    const char *acts = kiln_node_attr_string (node, "activations", NULL);
+    const kiln_attr_t *al = kiln_node_attr (node, "activation_alpha");
+    const kiln_attr_t *be = kiln_node_attr (node, "activation_beta");
+    int n_act = (int) (D * r->n_act);
+    size_t ia = 0, ib = 0;
+    if ((al && al->kind != KILN_ATTR_FLOATS) || (be && be->kind != KILN_ATTR_FLOATS))
+        return kiln_error (err, KILN_EFORMAT, "activation_alpha and activation_beta are "
+                           "lists of floats");
+    for (int k = 0; k < n_act; k++) {
+        int act = r->cell == KILN_RNN_CELL_RNN ? KILN_RNN_ACT_TANH
+                  : k % r->n_act == 0 ? KILN_RNN_ACT_SIGMOID : KILN_RNN_ACT_TANH;
+        if (acts) {
+            /* the k-th of the comma-joined names (kiln_onnx.c) */
+            const char *at = acts;
+            for (int q = 0; q < k && at; q++)
+                at = strchr (at, ',') ? strchr (at, ',') + 1 : NULL;
+            size_t len = at ? strcspn (at, ",") : 0;
+            if (!at || (k == n_act - 1 && at[len]))
+                return kiln_error (err, KILN_EFORMAT, "activations '%s' does not name %d "
+                                   "functions", acts, n_act);
+            act = -1;
+            for (size_t q = 0; q < sizeof s_rnn_acts / sizeof s_rnn_acts[0]; q++)
+                if (strlen (s_rnn_acts[q].name) == len
+                    && !strncasecmp (at, s_rnn_acts[q].name, len))
+                    act = s_rnn_acts[q].act;
+            if (act < 0)
+                return kiln_error (err, KILN_EUNSUPPORTED, "activation '%.*s' is not one kiln "
+                                   "has (Sigmoid, Tanh, Relu, HardSigmoid, LeakyRelu, Affine, "
+                                   "ScaledTanh, ThresholdedRelu, Elu, Softsign, Softplus)",
+                                   (int) len, at);
+        }
+        int n_ab;
+        s_rnn_act_defaults (act, &n_ab, &r->aa[k], &r->ab[k]);
+        if (n_ab >= 1 && al && ia < al->n)
+            r->aa[k] = (float) al->floats[ia++];
+        if (n_ab >= 2 && be && ib < be->n)
+            r->ab[k] = (float) be->floats[ib++];
+        r->act[k] = act;
+    }
+    r->y = layout ? (kiln_shape_t) { .rank = 4, .dims = { B, T, D, H } }
+                  : (kiln_shape_t) { .rank = 4, .dims = { T, D, B, H } };
+    r->yh = layout ? (kiln_shape_t) { .rank = 3, .dims = { B, D, H } }
+                   : (kiln_shape_t) { .rank = 3, .dims = { D, B, H } };
     return 0;
 }

@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/kiln_program.h"
 #include "graph/kiln_graph.h"
 
 /* --- constants ------------------------------------------------------- */
@@ -180,5 +181,29 @@ typedef struct kiln_einsum {
 int kiln_einsum_params (const kiln_node_t *node, const kiln_shape_t *const *ins,
                         int n, kiln_einsum_t *e, kiln_shape_t *out,
                         kiln_err_t *err);
+
+/* --- recurrent ops: RNN, GRU, LSTM --------------------------------- */
+
+/* A recurrent node's attributes and sizes.  Inputs X, W, R and the
+ * optional B, sequence_lens, initial_h, initial_c (LSTM), P (LSTM) are
+ * checked against each other; the activations (ONNX's defaults when the
+ * node names none) and their alphas and betas, consumed in order by the
+ * activations that take them, as ONNX Runtime does. */
+typedef struct kiln_rnn {
+    int cell;                   /* KILN_RNN_CELL_* */
+    int direction;              /* 0 forward, 1 reverse, 2 bidirectional */
+    int layout;                 /* 0: X [T, B, I]; 1: [B, T, I] */
+    int64_t t, b, i, h, d, g;   /* steps, batch, input, hidden, directions, gates */
+    int n_act;                  /* activations per direction */
+    int act[KILN_RNN_MAX_ACTS];
+    float aa[KILN_RNN_MAX_ACTS], ab[KILN_RNN_MAX_ACTS];
+    double clip;                /* 0: none */
+    bool input_forget, lbr;
+    kiln_shape_t y, yh;         /* Y's shape; Y_h's (and Y_c's) */
+} kiln_rnn_t;
+
+/* ins[k] is input k's shape or NULL when absent (n inputs). */
+int kiln_rnn_params (const kiln_node_t *node, const kiln_shape_t *const *ins, int n,
+                     kiln_rnn_t *r, kiln_err_t *err);
 
 #endif

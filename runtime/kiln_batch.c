@@ -89,14 +89,20 @@ kiln_model_run_pipelined (kiln_model_t *m, const kiln_rt_tensor_t *const *ins,
         reqs[r] = (kiln_pipe_req_t) { .in = in, .out = out };
     }
     kiln_pipeline_run (pipe, reqs, n);
-    for (int r = 0; r < n; r++)
+    int rc = 0;
+    for (int r = 0; r < n; r++) {
+        if (reqs[r].rc && !rc) {
+            *err = reqs[r].err;
+            rc = reqs[r].rc;
+        }
         for (int i = 0; i < n_out; i++) {
             outs[r][i].dtype = man->outputs[i].dtype;
             outs[r][i].shape = man->outputs[i].shape;
         }
+    }
     free (reqs);
     free (ptrs);
-    return 0;
+    return rc;
 }
 
 /* --- the interface -------------------------------------------------- */
@@ -366,11 +372,17 @@ s_batch_pipelined (s_batch_t *bt, kiln_model_t *const *replicas, int n_replicas,
         reqs[c] = (kiln_pipe_req_t) { .in = in, .out = out };
         kiln_pipeline_submit (kiln_model_pipeline (replicas[c % n_replicas]), &reqs[c]);
     }
-    for (int64_t c = 0; c < chunks; c++)
+    int rc = 0;
+    for (int64_t c = 0; c < chunks; c++) {
         kiln_pipeline_wait (kiln_model_pipeline (replicas[c % n_replicas]), &reqs[c]);
+        if (reqs[c].rc && !rc) {
+            *err = reqs[c].err;
+            rc = reqs[c].rc;
+        }
+    }
     free (reqs);
     free (ptrs);
-    return 0;
+    return rc;
 }
 
 static void

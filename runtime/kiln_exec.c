@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -36,6 +38,9 @@ struct kiln_exec {
 /* The workspace of the run in progress on this thread. */
 static _Thread_local float *tls_ws;
 static _Thread_local size_t tls_ws_bytes;
+/* The first fault of the op running on this thread (kiln_exec_fault). */
+static _Thread_local bool tls_faulted;
+static _Thread_local char tls_fault[256];
 
 static uint64_t
 s_now_ns (void)
@@ -198,23 +203,41 @@ kiln_exec_set_ws (float *ws, size_t bytes)
 }
 
 void
-kiln_exec_run (kiln_exec_t *self, void *const *data)
+kiln_exec_fault (const char *fmt, ...)
 {
+    if (tls_faulted)
+        return;
+    tls_faulted = true;
+    va_list ap;
+    va_start (ap, fmt);
+    vsnprintf (tls_fault, sizeof tls_fault, fmt, ap);
+    va_end (ap);
+}
+
+int
+kiln_exec_run (kiln_exec_t *self, void *const *data, kiln_err_t *err)
+{
+    int rc = 0;
     tls_ws = self->ws;
     tls_ws_bytes = self->ws_bytes;
-    if (!self->ns) {
-        for (int i = self->first; i < self->end; i++)
-            kiln_kernel_run (&self->plans[i], data);
-    } else {
-        for (int i = self->first; i < self->end; i++) {
-            uint64_t t0 = s_now_ns ();
-            kiln_kernel_run (&self->plans[i], data);
+    tls_faulted = false;
+    for (int i = self->first; i < self->end; i++) {
+        uint64_t t0 = self->ns ? s_now_ns () : 0;
+        kiln_kernel_run (&self->plans[i], data);
+        if (self->ns)
             self->ns[i] += s_now_ns () - t0;
+        if (tls_faulted) {
+            rc = kiln_error (err ? err : &(kiln_err_t) { 0 }, KILN_EINVAL, "op %d (%s): %s",
+                             i, kiln_kernel_name (self->p->ops[i].kernel), tls_fault);
+            tls_faulted = false;
+            break;
         }
-        self->runs++;
     }
+    if (self->ns)
+        self->runs++;
     tls_ws = NULL;
     tls_ws_bytes = 0;
+    return rc;
 }
 
 /* --- the pool ------------------------------------------------------- */

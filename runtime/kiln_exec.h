@@ -51,8 +51,18 @@ kiln_exec_t *kiln_exec_new_range (const kiln_program_t *p, const kiln_kplan_t *p
 void kiln_exec_destroy (kiln_exec_t **self_p);
 
 /* Run the ops (its range) in order on the tensors at data[t].  One run at
- * a time per kiln_exec_t (the model's lock). */
-void kiln_exec_run (kiln_exec_t *self, void *const *data);
+ * a time per kiln_exec_t (the model's lock).  Returns 0, or KILN_EINVAL
+ * with `err` (may be NULL) naming the op when a kernel met a value from
+ * the run's data that it cannot use (kiln_exec_fault: an index out of
+ * range); the ops after that one do not run. */
+int kiln_exec_run (kiln_exec_t *self, void *const *data, kiln_err_t *err);
+
+/* For a kernel's run, in the thread that called kiln_exec_run (not in a
+ * task of kiln_exec_parallel): the data it was given cannot be used (a
+ * scatter index out of range, a sequence length past the sequence).  The
+ * kernel returns without touching memory out of its operands; the first
+ * fault of a run is what kiln_exec_run reports. */
+void kiln_exec_fault (const char *fmt, ...) __attribute__ ((format (printf, 1, 2)));
 
 /* The workspace of the kernel running on the calling thread: 64-byte
  * aligned, *bytes (a multiple of 64) for each worker, worker w's at

@@ -1684,6 +1684,23 @@ KILN_KMATH_KERNELS (S_MATH_KERNEL)
 KILN_KSHAPE_KERNELS (S_SHAPE_KERNEL)
 #undef S_SHAPE_KERNEL
 
+/* --- the kernel of kiln_kernels_rnn.c ---------------------------------- */
+
+#define S_RNN_KERNEL(id)                                                      \
+    static int                                                                \
+    s_prepare_##id (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, \
+                    kiln_err_t *err)                                          \
+    {                                                                         \
+        return kiln_krnn_prepare (p, op, plan, err);                          \
+    }                                                                         \
+    static void                                                               \
+    s_run_##id (const kiln_kplan_t *plan, void *const *data)                  \
+    {                                                                         \
+        plan->run (plan, data);                                               \
+    }
+KILN_KRNN_KERNELS (S_RNN_KERNEL)
+#undef S_RNN_KERNEL
+
 /* --- the table ------------------------------------------------------ */
 
 static const struct {

@@ -32,6 +32,7 @@
 #include "common/kiln_program.h"
 #include "runtime/kiln_gemm.h"
 #include "runtime/kiln_kernels_math.h"
+#include "runtime/kiln_kernels_rnn.h"
 #include "runtime/kiln_kernels_shape.h"
 #include "runtime/kiln_winograd.h"
 
@@ -112,6 +113,7 @@ typedef struct kiln_kplan {
         } gap;
         kiln_kmath_plan_t math;     /* kiln_kernels_math.h */
         kiln_kshape_plan_t shape;   /* kiln_kernels_shape.h */
+        kiln_krnn_plan_t rnn;       /* kiln_kernels_rnn.h */
     } u;
 } kiln_kplan_t;
 

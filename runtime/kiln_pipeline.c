@@ -74,7 +74,11 @@ s_stage_run (s_stage_t *st, kiln_pipe_req_t *req, uint8_t *buf)
             at += rg->size;
         }
     }
-    kiln_exec_run (st->exec, st->data);
+    kiln_err_t fault;
+    if (kiln_exec_run (st->exec, st->data, &fault) && !req->rc) {
+        req->err = fault;
+        req->rc = -fault.code;
+    }
     if (st->index + 1 < st->pipe->n_stages) {
         const kiln_prog_stage_t *next = st[1].in;
         uint64_t at = 0;

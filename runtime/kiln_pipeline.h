@@ -50,6 +50,8 @@ typedef struct kiln_pipe_req {
     void *const *in;
     void *const *out;
     bool done;                      /* the pipeline's business */
+    int rc;                         /* 0, or the first stage's fault */
+    kiln_err_t err;                 /* (kiln_exec_run) and its message */
 } kiln_pipe_req_t;
 
 /* A pipeline for the stages of `p` (p->n_stages > 0) on the cores

@@ -444,7 +444,10 @@ kiln_model_run_here (kiln_model_t *m, const kiln_rt_tensor_t *inputs,
         int t = p->inputs[i];
         memcpy (m->data[t], inputs[i].data, (size_t) p->tensors[t].size);
     }
-    kiln_exec_run (m->exec, m->data);
+    if ((rc = kiln_exec_run (m->exec, m->data, err))) {
+        pthread_mutex_unlock (&m->lock);
+        return rc;
+    }
     for (int i = 0; i < n_outputs; i++) {
         int t = p->outputs[i];
         outputs[i].dtype = man->outputs[i].dtype;
