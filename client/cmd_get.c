@@ -1,5 +1,4 @@
 /* kiln get DIGEST -o FILE [--broker EP] [--keyring DIR] [--json] */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,46 +24,41 @@ static const char *s_usage =
     "  --json                    print one JSON object: artifact, output, bytes,\n"
     "                            sha256 (of the file), broker\n";
 
+/* What `kiln get` takes beside the farm options. */
+typedef struct {
+    const char *out;      /* -o FILE */
+    const char *keyring;  /* --keyring DIR, or NULL */
+} s_get_opts_t;
+
+enum { OPT_KEYRING = 512 };
+
+static int
+s_get_option (int opt, const char *arg, void *ctx)
+{
+    s_get_opts_t *g = ctx;
+    if (opt == 'o')
+        g->out = arg;
+    else if (opt == OPT_KEYRING)
+        g->keyring = arg;
+    return -1;
+}
+
 int
 cmd_get (int argc, char **argv)
 {
-    const char *out = NULL, *broker = getenv ("KILN_BROKER"), *keyring = NULL;
-    kiln_client_config_t ccfg = { 0 };
-    int json = 0;
-    long wait_s = 0;
-    enum { OPT_BROKER = 256, OPT_KEYRING, OPT_CERT, OPT_BROKER_CERT, OPT_WAIT, OPT_JSON };
-    static const struct option opts[] = {
+    static const struct option own_opts[] = {
         { "output", required_argument, NULL, 'o' },
-        { "broker", required_argument, NULL, OPT_BROKER },
         { "keyring", required_argument, NULL, OPT_KEYRING },
-        { "cert", required_argument, NULL, OPT_CERT },
-        { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
-        { "wait", required_argument, NULL, OPT_WAIT },
-        { "json", no_argument, NULL, OPT_JSON },
-        { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    int c;
-    optind = 1;
-    while ((c = getopt_long (argc, argv, "o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case OPT_BROKER: broker = optarg; break;
-        case OPT_KEYRING: keyring = optarg; break;
-        case OPT_CERT: ccfg.cert = optarg; break;
-        case OPT_BROKER_CERT: ccfg.broker_cert = optarg; break;
-        case OPT_JSON: json = 1; break;
-        case OPT_WAIT: {
-            char *end;
-            wait_s = strtol (optarg, &end, 10);
-            if (!*optarg || *end || wait_s <= 0 || wait_s > 7 * 24 * 3600)
-                return kiln_cmd_usage (s_usage, "--wait wants whole seconds, got '%s'", optarg);
-            break;
-        }
-        case 'h': fputs (s_usage, stdout); return 0;
-        default: return kiln_cmd_usage (s_usage, NULL);
-        }
-    }
+    s_get_opts_t g = { 0 };
+    const kiln_cmd_own_opts_t own = { own_opts, "o:", s_get_option, &g };
+    /* No --wait: as long as the broker answers; at most a week. */
+    kiln_farm_opts_t fo = { .wait_s = 0, .wait_max_s = 7 * 24 * 3600 };
+    int rc = kiln_cmd_farm_opts (argc, argv, s_usage, &own, &fo);
+    if (rc >= 0)
+        return rc;
+    const char *out = g.out, *keyring = g.keyring, *broker = fo.broker;
     if (optind != argc - 1)
         return kiln_cmd_usage (s_usage, "get takes one DIGEST");
     char digest[KILN_HEX_LEN];
@@ -78,17 +72,17 @@ cmd_get (int argc, char **argv)
 
     kiln_err_t err = { 0 };
     kiln_get_result_t res;
-    ccfg.endpoint = broker;
-    kiln_client_t *client = kiln_client_new_config (&ccfg, &err);
+    fo.ccfg.endpoint = broker;
+    kiln_client_t *client = kiln_client_new_config (&fo.ccfg, &err);
     if (client)
         kiln_client_catch_signals ();
-    int rc = client ? kiln_client_get (client, digest, out, keyring, (int) wait_s * 1000, &res,
-                                       &err)
-                    : -err.code;
+    rc = client ? kiln_client_get (client, digest, out, keyring, (int) fo.wait_s * 1000, &res,
+                                   &err)
+                : -err.code;
     kiln_client_destroy (&client);
     if (rc != 0)
         return kiln_cmd_fail ("get", &err);
-    if (json) {
+    if (fo.json) {
         printf ("{\"artifact\":");
         kiln_cmd_json_str (digest);
         printf (",\"output\":");

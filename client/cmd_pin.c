@@ -2,7 +2,6 @@
  *
  * The two subcommands are one file: each is the other undone, with the
  * same options and output. */
-#include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,62 +38,33 @@ s_pin (int argc, char **argv, bool pin)
 {
     const char *usage = pin ? s_pin_usage : s_unpin_usage;
     const char *cmd = pin ? "pin" : "unpin";
-    const char *broker = getenv ("KILN_BROKER");
-    kiln_client_config_t ccfg = { 0 };
-    int json = 0;
-    long wait_s = 10;
-    enum { OPT_BROKER = 256, OPT_CERT, OPT_BROKER_CERT, OPT_WAIT, OPT_JSON };
-    static const struct option opts[] = {
-        { "broker", required_argument, NULL, OPT_BROKER },
-        { "cert", required_argument, NULL, OPT_CERT },
-        { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
-        { "wait", required_argument, NULL, OPT_WAIT },
-        { "json", no_argument, NULL, OPT_JSON },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
-    int c;
-    optind = 1;
-    while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_BROKER: broker = optarg; break;
-        case OPT_CERT: ccfg.cert = optarg; break;
-        case OPT_BROKER_CERT: ccfg.broker_cert = optarg; break;
-        case OPT_JSON: json = 1; break;
-        case OPT_WAIT: {
-            char *end;
-            wait_s = strtol (optarg, &end, 10);
-            if (!*optarg || *end || wait_s <= 0 || wait_s > 3600)
-                return kiln_cmd_usage (usage, "--wait wants 1..3600 seconds, got '%s'", optarg);
-            break;
-        }
-        case 'h': fputs (usage, stdout); return 0;
-        default: return kiln_cmd_usage (usage, NULL);
-        }
-    }
+    kiln_farm_opts_t fo = { .wait_s = 10, .wait_max_s = 3600 };
+    int rc = kiln_cmd_farm_opts (argc, argv, usage, NULL, &fo);
+    if (rc >= 0)
+        return rc;
     if (optind != argc - 1)
         return kiln_cmd_usage (usage, "%s takes one DIGEST", cmd);
     char digest[KILN_HEX_LEN];
     if (kiln_cmd_digest_arg (argv[optind], digest) != 0)
         return kiln_cmd_usage (usage, "'%.80s' is not an artifact's content hash (64 hex "
                                "characters)", argv[optind]);
-    if (!broker || !*broker)
+    if (!fo.broker || !*fo.broker)
         return kiln_cmd_usage (usage, "which farm? give --broker or set $KILN_BROKER");
     kiln_err_t err = { 0 };
-    ccfg.endpoint = broker;
+    fo.ccfg.endpoint = fo.broker;
     bool changed = false;
-    kiln_client_t *client = kiln_client_new_config (&ccfg, &err);
-    int rc = client ? kiln_client_pin (client, digest, pin, (int) wait_s * 1000, &changed, &err)
-                    : -err.code;
+    kiln_client_t *client = kiln_client_new_config (&fo.ccfg, &err);
+    rc = client ? kiln_client_pin (client, digest, pin, (int) fo.wait_s * 1000, &changed, &err)
+                : -err.code;
     kiln_client_destroy (&client);
     if (rc != 0)
         return kiln_cmd_fail (cmd, &err);
-    if (json) {
+    if (fo.json) {
         printf ("{\"artifact\":");
         kiln_cmd_json_str (digest);
         printf (",\"pinned\":%s,\"changed\":%s,\"broker\":", pin ? "true" : "false",
                 changed ? "true" : "false");
-        kiln_cmd_json_str (broker);
+        kiln_cmd_json_str (fo.broker);
         printf ("}\n");
     }
     else

@@ -1,5 +1,4 @@
 /* kiln status [--broker EP] [--json] */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,52 +82,23 @@ s_print (json_t *doc)
 int
 cmd_status (int argc, char **argv)
 {
-    const char *broker = getenv ("KILN_BROKER");
-    kiln_client_config_t ccfg = { 0 };
-    int json = 0;
-    long wait_s = 10;
-    enum { OPT_BROKER = 256, OPT_JSON, OPT_CERT, OPT_BROKER_CERT, OPT_WAIT };
-    static const struct option opts[] = {
-        { "broker", required_argument, NULL, OPT_BROKER },
-        { "json", no_argument, NULL, OPT_JSON },
-        { "cert", required_argument, NULL, OPT_CERT },
-        { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
-        { "wait", required_argument, NULL, OPT_WAIT },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
-    int c;
-    optind = 1;
-    while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_BROKER: broker = optarg; break;
-        case OPT_JSON: json = 1; break;
-        case OPT_CERT: ccfg.cert = optarg; break;
-        case OPT_BROKER_CERT: ccfg.broker_cert = optarg; break;
-        case OPT_WAIT: {
-            char *end;
-            wait_s = strtol (optarg, &end, 10);
-            if (!*optarg || *end || wait_s <= 0 || wait_s > 3600)
-                return kiln_cmd_usage (s_usage, "--wait wants 1..3600 seconds, got '%s'", optarg);
-            break;
-        }
-        case 'h': fputs (s_usage, stdout); return 0;
-        default: return kiln_cmd_usage (s_usage, NULL);
-        }
-    }
+    kiln_farm_opts_t fo = { .wait_s = 10, .wait_max_s = 3600 };
+    int rc = kiln_cmd_farm_opts (argc, argv, s_usage, NULL, &fo);
+    if (rc >= 0)
+        return rc;
     if (optind != argc)
         return kiln_cmd_usage (s_usage, "status takes no arguments");
-    if (!broker || !*broker)
+    if (!fo.broker || !*fo.broker)
         return kiln_cmd_usage (s_usage, "which farm? give --broker or set $KILN_BROKER");
     kiln_err_t err = { 0 };
-    ccfg.endpoint = broker;
-    kiln_client_t *client = kiln_client_new_config (&ccfg, &err);
+    fo.ccfg.endpoint = fo.broker;
+    kiln_client_t *client = kiln_client_new_config (&fo.ccfg, &err);
     char *text = NULL;
-    int rc = client ? kiln_client_status (client, (int) wait_s * 1000, &text, &err) : -err.code;
+    rc = client ? kiln_client_status (client, (int) fo.wait_s * 1000, &text, &err) : -err.code;
     kiln_client_destroy (&client);
     if (rc != 0)
         return kiln_cmd_fail ("status", &err);
-    if (json)
+    if (fo.json)
         puts (text);
     else {
         json_t *doc = json_loads (text, 0, NULL);

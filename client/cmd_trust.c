@@ -7,7 +7,6 @@
  * endpoint presenting another key is refused (exit 5) until the user
  * removes the file. */
 #include <ctype.h>
-#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +26,7 @@ static const char *s_usage =
     "  publishes (`kiln keygen` and kiln-broker print it).  Once pinned, a broker\n"
     "  at that address presenting another key is refused.\n"
     "options:\n"
-    "  ENDPOINT                  the broker (default: $KILN_BROKER)\n"
+    "  ENDPOINT, --broker EP     the broker (default: $KILN_BROKER)\n"
     "  --fingerprint HEX         the fingerprint you expect (64 hex characters, or\n"
     "                            at least the first 16): no prompt; refused when\n"
     "                            the broker's key differs\n"
@@ -107,48 +106,46 @@ s_print (bool json, const kiln_key_t *key, const char *path, bool added, const c
         printf ("key %s is already trusted ('%s')\n", kiln_key_id (key), path);
 }
 
+/* What `kiln trust` takes beside the farm options. */
+typedef struct {
+    const char *expect_arg;  /* --fingerprint HEX, or NULL */
+    const char *keyring;     /* --keyring DIR, else $KILN_KEYRING */
+    bool yes;                /* -y, --yes */
+} s_trust_opts_t;
+
+enum { OPT_FINGERPRINT = 512, OPT_KEYRING };
+
+static int
+s_trust_option (int opt, const char *arg, void *ctx)
+{
+    s_trust_opts_t *t = ctx;
+    if (opt == OPT_FINGERPRINT)
+        t->expect_arg = arg;
+    else if (opt == OPT_KEYRING)
+        t->keyring = arg;
+    else if (opt == 'y')
+        t->yes = true;
+    return -1;
+}
+
 int
 cmd_trust (int argc, char **argv)
 {
-    const char *endpoint = getenv ("KILN_BROKER"), *keyring = getenv ("KILN_KEYRING");
-    const char *expect_arg = NULL;
-    kiln_client_config_t ccfg = { 0 };
-    int yes = 0, json = 0;
-    long wait_ms = 10000;
-    enum { OPT_FINGERPRINT = 256, OPT_KEYRING, OPT_WAIT, OPT_CERT, OPT_BROKER_CERT, OPT_JSON };
-    static const struct option opts[] = {
+    static const struct option own_opts[] = {
         { "fingerprint", required_argument, NULL, OPT_FINGERPRINT },
         { "yes", no_argument, NULL, 'y' },
         { "keyring", required_argument, NULL, OPT_KEYRING },
-        { "wait", required_argument, NULL, OPT_WAIT },
-        { "cert", required_argument, NULL, OPT_CERT },
-        { "broker-cert", required_argument, NULL, OPT_BROKER_CERT },
-        { "json", no_argument, NULL, OPT_JSON },
-        { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    int c;
-    optind = 1;
-    while ((c = getopt_long (argc, argv, "yh", opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_FINGERPRINT: expect_arg = optarg; break;
-        case 'y': yes = 1; break;
-        case OPT_KEYRING: keyring = optarg; break;
-        case OPT_CERT: ccfg.cert = optarg; break;
-        case OPT_BROKER_CERT: ccfg.broker_cert = optarg; break;
-        case OPT_JSON: json = 1; break;
-        case OPT_WAIT: {
-            char *end;
-            long v = strtol (optarg, &end, 10);
-            if (!*optarg || *end || v <= 0 || v > 3600)
-                return kiln_cmd_usage (s_usage, "--wait wants 1..3600 seconds, got '%s'", optarg);
-            wait_ms = v * 1000;
-            break;
-        }
-        case 'h': fputs (s_usage, stdout); return KILN_EXIT_OK;
-        default: return kiln_cmd_usage (s_usage, NULL);
-        }
-    }
+    s_trust_opts_t to = { .keyring = getenv ("KILN_KEYRING") };
+    const kiln_cmd_own_opts_t own = { own_opts, "y", s_trust_option, &to };
+    kiln_farm_opts_t fo = { .wait_s = 10, .wait_max_s = 3600 };
+    int rc = kiln_cmd_farm_opts (argc, argv, s_usage, &own, &fo);
+    if (rc >= 0)
+        return rc;
+    const char *endpoint = fo.broker, *keyring = to.keyring, *expect_arg = to.expect_arg;
+    bool yes = to.yes, json = fo.json;
+    long wait_ms = fo.wait_s * 1000;
     if (optind < argc)
         endpoint = argv[optind++];
     if (optind != argc)
@@ -167,10 +164,10 @@ cmd_trust (int argc, char **argv)
     else if (kiln_user_keyring (dir, sizeof dir, &err) != 0)
         return kiln_cmd_fail ("trust", &err);
 
-    ccfg.endpoint = endpoint;
-    kiln_client_t *client = kiln_client_new_config (&ccfg, &err);
+    fo.ccfg.endpoint = endpoint;
+    kiln_client_t *client = kiln_client_new_config (&fo.ccfg, &err);
     char *pem = NULL, key_id[KILN_KEY_ID_LEN], curve[41];
-    int rc = client ? kiln_client_farm_key (client, (int) wait_ms, &pem, key_id, curve, &err)
+    rc = client ? kiln_client_farm_key (client, (int) wait_ms, &pem, key_id, curve, &err)
                     : -err.code;
     kiln_client_destroy (&client);
     if (rc != 0)

@@ -7,6 +7,10 @@
 #ifndef KILN_CMDS_H
 #define KILN_CMDS_H
 
+#include <getopt.h>
+#include <stdbool.h>
+
+#include "client/kiln_client.h"
 #include "common/kiln_error.h"
 #include "common/kiln_hash.h"
 #include "graph/kiln_graph.h"
@@ -50,6 +54,39 @@ int kiln_cmd_fail (const char *cmd, const kiln_err_t *err);
 /* Print a usage error and the usage string; returns 2. */
 int kiln_cmd_usage (const char *usage, const char *fmt, ...)
     __attribute__ ((format (printf, 2, 3)));
+
+/* The options of the commands that talk to the farm (get, pin, unpin,
+ * status, trust): --broker EP, --cert FILE, --broker-cert FILE,
+ * --wait SECONDS, --json, -h/--help. */
+typedef struct {
+    const char *broker;         /* --broker, else $KILN_BROKER; NULL when neither */
+    kiln_client_config_t ccfg;  /* .cert and .broker_cert from --cert, --broker-cert */
+    long wait_s;                /* --wait; holds the command's default until given */
+    long wait_max_s;            /* --wait's bound, the command's (1..wait_max_s) */
+    bool json;                  /* --json */
+} kiln_farm_opts_t;
+
+/* A command's own options, parsed beside the farm's: `options` ends with
+ * a zeroed entry (at most 10; their values letters or 512 and up, clear
+ * of the farm options' 256..260), `shorts` their getopt letters.
+ * `on_option` gets each one found (`arg` NULL without an argument) and
+ * returns -1 to go on, or an exit status to stop with (having printed
+ * why). */
+typedef struct {
+    const struct option *options;
+    const char *shorts;
+    int (*on_option) (int opt, const char *arg, void *ctx);
+    void *ctx;
+} kiln_cmd_own_opts_t;
+
+/* Parse argv's options: the farm's into `fo` (whose wait_s and
+ * wait_max_s the caller sets first), the command's own (`own`, may be
+ * NULL) through its callback.  Returns -1 when all went through (optind
+ * is then the first operand), else the exit status to return: 0 after
+ * --help (usage printed to stdout), 2 after a usage error (printed with
+ * `usage`), or what on_option returned. */
+int kiln_cmd_farm_opts (int argc, char **argv, const char *usage, const kiln_cmd_own_opts_t *own,
+                        kiln_farm_opts_t *fo);
 
 /* Load a model: .onnx files through the ONNX importer, anything else as a
  * .kgraph.  External-data weights whose files did not change since an

@@ -74,6 +74,55 @@ def running_farm(workdir, **kw):
         farm.stop()
 
 
+def curve_certs(directory, trusted, untrusted=(), broker="the-broker"):
+    """CurveZMQ certificates made with `kiln cert` in DIRECTORY/keys: the
+    broker's, and one for each (name, role) of `trusted` and `untrusted`;
+    the public halves of the trusted ones copied into DIRECTORY/trust (the
+    secret halves stay behind).  Returns ({"broker": path, name: path},
+    trust directory)."""
+    keys, trust = os.path.join(str(directory), "keys"), os.path.join(str(directory), "trust")
+    os.makedirs(trust, exist_ok=True)
+    certs = {}
+    for name, role in [(broker, "broker")] + list(trusted) + list(untrusted):
+        subprocess.run([kiln_bin("kiln"), "cert", "--name", name, "--role", role, "--out", keys],
+                       check=True, capture_output=True, timeout=30)
+        certs["broker" if role == "broker" else name] = os.path.join(keys, name + ".cert")
+    for name, _ in trusted:
+        with open(certs[name], "rb") as src, \
+                open(os.path.join(trust, name + ".cert"), "wb") as dst:
+            dst.write(src.read())
+    return certs, trust
+
+
+@contextlib.contextmanager
+def curve_farm(directory, workers=("w1",), clients=("alice",), untrusted_clients=(),
+               broker="the-broker", name_workers=True):
+    """A farm with CurveZMQ on loopback: certificates (curve_certs) for the
+    broker, the workers and the clients (the untrusted ones left out of
+    the broker's trust directory), the broker and every worker started
+    with theirs (with --name as well unless name_workers is false, when
+    the certificate names the worker), and the first client's environment
+    (KILN_BROKER, KILN_CERT, KILN_BROKER_CERT) in farm.client_env, used by
+    farm.status; yields the Farm once every worker has registered, with
+    the certificates in farm.certs, and stops every process on exit."""
+    certs, trust = curve_certs(
+        directory, [(w, "worker") for w in workers] + [(c, "client") for c in clients],
+        [(c, "client") for c in untrusted_clients], broker)
+    farm = Farm(os.path.join(str(directory), "farm"), curve=(certs["broker"], trust))
+    farm.certs = certs
+    farm.client_env = {"KILN_BROKER": farm.endpoint, "KILN_CERT": certs[clients[0]],
+                       "KILN_BROKER_CERT": certs["broker"]}
+    try:
+        farm.start_broker()
+        for w in workers:
+            farm.start_worker(w, "--cert", certs[w], "--broker-cert", certs["broker"],
+                              named=name_workers)
+        farm.wait_for_workers(len(workers))
+        yield farm
+    finally:
+        farm.stop()
+
+
 class Farm:
     """A broker and workers on loopback, each started with its own options."""
 
@@ -92,6 +141,7 @@ class Farm:
         self.worker_argv = {}                  # name -> argv, to restart
         self.others = []                       # other processes to stop
         self.wrap = []                         # argv prefix of broker and workers (prlimit)
+        self.client_env = {}                   # what `kiln status` needs beside --broker (certs)
 
     # --- processes --------------------------------------------------------
     def _log(self, name):
@@ -117,8 +167,11 @@ class Farm:
         wait_for_port(self.port, proc=self.broker)
         return self.broker
 
-    def start_worker(self, name, *args, cache=True):
-        argv = [kiln_bin("kiln-worker"), "--broker", self.endpoint, "--name", name]
+    def start_worker(self, name, *args, cache=True, named=True):
+        """Start worker `name` (its log NAME.log); named=False leaves out
+        --name, so that its certificate names it."""
+        argv = [kiln_bin("kiln-worker"), "--broker", self.endpoint] + (
+            ["--name", name] if named else [])
         if cache:
             argv += ["--cache", os.path.join(self.workdir, "cache-" + name)]
         argv += [str(a) for a in args]
@@ -188,7 +241,8 @@ class Farm:
 
     def status(self, *extra):
         proc = subprocess.run([kiln_bin("kiln"), "status", "--broker", self.endpoint, "--json",
-                               *extra], capture_output=True, text=True, timeout=30)
+                               *extra], capture_output=True, text=True, timeout=30,
+                              env=dict(os.environ, **self.client_env))
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 

@@ -9,13 +9,12 @@ import json
 import os
 import subprocess
 import tarfile
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from conftest import SRC, kiln_bin, run
-from farm_helpers import Farm, running_farm, tiny_model, write_jobs
+from farm_helpers import curve_farm, running_farm, tiny_model, write_jobs
 from kiln.farm import free_port
 
 MODEL = os.path.join(SRC, "tests", "data", "onnx", "mlp.onnx")
@@ -238,37 +237,11 @@ def test_check_store_warns_about_a_live_broker_and_a_second_broker_is_refused(fa
 
 
 def test_certificates_name_the_broker_and_workers_everywhere(tmp_path):
-    keys, trust = tmp_path / "keys", tmp_path / "trust"
-    trust.mkdir()
-    certs = {}
-    for name, role in (("farm-broker-1", "broker"), ("gpu-07", "worker"), ("ci", "client")):
-        run(["kiln", "cert", "--name", name, "--role", role, "--out", keys], check=True)
-        certs[role] = str(keys / f"{name}.cert")
-    for role in ("worker", "client"):
-        (trust / os.path.basename(certs[role])).write_bytes(open(certs[role], "rb").read())
-    farm = Farm(tmp_path / "farm", curve=(certs["broker"], str(trust)))
-    try:
-        farm.start_broker()
-        log = open(tmp_path / "worker.log", "wb")
-        # No --name: the certificate names the worker.
-        farm.others.append(subprocess.Popen(
-            [kiln_bin("kiln-worker"), "--broker", farm.endpoint, "--cert", certs["worker"],
-             "--broker-cert", certs["broker"]], stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True))
-        log.close()
-        env = dict(os.environ, KILN_CERT=certs["client"], KILN_BROKER_CERT=certs["broker"])
-        deadline = time.monotonic() + 30
-        while True:
-            st = subprocess.run([kiln_bin("kiln"), "status", "--broker", farm.endpoint,
-                                 "--json"], env=env, capture_output=True, text=True, timeout=30)
-            if st.returncode == 0 and json.loads(st.stdout)["workers"]:
-                break
-            assert time.monotonic() < deadline, st.stderr + farm.logs()
-            time.sleep(0.2)
-        status = json.loads(st.stdout)
+    # No --name: the certificate names the worker.
+    with curve_farm(tmp_path, workers=("gpu-07",), clients=("ci",), broker="farm-broker-1",
+                    name_workers=False) as farm:
+        status = farm.status()
         assert status["broker"] == "farm-broker-1"
         assert [w["name"] for w in status["workers"]] == ["gpu-07"]
-        assert "worker gpu-07:" in (tmp_path / "worker.log").read_text()
+        assert "worker gpu-07:" in farm.log("gpu-07")
         assert "as farm-broker-1 (CurveZMQ)" in farm.log()
-    finally:
-        farm.stop()

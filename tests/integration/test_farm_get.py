@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import kiln_bin
-from farm_helpers import Farm, big_model, tiny_model
+from farm_helpers import Farm, big_model, curve_farm, tiny_model
 from raw_zmtp import RawDealer
 
 pytestmark = pytest.mark.skipif(
@@ -348,54 +348,32 @@ def test_get_and_pin_use_the_curve_certificates_from_the_environment(tmp_path):
     """With CurveZMQ, `kiln get` and `kiln pin` authenticate with
     KILN_CERT / KILN_BROKER_CERT as `kiln compile` does; a client whose
     certificate the broker does not trust is told so, and gets nothing."""
-    keys, trust = tmp_path / "keys", tmp_path / "trust"
-    trust.mkdir()
+    with curve_farm(tmp_path, untrusted_clients=("mallory",)) as farm:
+        env = dict(os.environ, **farm.client_env)
 
-    def cert(name, role):
-        proc = kiln("cert", "--name", name, "--role", role, "--out", keys)
-        assert proc.returncode == 0, proc.stderr
-        return str(keys / (name + ".cert"))
+        def kiln_as(env, *args, timeout=60):
+            return subprocess.run([kiln_bin("kiln"), *[str(a) for a in args]], env=env,
+                                  capture_output=True, text=True, timeout=timeout)
 
-    broker, alice, w1, mallory = (cert("the-broker", "broker"), cert("alice", "client"),
-                                  cert("w1", "worker"), cert("mallory", "client"))
-    for path in (alice, w1):
-        (trust / os.path.basename(path)).write_bytes(open(path, "rb").read())
-    farm = Farm(tmp_path / "farm", curve=(broker, str(trust)))
-    try:
-        farm.start_broker()
-        farm.start_worker("w1", "--cert", w1, "--broker-cert", broker)
-        env = dict(os.environ, KILN_CERT=alice, KILN_BROKER_CERT=broker,
-                   KILN_BROKER=farm.endpoint)
-        deadline = time.monotonic() + 30
-        while True:
-            st = subprocess.run([kiln_bin("kiln"), "status", "--json"], env=env,
-                                capture_output=True, text=True, timeout=30)
-            if st.returncode == 0 and json.loads(st.stdout)["workers"]:
-                break
-            assert time.monotonic() < deadline, f"no worker registered\n{farm.logs()}"
-            time.sleep(0.2)
         model = tiny_model(tmp_path / "m.onnx", 3)
-        built = subprocess.run([kiln_bin("kiln"), "compile", model, "-o", tmp_path / "a.kar",
-                                "--json"], env=env, capture_output=True, text=True, timeout=120)
+        built = kiln_as(env, "compile", model, "-o", tmp_path / "a.kar", "--json", timeout=120)
         assert built.returncode == 0, f"{built.stderr}\n{farm.logs()}"
         digest = json.loads(built.stdout)["artifact"]
-        got = subprocess.run([kiln_bin("kiln"), "get", digest, "-o", tmp_path / "b.kar"],
-                             env=env, capture_output=True, text=True, timeout=60)
+        got = kiln_as(env, "get", digest, "-o", tmp_path / "b.kar")
         assert got.returncode == 0, f"{got.stderr}\n{farm.logs()}"
         assert (tmp_path / "b.kar").read_bytes() == (tmp_path / "a.kar").read_bytes()
-        pin = subprocess.run([kiln_bin("kiln"), "pin", digest], env=env, capture_output=True,
-                             text=True, timeout=60)
+        pin = kiln_as(env, "pin", digest)
         assert pin.returncode == 0, pin.stderr
         assert f"client alice pinned artifact {digest}" in farm.log()
-        # Mallory's certificate is not in the trust directory.
-        bad_env = dict(env, KILN_CERT=mallory)
-        t0 = time.monotonic()
-        refused = subprocess.run([kiln_bin("kiln"), "get", digest, "-o", tmp_path / "m.kar",
-                                  "--wait", "20"], env=bad_env, capture_output=True,
-                                 text=True, timeout=60)
-        assert refused.returncode == 5
-        assert "refused our CurveZMQ certificate" in refused.stderr, refused.stderr
-        assert time.monotonic() - t0 < 15
+        # Mallory's certificate is not in the trust directory: refused, by
+        # get and by pin alike, at once and with nothing left behind.
+        mallory = dict(env, KILN_CERT=farm.certs["mallory"])
+        for args in (("get", digest, "-o", tmp_path / "m.kar"), ("unpin", digest)):
+            t0 = time.monotonic()
+            refused = kiln_as(mallory, *args, "--wait", "20")
+            assert refused.returncode == 5, (args, refused.stderr)
+            assert "refused our CurveZMQ certificate" in refused.stderr, refused.stderr
+            assert time.monotonic() - t0 < 15
+        again = kiln_as(env, "pin", digest, "--json")      # mallory's unpin did nothing
+        assert again.returncode == 0 and json.loads(again.stdout)["changed"] is False
         assert not (tmp_path / "m.kar").exists() and leftovers(tmp_path) == []
-    finally:
-        farm.stop()
