@@ -13,17 +13,12 @@ import time
 
 import pytest
 
-from conftest import kiln_bin, run
-from farm_helpers import Farm, tiny_model
+from conftest import kiln_bin
+from farm_helpers import Farm, curve_certs, tiny_model
 
 pytestmark = pytest.mark.skipif(
     not all(os.path.exists(kiln_bin(p)) for p in ("kiln", "kiln-broker", "kiln-worker")),
     reason="build/bin lacks the farm's programs: run `make` first")
-
-
-def cert(directory, name, role):
-    run(["kiln", "cert", "--name", name, "--role", role, "--out", directory], check=True)
-    return os.path.join(str(directory), name + ".cert")
 
 
 @pytest.fixture
@@ -31,23 +26,13 @@ def pki(tmp_path):
     """Certificates: the broker's, alice (client) and w1 (worker) trusted;
     mallory (client) and rogue (worker) not; eve (client) trusted but
     trying to be a worker."""
-    keys = tmp_path / "keys"
-    trust = tmp_path / "trust"
-    trust.mkdir()
-    certs = {
-        "broker": cert(keys, "the-broker", "broker"),
-        "alice": cert(keys, "alice", "client"),
-        "w1": cert(keys, "w1", "worker"),
-        "eve": cert(keys, "eve", "client"),
-        "mallory": cert(keys, "mallory", "client"),
-        "rogue": cert(keys, "rogue", "worker"),
-    }
-    for who in ("alice", "w1", "eve"):
-        with open(certs[who]) as src, open(trust / os.path.basename(certs[who]), "w") as dst:
-            dst.write(src.read())
+    certs, trust = curve_certs(tmp_path, [("alice", "client"), ("w1", "worker"),
+                                          ("eve", "client")],
+                               [("mallory", "client"), ("rogue", "worker")])
     # The secret parts never go to the broker; kiln cert keeps them private.
     assert os.stat(certs["alice"] + "_secret").st_mode & 0o077 == 0
-    return certs, str(trust)
+    assert sorted(os.listdir(trust)) == ["alice.cert", "eve.cert", "w1.cert"]
+    return certs, trust
 
 
 def test_authenticated_farm_names_its_clients_and_workers_and_refuses_strangers(pki, tmp_path):

@@ -24,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import kiln_bin, run
-from farm_helpers import Farm, tiny_model
+from farm_helpers import Farm, curve_certs, tiny_model
 
 pytestmark = pytest.mark.skipif(
     not all(os.path.exists(kiln_bin(p)) for p in ("kiln", "kiln-broker", "kiln-worker",
@@ -111,26 +111,15 @@ sys.exit(6)
 """
 
 
-def _cert(directory, name, role):
-    run(["kiln", "cert", "--name", name, "--role", role, "--out", directory], check=True)
-    return os.path.join(str(directory), name + ".cert")
-
-
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     """An authenticated broker and one worker (w1) offering the builtin
     compiler and five hostile toolchains, with small limits."""
     base = tmp_path_factory.mktemp("sandbox")
-    keys, trust, scripts = base / "keys", base / "trust", base / "scripts"
-    trust.mkdir()
+    scripts = base / "scripts"
     scripts.mkdir()
-    certs = {"broker": _cert(keys, "the-broker", "broker"),
-             "w1": _cert(keys, "w1", "worker"),
-             "alice": _cert(keys, "alice", "client")}
-    for who in ("w1", "alice"):
-        with open(certs[who]) as src, open(trust / os.path.basename(certs[who]), "w") as dst:
-            dst.write(src.read())
-    farm = Farm(base / "farm", curve=(certs["broker"], str(trust)))
+    certs, trust = curve_certs(base, [("w1", "worker"), ("alice", "client")])
+    farm = Farm(base / "farm", curve=(certs["broker"], trust))
     farm.certs = certs
     farm.cache = os.path.join(farm.workdir, "cache-w1")
     farm.escapes = [f"/tmp/kiln-escape-{uuid.uuid4().hex}",
