@@ -24,14 +24,16 @@ BUILD   ?= build
 PYTHON  ?= /usr/bin/python3
 PREFIX  ?= /usr/local
 
-# Debian packages, by name.  Keep in step with README.md.
+# Debian packages, by name.  Keep in step with README.md.  curl: README's
+# serving step, which tests/integration/test_readme_farm.py runs.
 DEB_PACKAGES := build-essential pkg-config \
 	libzmq3-dev libczmq-dev libmsgpack-dev libarchive-dev libssl-dev \
 	libjansson-dev check libprotobuf-c-dev protobuf-c-compiler \
 	libopenblas-dev libonnx-dev openssl tar procps bubblewrap clang libclang-rt-dev \
 	python3-torch libtorch-dev python3-torchvision python3-onnx python3-numpy python3-pytest \
 	libmicrohttpd-dev \
-	ansible-core ansible-lint systemd openssh-server openssh-client iproute2
+	ansible-core ansible-lint systemd openssh-server openssh-client iproute2 \
+	curl
 
 PKGS := libczmq libzmq msgpack libarchive openssl jansson libprotobuf-c openblas
 
