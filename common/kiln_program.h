@@ -166,7 +166,11 @@
     X (GATHER_ELEMENTS,    "gather_elements",    2, 2, 1)          \
     X (CUMSUM,             "cumsum",             1, 1, 1)          \
     X (EYE,                "eye",                1, 1, 1)          \
-    X (RNN,                "rnn",                3, 8, 1)
+    X (RNN,                "rnn",                3, 8, 1)          \
+    X (SCATTER_ND,         "scatter_nd",         3, 3, 1)          \
+    X (SCATTER_ELEMENTS,   "scatter_elements",   3, 3, 1)          \
+    X (GATHER_ND,          "gather_nd",          2, 2, 1)          \
+    X (TOPK,               "topk",               1, 1, 1)
 
 typedef enum {
 #define KILN_K_ENUM(id, name, min_in, max_in, n_out) KILN_K_##id,

@@ -1691,6 +1691,11 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "RNN",               kiln_lower_shape_rnn, KILN_K_RNN, false },
     { "GRU",               kiln_lower_shape_rnn, KILN_K_RNN, false },
     { "LSTM",              kiln_lower_shape_rnn, KILN_K_RNN, false },
+    { "ScatterND",         kiln_lower_shape_scatter, KILN_K_SCATTER_ND, false },
+    { "ScatterElements",   kiln_lower_shape_scatter, KILN_K_SCATTER_ELEMENTS, false },
+    { "Scatter",           kiln_lower_shape_scatter, KILN_K_SCATTER_ELEMENTS, false },
+    { "GatherND",          kiln_lower_shape_gather_nd, KILN_K_GATHER_ND, true },
+    { "TopK",              kiln_lower_shape_topk, KILN_K_TOPK, true },
     /* the float unary ops of common/kiln_ops_unary.h */
 #define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
     { onnx, kiln_lower_math_unary, KILN_K_##id, false },

@@ -880,3 +880,94 @@ kiln_lower_shape_rnn (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t 
     }
     return 0;
 }
+
+/* --- ScatterND, ScatterElements, GatherND, TopK ------------------------- */
+
+int
+kiln_lower_shape_scatter (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                          kiln_err_t *err)
+{
+    int x = s_in (node, 0), ind = s_in (node, 1), upd = s_in (node, 2), red, axis, rc;
+    if (x < 0 || ind < 0 || upd < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs data, indices and updates");
+    const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+    if ((rc = kiln_scatter_params (node, k == KILN_K_SCATTER_ND, xs, &s_gt (cx, ind)->shape,
+                                   &s_gt (cx, upd)->shape, &red, &axis, err)))
+        return s_prefixed (cx, rc, err);
+    int ins[3];
+    for (int i = 0; i < 3; i++)
+        if ((ins[i] = s_operand (cx, node, i, err)) < 0)
+            return ins[i];
+    int py = s_result (cx, node, 0, xs, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, ins, 3, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "reduction", red, err))
+        || (k == KILN_K_SCATTER_ELEMENTS && (rc = s_set_int (cx, op, "axis", axis, err))))
+        return rc;
+    return 0;
+}
+
+int
+kiln_lower_shape_gather_nd (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                            kiln_err_t *err)
+{
+    int x = s_in (node, 0), ind = s_in (node, 1), bd, rc;
+    if (x < 0 || ind < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs data and indices");
+    kiln_shape_t ys;
+    if ((rc = kiln_gather_nd_params (node, &s_gt (cx, x)->shape, &s_gt (cx, ind)->shape, &bd,
+                                     &ys, err)))
+        return s_prefixed (cx, rc, err);
+    int ins[2];
+    for (int i = 0; i < 2; i++)
+        if ((ins[i] = s_operand (cx, node, i, err)) < 0)
+            return ins[i];
+    int py = s_result (cx, node, 0, &ys, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, ins, 2, &py, 1, err);
+    if (op < 0 || (rc = s_set_int (cx, op, "batch_dims", bd, err)))
+        return op < 0 ? op : rc;
+    return 0;
+}
+
+/* TopK: the topk kernel writes the indices; the values are a
+ * gather_elements of X by them. */
+int
+kiln_lower_shape_topk (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                       kiln_err_t *err)
+{
+    int x = s_in (node, 0), axis, rc;
+    int64_t kv;
+    bool largest;
+    kiln_shape_t ys;
+    if (x < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs X");
+    if ((rc = kiln_topk_params (cx->g, node, &s_gt (cx, x)->shape, &axis, &kv, &largest, &ys,
+                                err)))
+        return s_prefixed (cx, rc, err);
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    int pi = node->n_outputs > 1 ? s_result (cx, node, 1, &ys, err)
+                                 : kiln_cc_temp (cx, KILN_DT_INT64, &ys, err);
+    if (pi < 0)
+        return pi;
+    int op = kiln_cc_emit (cx, k, &px, 1, &pi, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "axis", axis, err)) || (rc = s_set_int (cx, op, "k", kv, err))
+        || (rc = s_set_int (cx, op, "largest", largest, err)))
+        return rc;
+    int ins[2] = { px, pi };
+    int pv = s_result (cx, node, 0, &ys, err);
+    if (pv < 0)
+        return pv;
+    op = kiln_cc_emit (cx, KILN_K_GATHER_ELEMENTS, ins, 2, &pv, 1, err);
+    if (op < 0 || (rc = s_set_int (cx, op, "axis", axis, err)))
+        return op < 0 ? op : rc;
+    return 0;
+}

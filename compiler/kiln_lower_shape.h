@@ -61,4 +61,13 @@ int kiln_lower_shape_eyelike (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_k
 int kiln_lower_shape_rnn (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                           kiln_err_t *err);
 
+/* ScatterND, ScatterElements (and Scatter), GatherND, TopK (K a constant:
+ * topk's indices, then the values by gather_elements). */
+int kiln_lower_shape_scatter (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                              kiln_err_t *err);
+int kiln_lower_shape_gather_nd (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                                kiln_err_t *err);
+int kiln_lower_shape_topk (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                           kiln_err_t *err);
+
 #endif

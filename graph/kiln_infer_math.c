@@ -847,3 +847,62 @@ kiln_infer_rnn (kiln_infer_ctx_t *ctx)
         s_set_out (ctx, k, KILN_DT_FLOAT32, k ? &r.yh : &r.y);
     return 0;
 }
+
+/* --- ScatterND, ScatterElements, GatherND, TopK ------------------------- */
+
+static int
+s_want_indices (kiln_infer_ctx_t *ctx, int i)
+{
+    return s_want (ctx, i, S_M (INT32) | S_M (INT64));
+}
+
+int
+kiln_infer_scatter (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0), *ind = kiln_infer_in (ctx, 1);
+    const kiln_infer_type_t *u = kiln_infer_in (ctx, 2);
+    int rc, red, axis;
+    if ((rc = s_want_indices (ctx, 1)) || (rc = s_same (ctx, 0, 2)))
+        return rc;
+    if ((rc = kiln_scatter_params (ctx->node, !strcmp (ctx->node->op, "ScatterND"), &x->shape,
+                                   &ind->shape, &u->shape, &red, &axis, ctx->err)))
+        return kiln_error_prefix (ctx->err, "%s", ctx->label);
+    if (red != 0 && (rc = s_want (ctx, 0, S_M (FLOAT32) | S_M (FLOAT64) | S_M (INT32)
+                                             | S_M (INT64))))
+        return rc;
+    s_set_out (ctx, 0, x->dtype, &x->shape);
+    return 0;
+}
+
+int
+kiln_infer_gather_nd (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0), *ind = kiln_infer_in (ctx, 1);
+    kiln_shape_t y;
+    int rc, bd;
+    if ((rc = s_want_indices (ctx, 1)))
+        return rc;
+    if ((rc = kiln_gather_nd_params (ctx->node, &x->shape, &ind->shape, &bd, &y, ctx->err)))
+        return kiln_error_prefix (ctx->err, "%s", ctx->label);
+    s_set_out (ctx, 0, x->dtype, &y);
+    return 0;
+}
+
+int
+kiln_infer_topk (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0);
+    kiln_shape_t y;
+    int rc, axis;
+    int64_t k;
+    bool largest;
+    if ((rc = s_want (ctx, 0, S_M (FLOAT32) | S_M (FLOAT64) | S_M (INT32) | S_M (INT64))))
+        return rc;
+    if ((rc = kiln_topk_params (ctx->g, ctx->node, &x->shape, &axis, &k, &largest, &y,
+                                ctx->err)))
+        return kiln_error_prefix (ctx->err, "%s", ctx->label);
+    s_set_out (ctx, 0, x->dtype, &y);
+    if (ctx->node->n_outputs > 1)
+        s_set_out (ctx, 1, KILN_DT_INT64, &y);
+    return 0;
+}

@@ -1202,3 +1202,109 @@ kiln_rnn_params (const kiln_node_t *node, const kiln_shape_t *const *ins, int n,
                    : (kiln_shape_t) { .rank = 3, .dims = { D, B, H } };
     return 0;
 }
+
+/* --- scatters, GatherND, TopK ----------------------------------------- */
+
+int
+kiln_scatter_params (const kiln_node_t *node, bool nd, const kiln_shape_t *data,
+                     const kiln_shape_t *indices, const kiln_shape_t *updates,
+                     int *reduction, int *axis, kiln_err_t *err)
+{
+    static const char *const names[] = { "none", "add", "mul", "max", "min" };
+    const char *red = kiln_node_attr_string (node, "reduction", "none");
+    *reduction = -1;
+    for (int i = 0; i < 5; i++)
+        if (!strcmp (red, names[i]))
+            *reduction = i;
+    if (*reduction < 0)
+        return kiln_error (err, KILN_EUNSUPPORTED, "reduction '%s' is not none, add, mul, "
+                           "max or min", red);
+    int r = data->rank, q = indices->rank;
+    char sd[160], si[160], su[160];
+    kiln_shape_str (data, sd, sizeof sd);
+    kiln_shape_str (indices, si, sizeof si);
+    kiln_shape_str (updates, su, sizeof su);
+    if (nd) {
+        int64_t k = q >= 1 ? indices->dims[q - 1] : -1;
+        bool ok = r >= 1 && q >= 1 && k >= 1 && k <= r && updates->rank == q - 1 + r - k;
+        for (int i = 0; ok && i < q - 1; i++)
+            ok = updates->dims[i] == indices->dims[i];
+        for (int i = (int) k; ok && i < r; i++)
+            ok = updates->dims[q - 1 + i - k] == data->dims[i];
+        if (!ok)
+            return kiln_error (err, KILN_ESHAPE, "data %s, indices %s and updates %s: updates "
+                               "must be indices[:-1] + data[k:] with k = indices[-1] in "
+                               "1..rank(data)", sd, si, su);
+        *axis = 0;
+        return 0;
+    }
+    int64_t a = kiln_node_attr_int (node, "axis", 0);
+    if (r < 1 || a < -r || a >= r)
+        return kiln_error (err, KILN_ESHAPE, "axis %lld is not an axis of data %s",
+                           (long long) a, sd);
+    *axis = (int) (a < 0 ? a + r : a);
+    bool ok = q == r && kiln_shape_equal (indices, updates);
+    for (int i = 0; ok && i < r; i++)
+        ok = i == *axis || indices->dims[i] <= data->dims[i];
+    if (!ok)
+        return kiln_error (err, KILN_ESHAPE, "indices %s and updates %s must have one shape, "
+                           "of data %s's rank and no longer than it but on the axis", si, su,
+                           sd);
+    return 0;
+}
+
+int
+kiln_gather_nd_params (const kiln_node_t *node, const kiln_shape_t *data,
+                       const kiln_shape_t *indices, int *batch_dims, kiln_shape_t *out,
+                       kiln_err_t *err)
+{
+    int r = data->rank, q = indices->rank;
+    int64_t b = kiln_node_attr_int (node, "batch_dims", 0);
+    int64_t k = q >= 1 ? indices->dims[q - 1] : -1;
+    bool ok = q >= 1 && b >= 0 && b < q && b < r && k >= 1 && k <= r - b
+              && q - 1 + r - b - k <= KILN_MAX_RANK;
+    for (int i = 0; ok && i < b; i++)
+        ok = indices->dims[i] == data->dims[i];
+    if (!ok) {
+        char sd[160], si[160];
+        kiln_shape_str (data, sd, sizeof sd);
+        kiln_shape_str (indices, si, sizeof si);
+        return kiln_error (err, KILN_ESHAPE, "data %s and indices %s with batch_dims %lld: "
+                           "indices[-1] must be in 1..rank(data) - batch_dims and the batch "
+                           "axes equal", sd, si, (long long) b);
+    }
+    *batch_dims = (int) b;
+    out->rank = (int) (q - 1 + r - b - k);
+    for (int i = 0; i < q - 1; i++)
+        out->dims[i] = indices->dims[i];
+    for (int i = (int) (b + k); i < r; i++)
+        out->dims[q - 1 + i - b - k] = data->dims[i];
+    return 0;
+}
+
+int
+kiln_topk_params (const kiln_graph_t *g, const kiln_node_t *node, const kiln_shape_t *x,
+                  int *axis, int64_t *k, bool *largest, kiln_shape_t *out, kiln_err_t *err)
+{
+    int r = x->rank, n = 0, rc;
+    int64_t a = kiln_node_attr_int (node, "axis", -1);
+    if (r < 1 || a < -r || a >= r)
+        return kiln_error (err, KILN_ESHAPE, "axis %lld is not an axis of a rank-%d X",
+                           (long long) a, r);
+    *axis = (int) (a < 0 ? a + r : a);
+    if (node->n_inputs > 1 && node->inputs[1] >= 0) {
+        if ((rc = kiln_const_ints (g, node, 1, "K", 1, k, &n, err)))
+            return rc;
+    }
+    else {
+        *k = kiln_node_attr_int (node, "k", -1);
+        n = kiln_node_attr (node, "k") ? 1 : 0;
+    }
+    if (n != 1 || *k < 0 || *k > x->dims[*axis])
+        return kiln_error (err, KILN_ESHAPE, "K must be one value in 0..%lld (the axis' "
+                           "length)", (long long) x->dims[*axis]);
+    *largest = kiln_node_attr_int (node, "largest", 1) != 0;
+    *out = *x;
+    out->dims[*axis] = *k;
+    return 0;
+}

@@ -206,4 +206,24 @@ typedef struct kiln_rnn {
 int kiln_rnn_params (const kiln_node_t *node, const kiln_shape_t *const *ins, int n,
                      kiln_rnn_t *r, kiln_err_t *err);
 
+/* --- ops whose indices are data: ScatterND, ScatterElements (and
+ * opset 9's Scatter), GatherND, TopK --------------------------------- */
+
+/* Check a scatter's data, indices and updates shapes against each other
+ * (nd: ScatterND, else ScatterElements); *reduction gets its number
+ * (0 none, 1 add, 2 mul, 3 max, 4 min) and *axis ScatterElements' axis,
+ * made non-negative. */
+int kiln_scatter_params (const kiln_node_t *node, bool nd, const kiln_shape_t *data,
+                         const kiln_shape_t *indices, const kiln_shape_t *updates,
+                         int *reduction, int *axis, kiln_err_t *err);
+/* GatherND: *batch_dims and the output's shape. */
+int kiln_gather_nd_params (const kiln_node_t *node, const kiln_shape_t *data,
+                           const kiln_shape_t *indices, int *batch_dims, kiln_shape_t *out,
+                           kiln_err_t *err);
+/* TopK of X: its axis (non-negative), k (the constant input K, or
+ * opset 1's attribute), largest, and the outputs' shape. */
+int kiln_topk_params (const kiln_graph_t *g, const kiln_node_t *node, const kiln_shape_t *x,
+                      int *axis, int64_t *k, bool *largest, kiln_shape_t *out,
+                      kiln_err_t *err);
+
 #endif

@@ -1701,6 +1701,23 @@ KILN_KSHAPE_KERNELS (S_SHAPE_KERNEL)
 KILN_KRNN_KERNELS (S_RNN_KERNEL)
 #undef S_RNN_KERNEL
 
+/* --- kernels of kiln_kernels_index.c ---------------------------------- */
+
+#define S_INDEX_KERNEL(id)                                                    \
+    static int                                                                \
+    s_prepare_##id (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, \
+                    kiln_err_t *err)                                          \
+    {                                                                         \
+        return kiln_kindex_prepare (p, op, plan, err);                        \
+    }                                                                         \
+    static void                                                               \
+    s_run_##id (const kiln_kplan_t *plan, void *const *data)                  \
+    {                                                                         \
+        plan->run (plan, data);                                               \
+    }
+KILN_KINDEX_KERNELS (S_INDEX_KERNEL)
+#undef S_INDEX_KERNEL
+
 /* --- the table ------------------------------------------------------ */
 
 static const struct {

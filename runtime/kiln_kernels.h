@@ -31,6 +31,7 @@
 
 #include "common/kiln_program.h"
 #include "runtime/kiln_gemm.h"
+#include "runtime/kiln_kernels_index.h"
 #include "runtime/kiln_kernels_math.h"
 #include "runtime/kiln_kernels_rnn.h"
 #include "runtime/kiln_kernels_shape.h"
@@ -114,6 +115,7 @@ typedef struct kiln_kplan {
         kiln_kmath_plan_t math;     /* kiln_kernels_math.h */
         kiln_kshape_plan_t shape;   /* kiln_kernels_shape.h */
         kiln_krnn_plan_t rnn;       /* kiln_kernels_rnn.h */
+        kiln_kindex_plan_t index;   /* kiln_kernels_index.h */
     } u;
 } kiln_kplan_t;
 
