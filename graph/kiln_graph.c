@@ -15,6 +15,7 @@
 #include "graph/kiln_graph.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1489,37 +1490,51 @@ kiln_graph_save (const kiln_graph_t *g, const char *path, kiln_err_t *err)
                          (unsigned long long) KILN_MAX_MODEL_BYTES);
         goto err;
     }
-    /* `total` bounds the file from above, so one allocation suffices and
-     * the buffer never doubles a multi-gigabyte model. */
-    buf.max = buf.cap = (size_t) total;
-    buf.data = malloc (buf.cap);
-    if (!buf.data) {
-        rc = kiln_error (err, KILN_ENOMEM, "out of memory for %llu bytes saving '%s'",
-                         (unsigned long long) total, path);
-        goto err;
-    }
+    /* The header is built in memory; the blobs go from where they are
+     * (mapped files, for large models) to the file a chunk at a time, so
+     * saving never holds the model twice. */
+    buf.max = (size_t) slen + 256;
     msgpack_packer pk;
     msgpack_packer_init (&pk, &buf, s_buf_write);
     msgpack_pack_map (&pk, 3);
     kiln_mpk_pack_kv_str (&pk, "format", S_FORMAT);
     kiln_mpk_pack_kv_i64 (&pk, "version", KILN_GRAPH_FORMAT_VERSION);
     kiln_mpk_pack_kv_bin (&pk, "graph", structure, slen);
-    for (int w = 0; w < g->n_weights; w++) {
+    if (buf.failed) {
+        rc = kiln_error (err, -buf.failed, "out of memory saving '%s'", path);
+        goto err;
+    }
+    char tmp[PATH_MAX];
+    int fd = kiln_tmp_beside (path, tmp, sizeof tmp, 0644, err);
+    if (fd < 0) {
+        rc = fd;
+        goto err;
+    }
+    uint64_t at = buf.len;
+    bool ok = kiln_write_all (fd, buf.data, buf.len) == 0;
+    for (int w = 0; ok && w < g->n_weights; w++) {
         if (!emit[w])
             continue;
+        const kiln_weight_t *wt = &g->weights[w];
         uint8_t head[KILN_GRAPH_BLOB_HEAD_MAX];
-        size_t hlen = kiln_graph_blob_head (buf.len, g->weights[w].digest,
-                                            g->weights[w].size, head);
-        s_buf_write (&buf, (const char *) head, hlen);
-        msgpack_pack_bin_body (&pk, g->weights[w].data, (size_t) g->weights[w].size);
+        size_t hlen = kiln_graph_blob_head (at, wt->digest, wt->size, head);
+        ok = kiln_write_all (fd, head, hlen) == 0;
+        for (uint64_t done = 0; ok && done < wt->size; done += KILN_CHUNK_BYTES) {
+            size_t n = wt->size - done < KILN_CHUNK_BYTES ? (size_t) (wt->size - done)
+                                                          : KILN_CHUNK_BYTES;
+            ok = kiln_write_all (fd, wt->data + done, n) == 0;
+            if (wt->map.base)
+                kiln_map_drop (wt->data + done, n);
+        }
+        at += hlen + wt->size;
     }
-    uint8_t *file = NULL;
-    size_t flen = 0;
-    rc = s_buf_finish (&buf, "kgraph file", &file, &flen, err);
-    if (rc)
+    if (!ok) {
+        rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", tmp, strerror (errno));
+        close (fd);
+        unlink (tmp);
         goto err;
-    rc = kiln_write_file_atomic (path, file, flen, 0644, err);
-    free (file);
+    }
+    rc = kiln_tmp_commit (fd, tmp, path, err);
 err:
     free (buf.data);
     free (structure);
