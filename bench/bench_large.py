@@ -211,12 +211,16 @@ def main():
         print(f"model: {gib:.2f} GiB of float32 weights in {wbytes // (a.dim * a.dim * 4)} "
               f"external files, generated in {time.monotonic() - t0:.0f} s", flush=True)
         wfiles = sorted(os.path.join(mdir, f) for f in os.listdir(mdir) if f.endswith(".bin"))
+        # files written less than 2 s before they are hashed are not kept in
+        # the import cache (common/kiln_statcache.h): a user's model is older
+        time.sleep(2.1)
         # the page cache warm for everybody: read once
         subprocess.run(["cat"] + wfiles, stdout=subprocess.DEVNULL, check=True)
 
         farm = Farm(a.bin, os.path.join(work, "farm"))
         farm.start_worker()
-        env = dict(os.environ, KILN_CONFIG_DIR=os.path.join(work, "cfg"))
+        env = dict(os.environ, KILN_CONFIG_DIR=os.path.join(work, "cfg"),
+                   KILN_CACHE_DIR=os.path.join(work, "cache"))
         cold_s, client_kib, _ = timed([kiln, "compile", model, "-o",
                                        os.path.join(work, "a.kar"), "--broker",
                                        farm.endpoint, "--json"], env=env)
@@ -285,9 +289,12 @@ def main():
                          f"{rate:.0f} MiB/s = {rate / sha1['mib_per_s']:.2f} x SHA-256 on one "
                          f"core ({sha1['mib_per_s']:.0f} MiB/s), {rate / raw['mib_per_s']:.2f} x "
                          f"raw ZeroMQ ({raw['mib_per_s']:.0f} MiB/s)", ">= 0.9 x SHA-256"))
-            rows.append(("second upload of the same weights (import and hash, then FIND)",
+            rows.append(("second upload of the same weights (import, then FIND)",
                          f"{up['import_s'] + up['second_s']:.1f} s (import {up['import_s']:.1f} s"
-                         f", FIND {up['second_s']:.2f} s, {up['second_sent']} bytes sent)", ""))
+                         f" with {up['import_cache_hits']} of "
+                         f"{up['import_cache_hits'] + up['import_cache_misses']} weight files "
+                         f"known to the import cache, FIND {up['second_s']:.2f} s, "
+                         f"{up['second_sent']} bytes sent)", ""))
         print()
         print("| measurement | result | target |")
         print("|---|---|---|")
