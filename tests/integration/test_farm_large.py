@@ -150,6 +150,11 @@ def test_weights_larger_than_the_farms_memory_budget_compile_and_come_back_in_ch
                          capture_output=True, text=True, timeout=300)
     assert get.returncode == 0, get.stderr
     assert sha(tmp_path / "c.kar") == sha(out)
+    # `kiln verify` maps the weights too: it passes within the same budget
+    verify = subprocess.run(["prlimit", f"--data={BUDGET}", kiln_bin("kiln"), "verify",
+                             str(tmp_path / "c.kar"), "--keyring", farm.keyring],
+                            capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stderr
 
     # neither the broker nor the worker ever held the weights
     broker_peak = peak_rss(farm.broker.pid)
