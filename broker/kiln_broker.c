@@ -440,6 +440,7 @@ s_on_heartbeat (zloop_t *loop, int timer_id, void *arg)
         free (log);
     }
     zlistx_destroy (&gone);
+    broker_xcheck_sweep (self);
     s_finish_batch (self);
     return 0;
 }
@@ -588,7 +589,7 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
     self->loop = zloop_new ();
     if (!self->sched || !self->workers || !self->clients || !self->jobs || !self->jobs_by_id
         || !self->outbox || !self->pending || !self->fresh || !self->signing
-        || self->sign_efd < 0 || !self->loop) {
+        || self->sign_efd < 0 || !self->loop || broker_xcheck_init (self) != 0) {
         kiln_error (err, KILN_ENOMEM, "out of memory");
         goto fail;
     }
@@ -703,6 +704,7 @@ kiln_broker_destroy (kiln_broker_t **self_p)
         close (self->sign_efd);
     zhashx_destroy (&self->clients);
     zhashx_destroy (&self->workers);
+    broker_xcheck_release (self);
     kiln_sched_destroy (&self->sched);
     kiln_store_destroy (&self->store);
     kiln_key_destroy (&self->key);

@@ -80,7 +80,23 @@ typedef struct kiln_broker_config {
     const char *cert_path;       /* CurveZMQ: the broker's certificate (with _secret) */
     const char *trust_dir;       /* CurveZMQ: certificates of clients and workers allowed */
     const char *metrics_listen;  /* --metrics HOST:PORT: Prometheus /metrics; NULL = none */
+    int cross_check;             /* --cross-check: a kiln_xcheck_policy_t (0 = always) */
+    int cross_check_n;           /* its N for sample:N and new-workers:N */
 } kiln_broker_config_t;
+
+/* How often a build is cross-checked by a second, different worker
+ * (--cross-check; docs/security.md, "A hostile worker"). */
+typedef enum {
+    KILN_XCHECK_ALWAYS = 0,      /* every build, when another worker can check it */
+    KILN_XCHECK_NEW_WORKERS,     /* until its builder has N builds confirmed (default 20) */
+    KILN_XCHECK_SAMPLE,          /* one build in N, at random */
+    KILN_XCHECK_OFF,             /* never: a worker's word is taken */
+} kiln_xcheck_policy_t;
+
+/* Parse a --cross-check value ("always", "new-workers[:N]", "sample:N",
+ * "off") into cfg->cross_check and cfg->cross_check_n. */
+int kiln_broker_parse_cross_check (const char *text, kiln_broker_config_t *cfg,
+                                   kiln_err_t *err);
 
 /* Load the key, open the store, bind the socket.  Without cert_path and
  * trust_dir only a loopback endpoint is accepted.  Caller owns the

@@ -65,6 +65,8 @@ struct broker_collect {
     atomic_int werr;                 /* errno of a failed write, 0 = none */
     /* signing (the thread reads these, writes the results) */
     bool signing;                    /* handed to a thread: `signing` list owns it */
+    bool sign;                       /* sign it; false: check it and take its content
+                                        hash only (a build that is cross-checked) */
     bool orphan;                     /* its job let go: drop the result */
     broker_expect_t expect;
     char *provenance;                /* owned */
@@ -271,9 +273,10 @@ s_sign_main (void *arg)
     else if (!broker_expect_check (&c->expect, kiln_artifact_manifest (art), c->worker,
                                    c->message, sizeof c->message))
         c->rejected = true;
-    else if (kiln_artifact_sign (art, c->key, c->provenance, &err) != 0
-             || kiln_artifact_digest (art, c->digest, &err) != 0
-             || kiln_artifact_write_fd (art, c->out_fd, &c->signed_size, &err) != 0) {
+    else if (kiln_artifact_digest (art, c->digest, &err) != 0
+             || (c->sign
+                 && (kiln_artifact_sign (art, c->key, c->provenance, &err) != 0
+                     || kiln_artifact_write_fd (art, c->out_fd, &c->signed_size, &err) != 0))) {
         c->code = err.code ? err.code : KILN_EIO;
         broker_fmt (c->message, sizeof c->message, "could not sign the artifact: %s", err.msg);
     }
@@ -287,23 +290,25 @@ s_sign_main (void *arg)
     return NULL;
 }
 
-/* The last byte is in: hand the archive to a signing thread. */
+/* Hand the collected archive to a thread: to be checked and signed, or,
+ * for a build that is cross-checked, checked for its content hash only
+ * (s_signed then signs it in a second pass when the check agrees). */
 static void
-s_sign (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w)
+s_sign_start (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w)
 {
     broker_collect_t *c = job->collect;
     kiln_err_t err = { 0 };
     char message[KILN_ERR_MSG_MAX];
-    broker_expect_fill (job, &c->expect);
-    c->key = self->key;
+    atomic_store (&c->through, false);
+    free (c->provenance);
     c->provenance = broker_provenance (self, w, job);
     if (!c->provenance) {
         broker_job_fail (self, job, KILN_ENOMEM, "out of memory signing the artifact", NULL,
                          false);
         return;
     }
-    if ((c->out_fd = kiln_store_tmp_open (self->store, c->out_tmp, sizeof c->out_tmp,
-                                          &err)) < 0) {
+    if (c->sign && (c->out_fd = kiln_store_tmp_open (self->store, c->out_tmp,
+                                                     sizeof c->out_tmp, &err)) < 0) {
         c->out_tmp[0] = '\0';
         broker_fmt (message, sizeof message, "could not sign the artifact: %s", err.msg);
         broker_job_fail (self, job, KILN_EIO, message, NULL, false);
@@ -319,6 +324,17 @@ s_sign (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w)
         broker_job_fail (self, job, KILN_ESYS, "could not start a thread to sign the artifact",
                          NULL, false);
     }
+}
+
+/* The last byte is in: check (and sign) it on a thread. */
+static void
+s_sign (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w)
+{
+    broker_collect_t *c = job->collect;
+    broker_expect_fill (job, &c->expect);
+    c->key = self->key;
+    c->sign = !broker_xcheck_wanted (self, job, w);
+    s_sign_start (self, job, w);
 }
 
 /* SLICE: a chunk of the artifact a job's worker sends apart. */
@@ -397,6 +413,16 @@ s_signed (kiln_broker_t *self, broker_collect_t *c)
     }
     if (c->code) {
         broker_job_fail (self, job, c->code, c->message, NULL, false);
+        return;
+    }
+    if (!c->sign) {
+        /* Checked, not signed: its content hash goes to the cross-check,
+         * which requeues or fails the job (freeing c), or accepts it. */
+        if (broker_xcheck_result (self, job, w, c->digest, 0, NULL, NULL)
+            != BROKER_XCHECK_ACCEPT)
+            return;
+        c->sign = true;
+        s_sign_start (self, job, w);
         return;
     }
     /* The signed file goes to the store; the collection is done with. */

@@ -50,29 +50,26 @@ broker_job_state_name (broker_job_state_t state)
     return "?";
 }
 
-/* Append a line to a bounded, owned text (the job history). */
-static void s_append (char **text, size_t max, const char *fmt, ...)
-    __attribute__ ((format (printf, 3, 4)));
-
-static void
-s_append (char **text, size_t max, const char *fmt, ...)
+/* Add a line to the job's history (bounded). */
+void
+broker_job_note (broker_job_t *job, const char *fmt, ...)
 {
     char line[1024];
     va_list ap;
     va_start (ap, fmt);
     vsnprintf (line, sizeof line, fmt, ap);
     va_end (ap);
-    size_t have = *text ? strlen (*text) : 0;
+    size_t have = job->history ? strlen (job->history) : 0;
     size_t add = strlen (line);
-    if (have + add + 2 > max)
+    if (have + add + 2 > BROKER_MAX_HISTORY)
         return;
-    char *grown = realloc (*text, have + add + 2);
+    char *grown = realloc (job->history, have + add + 2);
     if (!grown)
         return;
     memcpy (grown + have, line, add);
     grown[have + add] = '\n';
     grown[have + add + 1] = '\0';
-    *text = grown;
+    job->history = grown;
 }
 /* --- lifetime ------------------------------------------------------------- */
 
@@ -190,8 +187,7 @@ void
 broker_job_requeue (kiln_broker_t *self, broker_job_t *job, const char *reason, bool death)
 {
     const char *worker = job->worker ? job->worker->name : "?";
-    s_append (&job->history, BROKER_MAX_HISTORY, "attempt %d on worker %s: %s", job->dispatches,
-              worker, reason);
+    broker_job_note (job, "attempt %d on worker %s: %s", job->dispatches, worker, reason);
     broker_collect_release (&job->collect);
     if (job->worker) {
         job->worker->busy--;
@@ -266,8 +262,8 @@ broker_job_drop_waiter (kiln_broker_t *self, broker_job_t *job, broker_client_t 
 
 /* --- scheduling ------------------------------------------------------------ */
 
-static bool
-s_worker_offers (const broker_worker_t *w, const kiln_toolchain_id_t *tc)
+bool
+broker_worker_offers (const broker_worker_t *w, const kiln_toolchain_id_t *tc)
 {
     for (uint32_t i = 0; i < w->n_toolchains; i++)
         if (strcmp (w->toolchains[i].id, tc->id) == 0
@@ -281,7 +277,7 @@ bool
 broker_worker_offers_any (kiln_broker_t *self, const kiln_toolchain_id_t *tc)
 {
     for (broker_worker_t *w = zhashx_first (self->workers); w; w = zhashx_next (self->workers))
-        if (s_worker_offers (w, tc))
+        if (broker_worker_offers (w, tc))
             return true;
     return false;
 }
@@ -290,6 +286,7 @@ typedef struct {
     broker_worker_t **idle;
     size_t n;
     uint64_t durable;                /* the store's durable ticket */
+    const kiln_broker_t *broker;
 } s_idle_t;
 
 static bool
@@ -301,7 +298,8 @@ s_can_run (void *job_, void *arg)
         return false;                /* its inline blobs are not on disk yet */
     for (size_t i = 0; i < idle->n; i++)
         if (idle->idle[i]->busy < idle->idle[i]->slots
-            && s_worker_offers (idle->idle[i], &job->toolchain))
+            && broker_worker_offers (idle->idle[i], &job->toolchain)
+            && broker_xcheck_may_run (idle->broker, job, idle->idle[i]))
             return true;
     return false;
 }
@@ -330,7 +328,8 @@ s_pick_worker (const s_idle_t *idle, const broker_job_t *job)
     uint64_t best_held = 0;
     for (size_t i = 0; i < idle->n; i++) {
         broker_worker_t *w = idle->idle[i];
-        if (w->busy >= w->slots || !s_worker_offers (w, &job->toolchain))
+        if (w->busy >= w->slots || !broker_worker_offers (w, &job->toolchain)
+            || !broker_xcheck_may_run (idle->broker, job, w))
             continue;
         uint64_t held = s_held_bytes (w, job);
         int free_ = w->slots - w->busy, best_free = best ? best->slots - best->busy : 0;
@@ -425,10 +424,11 @@ broker_dispatch (kiln_broker_t *self)
     if (kiln_sched_size (self->sched) == 0)
         return;
     broker_worker_t *list[BROKER_MAX_WORKERS];
-    s_idle_t idle = { list, 0, kiln_store_durable (self->store) };
+    s_idle_t idle = { list, 0, kiln_store_durable (self->store), self };
     int free_slots = 0;
     for (broker_worker_t *w = zhashx_first (self->workers); w; w = zhashx_next (self->workers))
-        if (w->busy < w->slots && idle.n < BROKER_MAX_WORKERS) {
+        if (w->busy < w->slots && idle.n < BROKER_MAX_WORKERS
+            && !broker_xcheck_quarantined (self, w->name)) {
             list[idle.n++] = w;
             free_slots += w->slots - w->busy;
         }
@@ -511,6 +511,8 @@ broker_provenance (kiln_broker_t *self, const broker_worker_t *w, const broker_j
     json_t *obj = json_pack ("{s:s, s:s, s:s, s:s, s:b}", "builder", w->name, "broker",
                              self->name, "built_at", stamp, "client", job->tenant,
                              "authenticated", self->curve);
+    if (obj)
+        broker_xcheck_provenance (self, job, w, obj);
     char *text = obj ? json_dumps (obj, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
     json_decref (obj);
     return text;
@@ -527,10 +529,15 @@ broker_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w,
     int rc = bytes && *bytes
              ? kiln_store_put_artifact (self->store, digest, *bytes, (size_t) len, &err)
              : kiln_store_put_artifact_file (self->store, digest, tmp, fd_p, len, &err);
-    if (rc != 0 || kiln_store_put_action (self->store, job->action_key, digest, &err) != 0)
+    /* A disputed build (its workers disagreed, a third decided) reaches
+     * its waiting clients, by content hash, but never the action cache:
+     * the next request builds it again. */
+    if (rc != 0 || (!job->disputed
+                    && kiln_store_put_action (self->store, job->action_key, digest, &err) != 0))
         kiln_log_err ("job %llu action %.*s: could not store the artifact: %s",
                       (unsigned long long) job->id, BROKER_KEY_SHORT, job->action_key, err.msg);
-    kiln_store_forget_failure (self->store, job->action_key);
+    if (!job->disputed)
+        kiln_store_forget_failure (self->store, job->action_key);
     kiln_log_notice ("job %llu action %.*s: built by %s in %lld ms, artifact %.*s "
                      "(%llu bytes), %zu client%s", (unsigned long long) job->id,
                      BROKER_KEY_SHORT, job->action_key, w->name,
@@ -541,7 +548,7 @@ broker_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w,
         broker_post_result (self, job->waiters[i].client->rid, job->waiters[i].req_id, digest,
                             job->action_key, job->graph_digest, false, w->name, data, len);
     /* Until the store has it on disk, the same action is served from here. */
-    broker_pending_t *pending = calloc (1, sizeof *pending);
+    broker_pending_t *pending = job->disputed ? NULL : calloc (1, sizeof *pending);
     if (pending) {
         memcpy (pending->action_key, job->action_key, KILN_HEX_LEN);
         memcpy (pending->artifact, digest, KILN_HEX_LEN);
@@ -594,6 +601,17 @@ s_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w, kiln_
         broker_job_requeue (self, job, message, false);
         goto done;
     }
+    /* The content hash does not depend on the signature: it is what two
+     * builds of the same action must agree on. */
+    if (kiln_artifact_digest (art, digest, &err) != 0) {
+        broker_fmt (message, sizeof message, "worker %s returned an artifact whose manifest "
+                    "cannot be written: %s", w->name, err.msg);
+        w->failed++;
+        broker_job_requeue (self, job, message, false);
+        goto done;
+    }
+    if (broker_xcheck_result (self, job, w, digest, 0, NULL, NULL) != BROKER_XCHECK_ACCEPT)
+        goto done;
     provenance = broker_provenance (self, w, job);
     if (!provenance || kiln_artifact_sign (art, self->key, provenance, &err) != 0
         || kiln_artifact_digest (art, digest, &err) != 0
@@ -653,10 +671,21 @@ broker_on_done (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
         broker_job_requeue (self, job, reason, false);
         return;
     }
-    char message[KILN_ERR_MSG_MAX];
-    broker_fmt (message, sizeof message, "compile %s on worker %s: %s",
-                code == KILN_ETIMEOUT ? "timed out" : "failed", w->name, text);
-    broker_job_fail (self, job, code, message, msg->log, code == KILN_ECOMPILE);
+    /* Only a compile error is a property of the job, and only one that
+     * another worker confirms (or nobody can) is cached: a timeout, a
+     * signal or a limit is the host's, never cached nor cross-checked. */
+    if (code == KILN_ECOMPILE
+        && broker_xcheck_result (self, job, w, NULL, code, text, msg->log)
+           != BROKER_XCHECK_ACCEPT)
+        return;
+    char message[KILN_ERR_MSG_MAX], also[KILN_PROTO_MAX_NAME + 32] = "";
+    const char *confirmer = code == KILN_ECOMPILE ? broker_xcheck_confirmer (job) : NULL;
+    if (confirmer)
+        broker_fmt (also, sizeof also, " (the same on worker %s)", confirmer);
+    broker_fmt (message, sizeof message, "compile %s on worker %s%s: %s",
+                code == KILN_ETIMEOUT ? "timed out" : "failed", w->name, also, text);
+    broker_job_fail (self, job, code, message, msg->log,
+                     code == KILN_ECOMPILE && !job->disputed);
 }
 
 void

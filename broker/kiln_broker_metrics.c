@@ -301,6 +301,17 @@ s_render (kiln_broker_t *self, FILE *out)
              "requests that joined a job already building the same action",
              (double) self->stats.joined);
 
+    s_value (out, "kiln_broker_cross_checks_total", "counter",
+             "builds checked by a second worker", (double) self->stats.checked);
+    s_value (out, "kiln_broker_cross_check_disagreements_total", "counter",
+             "cross-checks whose two builds differed", (double) self->stats.disagreed);
+    s_value (out, "kiln_broker_unchecked_builds_total", "counter",
+             "builds accepted without a cross-check (policy, or one worker)",
+             (double) self->stats.unchecked);
+    s_value (out, "kiln_broker_quarantined_workers", "gauge",
+             "workers given no more jobs: a third build disagreed with them",
+             (double) zhashx_size (self->quarantine));
+
     s_value (out, "kiln_broker_cache_lookups_total", "counter", "action cache lookups",
              (double) self->stats.lookups);
     s_value (out, "kiln_broker_cache_hits_total", "counter",

@@ -91,6 +91,17 @@ typedef struct {
 
 typedef struct broker_collect broker_collect_t;
 
+/* One build of a job that is cross-checked: who built it and what came
+ * out (kiln_broker_xcheck.c). */
+#define BROKER_MAX_BUILDS 3                  /* the build, its check, a third to decide */
+typedef struct {
+    char worker[KILN_PROTO_MAX_NAME + 1];
+    char digest[KILN_HEX_LEN];               /* the artifact's content hash, or for a
+                                                failure the SHA-256 of its code, message
+                                                and log */
+    int code;                                /* 0: an artifact; else the failure's code */
+} broker_build_t;
+
 typedef struct {
     uint64_t id;                         /* unique in this broker's life */
     char id_key[24];                     /* id in decimal, key in jobs_by_id */
@@ -121,6 +132,13 @@ typedef struct {
     broker_collect_t *collect;           /* RUNNING, its DONE came with the artifact
                                             apart: being collected and signed, owned
                                             (kiln_broker_collect.c) */
+    /* the cross-check (kiln_broker_xcheck.c) */
+    int check;                           /* 0 undecided, 1 its first build is checked,
+                                            -1 it is not (`unchecked` says why) */
+    const char *unchecked;               /* static text: why it is not checked */
+    broker_build_t builds[BROKER_MAX_BUILDS];   /* results so far, in order */
+    int n_builds;
+    bool disputed;                       /* the builds disagreed: never cached */
 } broker_job_t;
 
 /* What a job's artifact must say of itself: a copy, so that a thread can
@@ -221,10 +239,14 @@ struct kiln_broker {
     uint64_t uploads;                    /* uploads in progress */
     struct broker_metrics *metrics;      /* --metrics: /metrics server, or NULL */
     struct broker_history *history;      /* build times, for estimates (progress) */
+    zhashx_t *quarantine;                /* worker name -> why (owned text): no more jobs */
+    zhashx_t *confirmed;                 /* worker name -> builds another worker confirmed
+                                            (uintptr_t), for --cross-check new-workers */
     int64_t started;                     /* zclock_mono at start */
     struct {
         uint64_t lookups, hits, failure_hits, submitted, done, failed, canceled,
             requeued, joined, uploaded_bytes, uploaded_blobs, fetched_bytes;
+        uint64_t checked, agreed, disagreed, unchecked;   /* cross-checks */
     } stats;
 };
 
@@ -290,8 +312,12 @@ void broker_job_requeue (kiln_broker_t *self, broker_job_t *job, const char *rea
  * was the last.  True when the waiter was there. */
 bool broker_job_drop_waiter (kiln_broker_t *self, broker_job_t *job, broker_client_t *c,
                              uint64_t req_id, bool any_req, const char *why);
-/* True when some registered worker offers toolchain `tc`. */
+/* True when some registered worker offers toolchain `tc`; when `w` does. */
 bool broker_worker_offers_any (kiln_broker_t *self, const kiln_toolchain_id_t *tc);
+bool broker_worker_offers (const broker_worker_t *w, const kiln_toolchain_id_t *tc);
+/* Add a line to the job's history (bounded). */
+void broker_job_note (broker_job_t *job, const char *fmt, ...)
+    __attribute__ ((format (printf, 2, 3)));
 /* Hand queued jobs to idle workers, as the scheduler orders them. */
 void broker_dispatch (kiln_broker_t *self);
 broker_handler_fn broker_on_done, broker_on_log, broker_on_fetch;
@@ -314,6 +340,40 @@ char *broker_provenance (kiln_broker_t *self, const broker_worker_t *w,
 void broker_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w,
                          const char *digest, uint8_t **bytes, uint64_t len, int *fd_p,
                          const char *tmp);
+
+/* --- the cross-check (kiln_broker_xcheck.c) ----------------------------------- */
+
+/* What to do with a build the worker returned and the broker checked. */
+typedef enum {
+    BROKER_XCHECK_ACCEPT,        /* sign it (an artifact) or report it (a failure) now */
+    BROKER_XCHECK_HANDLED,       /* the job was requeued for another build, or failed */
+} broker_xcheck_t;
+
+/* Set up and free the broker's cross-check state. */
+int broker_xcheck_init (kiln_broker_t *self);
+void broker_xcheck_release (kiln_broker_t *self);
+/* Decide (once per job) whether the build `w` is running is to be checked
+ * by another worker.  True: it is, or it is itself a check. */
+bool broker_xcheck_wanted (kiln_broker_t *self, broker_job_t *job, const broker_worker_t *w);
+/* `w` built `job`: an artifact with content hash `digest` (code 0), or a
+ * failure with `code`, `message` and `log`.  Records it and decides. */
+broker_xcheck_t broker_xcheck_result (kiln_broker_t *self, broker_job_t *job,
+                                      broker_worker_t *w, const char *digest, int code,
+                                      const char *message, const char *log);
+/* The worker of an earlier build that agrees with the job's last, or NULL. */
+const char *broker_xcheck_confirmer (const broker_job_t *job);
+/* Whether `w` may run `job`: not quarantined, and not one of its builders. */
+bool broker_xcheck_may_run (const kiln_broker_t *self, const broker_job_t *job,
+                            const broker_worker_t *w);
+bool broker_xcheck_quarantined (const kiln_broker_t *self, const char *name);
+/* Queued jobs waiting for a check no connected worker can give: build
+ * again from the start, or fail a disagreement nobody can decide. */
+void broker_xcheck_sweep (kiln_broker_t *self);
+/* The cross-check's part of a job's provenance (adds to `obj`). */
+void broker_xcheck_provenance (kiln_broker_t *self, const broker_job_t *job,
+                               const broker_worker_t *w, void *obj);
+/* The policy as text ("always", "sample:10", ...), for status and logs. */
+const char *broker_xcheck_policy (const kiln_broker_t *self, char *buf, size_t size);
 
 /* --- large artifacts collected from workers (kiln_broker_collect.c) ----------- */
 

@@ -70,6 +70,9 @@ s_status_json (kiln_broker_t *self)
                                 "dispatched", (json_int_t) w->dispatched,
                                 "done", (json_int_t) w->done, "failed", (json_int_t) w->failed,
                                 "blobs_held", (json_int_t) zhashx_size (w->blobs)));
+        const char *why = zhashx_lookup (self->quarantine, w->name);
+        json_object_set_new (json_array_get (workers, json_array_size (workers) - 1),
+                             "quarantined", why ? json_string (why) : json_null ());
     }
     json_t *clients = json_array ();
     if (clients)
@@ -122,6 +125,24 @@ s_status_json (kiln_broker_t *self)
         (json_int_t) self->uploads, "fetched_bytes", (json_int_t) self->stats.fetched_bytes,
         "downloads_in_progress", (json_int_t) dl.in_progress, "downloaded_artifacts",
         (json_int_t) dl.served, "downloaded_bytes", (json_int_t) dl.bytes);
+    if (doc) {
+        /* The cross-check (docs/operations.md): its policy, its counts, and
+         * every worker quarantined in this broker's life, connected or not. */
+        char policy[32];
+        json_t *quarantined = json_object ();
+        for (const char *why = zhashx_first (self->quarantine); quarantined && why;
+             why = zhashx_next (self->quarantine))
+            json_object_set_new (quarantined, zhashx_cursor (self->quarantine),
+                                 json_string (why));
+        json_object_set_new (doc, "cross_check",
+                             json_pack ("{s:s, s:I, s:I, s:I, s:I, s:o}", "policy",
+                                        broker_xcheck_policy (self, policy, sizeof policy),
+                                        "checked", (json_int_t) self->stats.checked, "agreed",
+                                        (json_int_t) self->stats.agreed, "disagreed",
+                                        (json_int_t) self->stats.disagreed, "unchecked",
+                                        (json_int_t) self->stats.unchecked, "quarantined",
+                                        quarantined ? quarantined : json_object ()));
+    }
     char *text = doc ? json_dumps (doc, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
     json_decref (doc);
     return text;

@@ -41,6 +41,16 @@ static const char *s_usage =
     "  --credit-window N        upload chunks (1 MiB) in flight per client (default 32)\n"
     "  --metrics HOST:PORT      serve Prometheus metrics at http://HOST:PORT/metrics\n"
     "                           (docs/operations.md, \"Metrics\"; port 0 picks one)\n"
+    "  --cross-check POLICY     how often a second, different worker builds the same\n"
+    "                           action; only byte-identical results are signed and cached\n"
+    "                           (docs/security.md, \"A hostile worker\"):\n"
+    "                             always          every build (the default)\n"
+    "                             new-workers[:N] until its builder has N builds confirmed\n"
+    "                                             (default 20)\n"
+    "                             sample:N        one build in N, at random\n"
+    "                             off             never: each worker is taken at its word\n"
+    "                           with one worker for a toolchain, builds are not checked\n"
+    "                           (provenance says so) and are cached\n"
     "  --check-store            check every entry of the store at --state and exit:\n"
     "                           0 when nothing is damaged (run it with the broker stopped:\n"
     "                           it warns when one runs, and --repair refuses)\n"
@@ -96,7 +106,7 @@ main (int argc, char **argv)
     int verbose = 0, check = 0, repair = 0;
     enum { OPT_LISTEN = 256, OPT_STATE, OPT_KEY, OPT_NAME, OPT_DOC, OPT_CERT, OPT_TRUST,
            OPT_STORE_MAX, OPT_TIMEOUT, OPT_HEARTBEAT, OPT_LIVENESS, OPT_DEATHS, OPT_WINDOW,
-           OPT_CHECK, OPT_REPAIR, OPT_METRICS };
+           OPT_CHECK, OPT_REPAIR, OPT_METRICS, OPT_XCHECK };
     static const struct option opts[] = {
         { "listen", required_argument, NULL, OPT_LISTEN },
         { "state", required_argument, NULL, OPT_STATE },
@@ -112,6 +122,7 @@ main (int argc, char **argv)
         { "credit-window", required_argument, NULL, OPT_WINDOW },
         { "check-store", no_argument, NULL, OPT_CHECK },
         { "metrics", required_argument, NULL, OPT_METRICS },
+        { "cross-check", required_argument, NULL, OPT_XCHECK },
         { "repair", no_argument, NULL, OPT_REPAIR },
         { "verbose", no_argument, NULL, 'v' },
         { "protocol-doc", no_argument, NULL, OPT_DOC },
@@ -130,6 +141,14 @@ main (int argc, char **argv)
         case OPT_TRUST: cfg.trust_dir = optarg; break;
         case OPT_METRICS: cfg.metrics_listen = optarg; break;
         case OPT_CHECK: check = 1; break;
+        case OPT_XCHECK: {
+            kiln_err_t xerr = { 0 };
+            if (kiln_broker_parse_cross_check (optarg, &cfg, &xerr) != 0) {
+                fprintf (stderr, "kiln-broker: %s\n%s", xerr.msg, s_usage);
+                return 2;
+            }
+            break;
+        }
         case OPT_REPAIR: repair = 1; break;
         case OPT_STORE_MAX:
             if ((v = kiln_parse_number (optarg, 1 << 20, 1LL << 50)) < 0)

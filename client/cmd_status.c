@@ -5,6 +5,8 @@
 
 #include <jansson.h>
 
+#include "common/kiln_log.h"
+
 #include "client/kiln_client.h"
 #include "client/kiln_cmds.h"
 
@@ -50,7 +52,22 @@ s_print (json_t *doc)
         json_t *tc;
         json_array_foreach (json_object_get (w, "toolchains"), k, tc)
             printf ("      toolchain %s\n", json_string_value (tc));
+        const char *why = json_string_value (json_object_get (w, "quarantined"));
+        if (why) {
+            fputs ("      QUARANTINED (no more jobs): ", stdout);
+            kiln_fputs_escaped (why, stdout);
+            fputc ('\n', stdout);
+        }
     }
+    json_t *xc = json_object_get (doc, "cross_check");
+    if (xc)
+        printf ("cross-check: policy %s, %lld checked, %lld agreed, %lld disagreed, %lld builds "
+                "not checked, %zu workers quarantined\n",
+                json_string_value (json_object_get (xc, "policy")),
+                (long long) s_int (xc, "checked", NULL), (long long) s_int (xc, "agreed", NULL),
+                (long long) s_int (xc, "disagreed", NULL),
+                (long long) s_int (xc, "unchecked", NULL),
+                json_object_size (json_object_get (xc, "quarantined")));
     json_t *queue = json_object_get (doc, "queue");
     printf ("queue: %lld queued, %lld running\n", (long long) s_int (queue, "queued", NULL),
             (long long) s_int (queue, "running", NULL));
