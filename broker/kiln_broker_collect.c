@@ -19,6 +19,11 @@
  * costs the broker a few MiB of memory and never blocks its loop for
  * longer than handing over a frame.
  *
+ * A build that is cross-checked (kiln_broker_xcheck.c) is first only
+ * checked and hashed on its thread; when the cross-check accepts it, a
+ * second pass on a thread signs it, so that nothing is signed before two
+ * workers agree.
+ *
  * The job stays RUNNING on its worker until then: a worker lost meanwhile
  * requeues it as usual, and a thread that finishes for a job that is gone
  * (requeued, canceled, failed) has its files removed and its result

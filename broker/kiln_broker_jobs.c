@@ -8,10 +8,16 @@
  *   -        COMPILE admitted, its blobs stored        QUEUED   broker_on_compile (admit.c)
  *   QUEUED   an idle worker offers its toolchain       RUNNING  broker_dispatch: JOB sent
  *   RUNNING  DONE ok, the artifact checks out          gone     s_job_succeed: RESULT to all
+ *            (and the cross-check accepts it)
+ *   RUNNING  DONE ok or ECOMPILE, another build is      QUEUED   broker_xcheck_result: for a
+ *            wanted to check (or decide) it                     worker that did not build it
+ *   RUNNING  DONE ok or ECOMPILE, the builds disagree   gone     ERROR EVERIFY naming them
+ *            and no other worker can decide                     (kiln_broker_xcheck.c)
  *   RUNNING  DONE ok, the artifact does not check out  QUEUED   broker_job_requeue
  *   RUNNING  DONE failed with ECANCELED, ESYS, EIO,    QUEUED   broker_job_requeue
  *            ENOTFOUND, EVERIFY (it could not run it)
- *   RUNNING  DONE failed otherwise                     gone     broker_job_fail (ECOMPILE cached)
+ *   RUNNING  DONE failed otherwise                     gone     broker_job_fail (ECOMPILE cached
+ *                                                               when confirmed or unchecked)
  *   RUNNING  its worker lost (a death), READY again,   QUEUED   broker_job_requeue
  *            DISCONNECT
  *   RUNNING  timeout + liveness + grace passed         gone     CANCEL, ETIMEOUT (kiln_broker.c)
@@ -538,22 +544,26 @@ broker_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w,
                       (unsigned long long) job->id, BROKER_KEY_SHORT, job->action_key, err.msg);
     if (!job->disputed)
         kiln_store_forget_failure (self->store, job->action_key);
-    kiln_log_notice ("job %llu action %.*s: built by %s in %lld ms, artifact %.*s "
+    const char *builder = broker_xcheck_confirmer (job);    /* as the provenance says */
+    kiln_log_notice ("job %llu action %.*s: built by %s%s%s in %lld ms, artifact %.*s "
                      "(%llu bytes), %zu client%s", (unsigned long long) job->id,
-                     BROKER_KEY_SHORT, job->action_key, w->name,
+                     BROKER_KEY_SHORT, job->action_key, builder ? builder : w->name,
+                     builder ? ", checked by " : "", builder ? w->name : "",
                      (long long) (zclock_mono () - job->started), BROKER_KEY_SHORT, digest,
                      (unsigned long long) len, job->n_waiters, job->n_waiters == 1 ? "" : "s");
     const uint8_t *data = bytes ? *bytes : NULL;
+    if (!builder)
+        builder = w->name;
     for (size_t i = 0; i < job->n_waiters; i++)
         broker_post_result (self, job->waiters[i].client->rid, job->waiters[i].req_id, digest,
-                            job->action_key, job->graph_digest, false, w->name, data, len);
+                            job->action_key, job->graph_digest, false, builder, data, len);
     /* Until the store has it on disk, the same action is served from here. */
     broker_pending_t *pending = job->disputed ? NULL : calloc (1, sizeof *pending);
     if (pending) {
         memcpy (pending->action_key, job->action_key, KILN_HEX_LEN);
         memcpy (pending->artifact, digest, KILN_HEX_LEN);
         memcpy (pending->graph_digest, job->graph_digest, KILN_HEX_LEN);
-        snprintf (pending->worker, sizeof pending->worker, "%s", w->name);
+        snprintf (pending->worker, sizeof pending->worker, "%s", builder);
         pending->bytes = bytes ? *bytes : NULL;
         pending->len = len;
         pending->ticket = BROKER_THIS_BATCH;

@@ -108,6 +108,10 @@ def test_two_workers_build_once_then_serve_from_the_action_cache(farm, tmp_path)
         provenance = json.load(tf.extractfile("provenance.json"))
     assert provenance["builder"] == first["worker"]
     assert provenance["broker"] and provenance["built_at"]
+    # The other worker built it too, and agreed (the cross-check).
+    assert provenance["checked_by"] == [{"worker-1": "worker-2", "worker-2": "worker-1"}
+                                        [first["worker"]]]
+    assert provenance["cross_check"]["checked"] is True
 
     second = compile_json(farm, kgraph, tmp_path / "b.kar")
     assert second["cached"] is True
