@@ -9,7 +9,8 @@ registered beside honest kiln-workers on loopback.
   hostile worker is quarantined;
 - its forged compile failure is neither cached nor served;
 - two honest workers that fail alike have the failure cached;
-- a compile killed by SIGKILL is not cached as a failure.
+- a compile killed by SIGKILL is not cached as a failure;
+- `--cross-check off` and `new-workers:1` repeat the builds they say.
 
 Every process is stopped by the Farm's stop(); every wait is bounded.
 """
@@ -188,3 +189,30 @@ def test_a_compile_killed_by_sigkill_is_not_cached_as_a_failure(tmp_path):
             assert "cached failure" not in proc.stderr
         assert farm.log().count("sent to worker w1") == 2
         assert farm.status()["cache"]["failures"] == 0
+
+
+@pytest.mark.parametrize("policy", ["off", "new-workers:1"])
+def test_the_cross_check_policy_decides_which_builds_a_second_worker_repeats(tmp_path, policy):
+    models = [tiny_model(tmp_path / f"p{i}.onnx", 110 + i) for i in range(2)]
+    with running_farm(tmp_path / "farm", broker_args=["--cross-check", policy]) as farm:
+        farm.start_worker("w1")
+        farm.start_worker("w2")
+        farm.wait_for_workers(2)
+        checked = []
+        for i, model in enumerate(models):
+            proc = farm.compile(model, tmp_path / f"p{i}.kar")
+            assert proc.returncode == 0, proc.stderr
+            prov = provenance(tmp_path / f"p{i}.kar")
+            assert prov["cross_check"]["policy"] == policy
+            checked.append(prov["cross_check"]["checked"])
+        compiles = sum(farm.log(w).count("compiling with") for w in ("w1", "w2"))
+        if policy == "off":
+            # Never checked: each model built once, and provenance says why.
+            assert checked == [False, False] and compiles == 2
+            assert "--cross-check off" in prov["cross_check"]["result"]
+        else:
+            # The first build confirms both workers; after that they are
+            # taken at their word.
+            assert checked == [True, False] and compiles == 3
+            assert "new-workers" in prov["cross_check"]["result"]
+        assert farm.status()["cross_check"]["policy"] == policy
