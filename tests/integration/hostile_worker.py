@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import os
+import select
 import struct
 import sys
 import tarfile
@@ -81,10 +82,12 @@ def main():
         if now - beat > 0.3:
             d.send({"v": 2, "cmd": "HEARTBEAT", "frames": 0, "name": args.name})
             beat = now
-        try:
-            header, _ = d.recv(timeout=0.3)
-        except TimeoutError:
+        # Wait for the start of a message, then read all of it: a timeout
+        # in the middle of a message would lose its first frames.
+        readable, _, _ = select.select([d.sock], [], [], 0.3)
+        if not readable:
             continue
+        header, _ = d.recv(timeout=30)
         if header.get("cmd") != "JOB":
             continue
         job, action = header["job_id"], header["action_key"]
