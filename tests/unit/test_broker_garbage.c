@@ -20,6 +20,7 @@
 #include <msgpack.h>
 
 #include "artifact/kiln_artifact.h"
+#include "broker/kiln_broker.h"
 #include "common/kiln_fs.h"
 #include "common/kiln_mpk.h"
 #include "common/kiln_proto.h"
@@ -518,6 +519,35 @@ START_TEST (test_broker_refuses_to_listen_beyond_loopback)
 }
 END_TEST
 
+START_TEST (test_broker_parses_its_cross_check_policies_and_refuses_others)
+{
+    static const struct { const char *text; int policy, n; } good[] = {
+        { "always", KILN_XCHECK_ALWAYS, 0 },         { "off", KILN_XCHECK_OFF, 0 },
+        { "new-workers", KILN_XCHECK_NEW_WORKERS, 20 },
+        { "new-workers:3", KILN_XCHECK_NEW_WORKERS, 3 },
+        { "sample:10", KILN_XCHECK_SAMPLE, 10 },     { "sample:1", KILN_XCHECK_SAMPLE, 1 },
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        kiln_broker_config_t cfg = { 0 };
+        kiln_err_t err = { 0 };
+        ck_assert_msg (kiln_broker_parse_cross_check (good[i].text, &cfg, &err) == 0, "%s: %s",
+                       good[i].text, err.msg);
+        ck_assert_int_eq (cfg.cross_check, good[i].policy);
+        ck_assert_int_eq (cfg.cross_check_n, good[i].n);
+    }
+    static const char *const bad[] = { "", "sometimes", "sample", "sample:0", "sample:-1",
+                                       "sample:10x", "new-workers:", "new-workers:0",
+                                       "sample:99999999999", "ALWAYS" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kiln_broker_config_t cfg = { 0 };
+        kiln_err_t err = { 0 };
+        ck_assert_msg (kiln_broker_parse_cross_check (bad[i], &cfg, &err) != 0, "'%s' accepted",
+                       bad[i]);
+        ck_assert_msg (strstr (err.msg, "--cross-check") != NULL, "%s", err.msg);
+    }
+}
+END_TEST
+
 int
 main (void)
 {
@@ -535,6 +565,7 @@ main (void)
     tcase_add_test (tc, test_broker_drops_a_peer_past_the_transport_limit_and_keeps_serving);
     tcase_add_test (tc, test_broker_recomputes_digests_instead_of_trusting_the_client);
     tcase_add_test (tc, test_broker_refuses_to_listen_beyond_loopback);
+    tcase_add_test (tc, test_broker_parses_its_cross_check_policies_and_refuses_others);
     suite_add_tcase (s, tc);
     return testlib_run (s);
 }
