@@ -10,7 +10,8 @@ registered beside honest kiln-workers on loopback.
 - its forged compile failure is neither cached nor served;
 - two honest workers that fail alike have the failure cached;
 - a compile killed by SIGKILL is not cached as a failure;
-- `--cross-check off` and `new-workers:1` repeat the builds they say.
+- `--cross-check off` and `new-workers:1` repeat the builds they say;
+- a build whose only checker leaves is built again and accepted unchecked.
 
 Every process is stopped by the Farm's stop(); every wait is bounded.
 """
@@ -19,14 +20,14 @@ import hashlib
 import io
 import json
 import os
-import shutil
+import subprocess
 import sys
 import tarfile
 
 import pytest
 
 from conftest import kiln_bin, run
-from farm_helpers import running_farm, tiny_model
+from farm_helpers import running_farm, sleepy, tiny_model
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
@@ -216,3 +217,26 @@ def test_the_cross_check_policy_decides_which_builds_a_second_worker_repeats(tmp
             assert checked == [True, False] and compiles == 3
             assert "new-workers" in prov["cross_check"]["result"]
         assert farm.status()["cross_check"]["policy"] == policy
+
+
+def test_a_build_whose_checker_leaves_is_built_again_and_accepted_unchecked(tmp_path):
+    # w1 has more free slots, so it builds first; the check goes to w2,
+    # whose toolchain (same name and version) takes a minute, and w2 dies.
+    model = tiny_model(tmp_path / "s.onnx", 120)
+    with running_farm(tmp_path / "farm") as farm:
+        farm.start_worker("w1", "--slots", "2", "--toolchain", sleepy(0.1))
+        farm.start_worker("w2", "--slots", "1", "--toolchain", sleepy(60))
+        farm.wait_for_workers(2)
+        client = farm.spawn(farm.compile_argv(model, tmp_path / "s.kar", "--toolchain",
+                                              "sleepy@1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        farm.wait_for_log("another worker checks it")
+        farm.wait_for_log("sent to worker w2")
+        farm.kill_worker("w2")
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 0, f"{err}\n{farm.logs()}"
+        assert json.loads(out)["worker"] == "w1"
+        prov = provenance(tmp_path / "s.kar")
+        assert prov["cross_check"]["checked"] is False
+        assert "no other connected worker" in prov["cross_check"]["result"]
+        farm.wait_for_log("no worker left to check the build of w1")
