@@ -213,6 +213,19 @@ static void
 s_handle (kiln_broker_t *self, zframe_t *rid, const char *key, const kiln_peer_t *peer,
           kiln_msg_t *msg)
 {
+    if (self->curve && (broker_trust_revoked (self, peer)
+                        || (!zhashx_lookup (self->workers, key)
+                            && !zhashx_lookup (self->clients, key)
+                            && !broker_trust_admit (self, peer)))) {
+        /* Cut off (kiln_broker_trust.c): its connection stays open, but
+         * nothing it sends is taken any more. */
+        char why[256];
+        broker_trust_why (peer, why, sizeof why);
+        kiln_log_info ("peer %s: %s %s refused: %s", key, peer->name, kiln_cmd_name (msg->cmd),
+                       why);
+        broker_post_error (self, rid, msg->req_id, msg->job_id, KILN_EVERIFY, why, NULL);
+        return;
+    }
     broker_worker_t *w = zhashx_lookup (self->workers, key);
     if (w)
         w->last_seen = zclock_mono ();
@@ -419,6 +432,7 @@ s_on_heartbeat (zloop_t *loop, int timer_id, void *arg)
         zlistx_purge (gone);
     }
     kiln_downloads_expire (self->downloads, now);
+    broker_trust_check (self);
     for (broker_job_t *job = zhashx_first (self->jobs); job; job = zhashx_next (self->jobs))
         if (job->state == BROKER_JOB_RUNNING
             && now - job->started
@@ -486,6 +500,10 @@ s_setup_curve (kiln_broker_t *self, const kiln_broker_config_t *cfg, kiln_err_t 
     }
     zstr_sendx (self->auth, "CURVE", cfg->trust_dir, NULL);
     zsock_wait (self->auth);
+    if (broker_trust_start (self, cfg->trust_dir, err) != 0) {
+        zcert_destroy (&cert);
+        return -err->code;
+    }
     /* The certificate names the broker (as it names workers and clients),
      * unless --name says otherwise. */
     const char *cert_name = zcert_meta (cert, "name");
@@ -550,6 +568,10 @@ kiln_broker_new (const kiln_broker_config_t *cfg, kiln_err_t *err)
         self->cfg.credit_window = 32;
     if (self->cfg.credit_window > KILN_PROTO_MAX_CREDIT)
         self->cfg.credit_window = KILN_PROTO_MAX_CREDIT;
+    if (self->cfg.max_uploads <= 0)
+        self->cfg.max_uploads = 16;
+    if (self->cfg.max_uploads > KILN_BROKER_MAX_UPLOADS)
+        self->cfg.max_uploads = KILN_BROKER_MAX_UPLOADS;
     if (cfg->name)
         snprintf (self->name, sizeof self->name, "%s", cfg->name);
     else if (gethostname (self->name, sizeof self->name - 1) != 0)
@@ -685,6 +707,7 @@ kiln_broker_destroy (kiln_broker_t **self_p)
     /* after the socket: it waits for ZeroMQ to let go of its chunks */
     kiln_downloads_destroy (&self->downloads);
     zactor_destroy (&self->auth);
+    broker_trust_stop (self);
     zlistx_destroy (&self->outbox);
     zlistx_destroy (&self->fresh);
     zhashx_destroy (&self->pending);

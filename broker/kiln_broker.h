@@ -64,6 +64,8 @@
 
 typedef struct kiln_broker kiln_broker_t;
 
+#define KILN_BROKER_MAX_UPLOADS 1024     /* --max-uploads at most (two threads each) */
+
 typedef struct kiln_broker_config {
     const char *endpoint;        /* --listen */
     const char *state_dir;       /* --state: store, action and failure cache */
@@ -77,6 +79,7 @@ typedef struct kiln_broker_config {
     uint64_t store_max_bytes;    /* store size cap; 0 = KILN_STORE_DEFAULT_MAX_BYTES */
     uint64_t default_timeout_ms; /* compile timeout when a request names none; 0 = 600 s */
     int credit_window;           /* upload chunks in flight per client; 0 = 32 */
+    int max_uploads;             /* blob uploads in progress, all clients; 0 = 16 */
     const char *cert_path;       /* CurveZMQ: the broker's certificate (with _secret) */
     const char *trust_dir;       /* CurveZMQ: certificates of clients and workers allowed */
     const char *metrics_listen;  /* --metrics HOST:PORT: Prometheus /metrics; NULL = none */

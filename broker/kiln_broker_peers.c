@@ -5,7 +5,9 @@
  * departure, which releases its requests and uploads.
  *
  * Invariants: one record per routing id; a worker's name is registered at
- * most once (a second READY under a new connection drops the first); a
+ * most once (a READY under a new connection with a registered name is
+ * refused, EBUSY, while the first's connection is open, and replaces it
+ * once that is closed); a
  * dropped worker's jobs go back to the queue, a dropped client's requests
  * are released (broker_job_drop_waiter) before its record goes.
  */
@@ -42,6 +44,7 @@ broker_client_destroy (broker_client_t **self_p)
     free ((*self_p)->key);
     zframe_destroy (&(*self_p)->rid);
     zhashx_destroy (&(*self_p)->uploads);
+    zhashx_destroy (&(*self_p)->refused);
     free (*self_p);
     *self_p = NULL;
 }
@@ -84,6 +87,27 @@ broker_worker_holds (broker_worker_t *w, const uint8_t digest[KILN_DIGEST_LEN])
     zhashx_update (w->blobs, hex, w);
 }
 
+/* The registered worker named `name`, or NULL. */
+static broker_worker_t *
+s_worker_named (kiln_broker_t *self, const char *name)
+{
+    for (broker_worker_t *w = zhashx_first (self->workers); w; w = zhashx_next (self->workers))
+        if (strcmp (w->name, name) == 0)
+            return w;
+    return NULL;
+}
+
+/* True when `w`'s connection is closed: ZeroMQ has dropped its routing id
+ * (the router is ROUTER_MANDATORY), which it does as soon as the peer's
+ * socket closes, well before the worker's liveness runs out.  The probe
+ * is a HEARTBEAT, which a live worker takes as any other. */
+static bool
+s_worker_gone (kiln_broker_t *self, broker_worker_t *w)
+{
+    kiln_msg_t *hb = kiln_msg_new (KILN_CMD_HEARTBEAT);
+    return hb && broker_send_now (self, w->rid, &hb, w->name) == -KILN_ENOTFOUND;
+}
+
 void
 broker_on_ready (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
 {
@@ -120,14 +144,30 @@ broker_on_ready (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg
         zhashx_purge (w->blobs);
     }
     else {
-        /* The same worker under a new connection: the old one is dead (a
-         * worker process killed and started again). */
-        for (broker_worker_t *old = zhashx_first (self->workers); old;
-             old = zhashx_next (self->workers))
-            if (strcmp (old->name, name) == 0) {
-                broker_worker_drop (self, old, "it registered again from a new connection", true);
-                break;
-            }
+        broker_worker_t *old = s_worker_named (self, name);
+        if (old && !s_worker_gone (self, old)) {
+            /* Two live workers under one name would take each other's
+             * place at every heartbeat, and their jobs would fail as
+             * deaths: the first keeps it, the second is told why and
+             * tries again later (kiln_worker.c), which is also how a
+             * restarted worker gets back in once the broker has found
+             * its predecessor silent. */
+            broker_fmt (text, sizeof text, "worker name '%s' is taken by a live worker "
+                        "(registered %lld s ago, heard from %lld ms ago): give each worker "
+                        "its own --name (or certificate); this one is refused until that "
+                        "worker leaves", name,
+                        (long long) ((zclock_mono () - old->since) / 1000),
+                        (long long) (zclock_mono () - old->last_seen));
+            kiln_log_warn ("peer %s: READY refused: %s", key, text);
+            broker_post_error (self, rid, 0, 0, KILN_EBUSY, text, NULL);
+            free (tcs);
+            return;
+        }
+        /* The same worker under a new connection, the old one closed (a
+         * worker process killed and started again, or reconnecting). */
+        if (old)
+            broker_worker_drop (self, old, "its connection closed and it registered again "
+                                "from a new one", true);
         if (zhashx_size (self->workers) >= BROKER_MAX_WORKERS) {
             kiln_log_warn ("worker %s refused: %d workers already registered", name,
                            BROKER_MAX_WORKERS);
@@ -148,6 +188,7 @@ broker_on_ready (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg
     }
     snprintf (w->name, sizeof w->name, "%s", name);
     w->authenticated = self->curve;
+    snprintf (w->curve_key, sizeof w->curve_key, "%s", self->curve ? peer->key : "");
     w->toolchains = tcs;
     w->n_toolchains = msg->n_toolchains;
     w->slots = (int) msg->slots;
@@ -185,7 +226,7 @@ broker_client_get (kiln_broker_t *self, zframe_t *rid, const char *key, const ki
         }
         c = calloc (1, sizeof *c);
         if (!c || !(c->key = strdup (key)) || !(c->rid = zframe_dup (rid))
-            || !(c->uploads = zhashx_new ())) {
+            || !(c->uploads = zhashx_new ()) || !(c->refused = zhashx_new ())) {
             broker_client_destroy (&c);
             return NULL;
         }
@@ -196,6 +237,7 @@ broker_client_get (kiln_broker_t *self, zframe_t *rid, const char *key, const ki
         else if (self->curve)
             snprintf (c->tenant, sizeof c->tenant, "key:%.20s", peer->key);
         c->authenticated = self->curve;
+        snprintf (c->curve_key, sizeof c->curve_key, "%s", self->curve ? peer->key : "");
     }
     /* Without authentication the client names itself (user@host by
      * default); with it, the certificate does and the declared name is

@@ -18,6 +18,7 @@
  *   kiln_broker_upload.c     the upload path: FIND, CHUNK under credit,
  *                            the store's blob writers' news
  *   kiln_broker_peers.c      workers (READY, drop) and clients (get, drop)
+ *   kiln_broker_trust.c      revocation: peers whose certificate left --trust
  *   kiln_broker_artifacts.c  artifacts by content hash: GET (kiln_download),
  *                            a GET's CREDIT, PIN, UNPIN
  *   kiln_broker_status.c     PING, STATUS and KEY
@@ -59,12 +60,16 @@
 #define BROKER_MAX_CLIENTS      4096        /* connected clients */
 #define BROKER_MAX_JOBS         65536       /* jobs queued or running */
 #define BROKER_MAX_WAITERS      256         /* clients waiting for one job */
-#define BROKER_MAX_UPLOADS      64          /* blob uploads in progress per client */
+#define BROKER_MAX_UPLOADS      8           /* blob uploads in progress per client (all
+                                               clients: --max-uploads) */
+#define BROKER_MAX_REFUSED      256         /* blobs remembered per client as refused busy */
+#define BROKER_MAX_REVOKED      4096        /* revoked keys remembered (CurveZMQ) */
 #define BROKER_MAX_WORKER_BLOBS 65536       /* blobs remembered per worker (affinity) */
 #define BROKER_MAX_HISTORY      (64u << 10) /* a job's attempt history */
 #define BROKER_BATCH            256         /* messages handled before a commit */
 #define BROKER_KEY_SHORT        12          /* hex chars of an action key in log lines */
 #define BROKER_UPLOAD_IDLE_MS   60000       /* an upload with no chunk for this long is dropped */
+#define BROKER_UPLOAD_STALL_MS  2000        /* ... or this long, when others wait for room */
 #define BROKER_GRACE_MS         5000        /* beyond a job's timeout before the broker gives up */
 #define BROKER_THIS_BATCH       UINT64_MAX  /* ticket of the batch not yet handed to the store */
 #define BROKER_PUMP_CHUNKS      8           /* download chunks sent before the loop looks around */
@@ -168,6 +173,7 @@ struct broker_worker {
     zframe_t *rid;                       /* routing id, owned */
     char name[KILN_PROTO_MAX_NAME + 1];  /* identity: certificate name or READY name */
     bool authenticated;
+    char curve_key[48];                  /* its certificate's public key (Z85); "" without */
     kiln_toolchain_id_t *toolchains;     /* owned */
     uint32_t n_toolchains;
     int slots;                           /* jobs it runs at once */
@@ -194,11 +200,14 @@ struct broker_client {
     zframe_t *rid;                       /* routing id, owned */
     char tenant[KILN_PROTO_MAX_NAME + 1];   /* identity for fair share */
     bool authenticated;
+    char curve_key[48];                  /* its certificate's public key (Z85); "" without */
     int64_t last_seen;
     uint64_t pending;                    /* waiters it has in jobs */
     uint32_t credit_out;                 /* chunks it may still send */
     uint32_t credit_owed;                /* chunks taken, credit not yet returned */
     zhashx_t *uploads;                   /* hex digest -> broker_upload_t (owns) */
+    zhashx_t *refused;                   /* hex digest -> itself: uploads refused busy (EBUSY),
+                                            whose later chunks are dropped quietly */
 };
 
 /* A reply held until the store has committed the batch it belongs to. */
@@ -216,6 +225,10 @@ struct kiln_broker {
     char curve_public[41];               /* with curve: our public key (Z85), else "" */
     zactor_t *auth;                      /* zauth, with curve */
     zactor_t *monitor;                   /* refused handshakes, with curve */
+    char *trust_dir;                     /* with curve: --trust, owned */
+    zcertstore_t *trust;                 /* with curve: what it holds (kiln_broker_trust.c) */
+    uint64_t trust_sig;                  /* its fingerprint when last read */
+    zhashx_t *revoked;                   /* public key -> broker: peers cut off (owned) */
     zsock_t *router;
     zloop_t *loop;
     kiln_key_t *key;                     /* the farm's signing key */
@@ -409,6 +422,23 @@ broker_client_t *broker_client_get (kiln_broker_t *self, zframe_t *rid, const ch
 void broker_client_drop (kiln_broker_t *self, broker_client_t *c, const char *why);
 broker_handler_fn broker_on_ready, broker_on_worker_disconnect, broker_on_client_heartbeat,
     broker_on_client_disconnect;
+
+/* --- revocation (kiln_broker_trust.c) ------------------------------------------ */
+
+/* Read the trust directory (with curve). */
+int broker_trust_start (kiln_broker_t *self, const char *trust_dir, kiln_err_t *err);
+void broker_trust_stop (kiln_broker_t *self);
+/* Every heartbeat: when the trust directory changed, cut off the workers
+ * and clients whose certificate has gone. */
+void broker_trust_check (kiln_broker_t *self);
+/* The peer was cut off and its certificate has not come back. */
+bool broker_trust_revoked (kiln_broker_t *self, const kiln_peer_t *peer);
+/* A peer the broker has no record of: true when its certificate is in the
+ * trust directory now (or without curve); else it is remembered as
+ * revoked. */
+bool broker_trust_admit (kiln_broker_t *self, const kiln_peer_t *peer);
+/* Why a revoked peer is refused, into buf. */
+void broker_trust_why (const kiln_peer_t *peer, char *buf, size_t size);
 
 /* --- admission (kiln_broker_admit.c) ------------------------------------------ */
 

@@ -101,7 +101,7 @@ s_status_json (kiln_broker_t *self)
     json_t *doc = json_pack (
         "{s:s, s:s, s:i, s:b, s:I, s:o, s:{s:I, s:I, s:o}, "
         "s:{s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
-        "s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I}}",
         "broker", self->name, "endpoint", self->endpoint, "protocol", KILN_PROTO_VERSION,
         "authenticated", self->curve, "up_ms", (json_int_t) (now - self->started),
         "workers", workers ? workers : json_array (),
@@ -122,7 +122,8 @@ s_status_json (kiln_broker_t *self)
         "joined", (json_int_t) self->stats.joined,
         "transfer", "uploaded_bytes", (json_int_t) self->stats.uploaded_bytes,
         "uploaded_blobs", (json_int_t) self->stats.uploaded_blobs, "uploads_in_progress",
-        (json_int_t) self->uploads, "fetched_bytes", (json_int_t) self->stats.fetched_bytes,
+        (json_int_t) self->uploads, "max_uploads", self->cfg.max_uploads,
+        "upload_reserved_bytes", (json_int_t) st.reserved_bytes, "fetched_bytes", (json_int_t) self->stats.fetched_bytes,
         "downloads_in_progress", (json_int_t) dl.in_progress, "downloaded_artifacts",
         (json_int_t) dl.served, "downloaded_bytes", (json_int_t) dl.bytes);
     if (doc) {

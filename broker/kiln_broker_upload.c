@@ -9,7 +9,13 @@
  * of the chunks, so an upload holds at most the credit window in memory;
  * a blob is visible and confirmed (CREDIT with its digest) only once
  * checked against its digest and on disk; `uploads` counts the uploads in
- * progress over all clients.
+ * progress over all clients, at most --max-uploads (each has two threads
+ * and a preallocated file, whose announced size the store reserves under
+ * its cap).  An upload that finds no room (the broker-wide limit, or the
+ * store's cap held by other uploads) takes the place of one that has
+ * stalled (no chunk for BROKER_UPLOAD_STALL_MS), else it is refused EBUSY
+ * and the client sends it again later; the chunks of a refused upload that
+ * were already on their way are dropped quietly, with their credit.
  */
 #include "broker/kiln_broker_priv.h"
 
@@ -93,6 +99,70 @@ s_post_credit_due (kiln_broker_t *self, broker_client_t *c)
 static void s_upload_failed (kiln_broker_t *self, broker_client_t *c, const char *hex,
                              const kiln_err_t *err);
 
+/* Remember that client c's upload of `hex` was refused busy: the chunks it
+ * sent after the first are dropped without a word, until it starts over. */
+static void
+s_refuse (broker_client_t *c, const char *hex)
+{
+    if (zhashx_size (c->refused) >= BROKER_MAX_REFUSED)
+        zhashx_purge (c->refused);
+    zhashx_update (c->refused, hex, c);
+}
+
+/* Make room for a new upload by dropping the one that has stalled longest
+ * (no chunk for BROKER_UPLOAD_STALL_MS), of any client: its client is told
+ * EBUSY and may send it again.  False when none has stalled. */
+static bool
+s_preempt_stalled (kiln_broker_t *self)
+{
+    int64_t now = zclock_mono ();
+    broker_upload_t *oldest = NULL;
+    for (broker_client_t *o = zhashx_first (self->clients); o; o = zhashx_next (self->clients))
+        for (broker_upload_t *up = zhashx_first (o->uploads); up; up = zhashx_next (o->uploads))
+            if (!up->closed && now - up->last_chunk > BROKER_UPLOAD_STALL_MS
+                && (!oldest || up->last_chunk < oldest->last_chunk))
+                oldest = up;
+    if (!oldest)
+        return false;
+    broker_client_t *c = oldest->client;
+    char hex[KILN_HEX_LEN];
+    memcpy (hex, oldest->hex, KILN_HEX_LEN);
+    kiln_err_t err = { 0 };
+    kiln_error (&err, KILN_EBUSY, "upload of blob %.12s dropped: no chunk for %lld ms while "
+                "other uploads waited for room; send it again", hex,
+                (long long) (now - oldest->last_chunk));
+    zhashx_delete (c->uploads, hex);         /* frees it: aborts its writer, unreserves */
+    self->uploads--;
+    s_refuse (c, hex);
+    s_upload_failed (self, c, hex, &err);
+    return true;
+}
+
+/* A writer for a new upload, within the broker-wide limit and the store's
+ * cap, taking a stalled upload's place when there is no room. */
+static kiln_blob_writer_t *
+s_begin (kiln_broker_t *self, broker_upload_t *up, const kiln_msg_t *msg, kiln_err_t *err)
+{
+    uint8_t digest[KILN_DIGEST_LEN];
+    kiln_unhex (msg->digest, digest, KILN_DIGEST_LEN);
+    if (self->uploads >= (uint64_t) self->cfg.max_uploads && !s_preempt_stalled (self)) {
+        kiln_error (err, KILN_EBUSY, "the broker has %llu uploads in progress, its limit "
+                    "(--max-uploads %d); send blob %.12s again later",
+                    (unsigned long long) self->uploads, self->cfg.max_uploads, msg->digest);
+        return NULL;
+    }
+    for (;;) {
+        kiln_err_t e = { 0 };
+        kiln_blob_writer_t *w = kiln_store_blob_begin (self->store, digest, msg->blob_size,
+                                                       (size_t) self->cfg.credit_window, up,
+                                                       &e);
+        if (w || e.code != KILN_EBUSY || !s_preempt_stalled (self)) {
+            *err = e;
+            return w;
+        }
+    }
+}
+
 /* A chunk of a blob upload. */
 void
 broker_on_chunk (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
@@ -121,23 +191,27 @@ broker_on_chunk (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg
         up = NULL;
     }
     if (!up) {
-        uint8_t digest[KILN_DIGEST_LEN];
-        kiln_unhex (msg->digest, digest, KILN_DIGEST_LEN);
+        if (msg->offset != 0 && zhashx_lookup (c->refused, msg->digest)) {
+            /* on its way before the client heard that its upload was refused */
+            c->credit_owed++;
+            s_post_credit_due (self, c);
+            return;
+        }
+        zhashx_delete (c->refused, msg->digest);
         if (msg->offset != 0) {
             kiln_error (&err, KILN_EPROTO, "upload of blob %s: chunk at offset %llu without "
                         "the chunks before it", msg->digest, (unsigned long long) msg->offset);
             goto fail;
         }
         if (zhashx_size (c->uploads) >= BROKER_MAX_UPLOADS) {
-            kiln_error (&err, KILN_ELIMIT, "more than %d uploads at once", BROKER_MAX_UPLOADS);
+            kiln_error (&err, KILN_EBUSY, "more than %d uploads at once from one client; "
+                        "send blob %.12s again later", BROKER_MAX_UPLOADS, msg->digest);
             goto fail;
         }
         up = calloc (1, sizeof *up);
         if (up)
             up->client = c;
-        if (!up || !(up->writer = kiln_store_blob_begin (self->store, digest, msg->blob_size,
-                                                          (size_t) self->cfg.credit_window,
-                                                          up, &err))) {
+        if (!up || !(up->writer = s_begin (self, up, msg, &err))) {
             free (up);
             if (!err.code)
                 kiln_error (&err, KILN_ENOMEM, "out of memory");
@@ -185,6 +259,8 @@ fail:
         zhashx_delete (c->uploads, msg->digest);
         self->uploads--;
     }
+    if (err.code == KILN_EBUSY)
+        s_refuse (c, msg->digest);
     s_upload_failed (self, c, msg->digest, &err);
 }
 

@@ -140,6 +140,8 @@ store_index (kiln_store_t *self, store_kind_t kind, const char *hex, uint64_t si
         self->bytes -= e->size;
         if (e->pinned)
             self->pinned_bytes -= e->size;
+        if (e->pins)
+            self->job_pinned_bytes -= e->size;
         s_lru_unlink (self, e);
     }
     else {
@@ -160,6 +162,8 @@ store_index (kiln_store_t *self, store_kind_t kind, const char *hex, uint64_t si
     self->bytes += size;
     if (e->pinned)
         self->pinned_bytes += size;
+    if (e->pins)
+        self->job_pinned_bytes += size;
     s_lru_append (self, e);
 }
 
@@ -172,6 +176,8 @@ s_unindex (kiln_store_t *self, store_entry_t *e)
         self->pinned_bytes -= e->size;
         self->pinned_count--;
     }
+    if (e->pins)
+        self->job_pinned_bytes -= e->size;
     self->bytes -= e->size;
     self->counts[e->kind]--;
     s_lru_unlink (self, e);
@@ -200,7 +206,8 @@ void
 store_evict (kiln_store_t *self)
 {
     store_entry_t *e = self->lru_head;
-    while (e && (self->bytes > self->max_bytes || zhashx_size (self->index) > S_MAX_ENTRIES)) {
+    while (e && (self->bytes + self->reserved_bytes > self->max_bytes
+                 || zhashx_size (self->index) > S_MAX_ENTRIES)) {
         store_entry_t *next = e->next;
         if (e->pins == 0 && !e->pinned) {
             char path[PATH_MAX];
@@ -255,6 +262,37 @@ store_room_beside_pins (const kiln_store_t *self, const char *hex, uint64_t size
                        (unsigned long long) self->max_bytes,
                        (unsigned long long) self->pinned_count,
                        self->pinned_count == 1 ? "" : "s", hex, (unsigned long long) size);
+}
+
+int
+store_reserve (kiln_store_t *self, const char *hex, uint64_t size, kiln_err_t *err)
+{
+    uint64_t held = self->pinned_bytes + self->job_pinned_bytes;
+    if (held + size > self->max_bytes)
+        return kiln_error (err, KILN_ELIMIT, "no room under the store's cap "
+                           "(--store-max-bytes %llu) for blob %.12s (%llu bytes): %llu bytes "
+                           "are pinned artifacts and blobs of queued jobs, which are not "
+                           "evicted", (unsigned long long) self->max_bytes, hex,
+                           (unsigned long long) size, (unsigned long long) held);
+    if (held + self->reserved_bytes + size > self->max_bytes)
+        return kiln_error (err, KILN_EBUSY, "no room under the store's cap "
+                           "(--store-max-bytes %llu) for blob %.12s (%llu bytes) while %llu "
+                           "uploads in progress hold %llu bytes of it; try again",
+                           (unsigned long long) self->max_bytes, hex, (unsigned long long) size,
+                           (unsigned long long) self->writers,
+                           (unsigned long long) self->reserved_bytes);
+    self->reserved_bytes += size;
+    self->writers++;
+    store_evict (self);
+    return 0;
+}
+
+void
+store_unreserve (kiln_store_t *self, uint64_t size)
+{
+    self->reserved_bytes -= size < self->reserved_bytes ? size : self->reserved_bytes;
+    if (self->writers)
+        self->writers--;
 }
 
 /* Index one kind's directory (with its two-hex-digit fan-out or flat). */
@@ -710,8 +748,8 @@ kiln_store_blob_pin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN])
     char hex[KILN_HEX_LEN];
     kiln_hex (digest, KILN_DIGEST_LEN, hex);
     store_entry_t *e = store_find (self, STORE_BLOB, hex);
-    if (e)
-        e->pins++;
+    if (e && e->pins++ == 0)
+        self->job_pinned_bytes += e->size;
 }
 
 void
@@ -720,8 +758,8 @@ kiln_store_blob_unpin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]
     char hex[KILN_HEX_LEN];
     kiln_hex (digest, KILN_DIGEST_LEN, hex);
     store_entry_t *e = store_find (self, STORE_BLOB, hex);
-    if (e && e->pins > 0)
-        e->pins--;
+    if (e && e->pins > 0 && --e->pins == 0)
+        self->job_pinned_bytes -= e->size;
 }
 
 void
@@ -864,4 +902,7 @@ kiln_store_stats (const kiln_store_t *self, kiln_store_stats_t *out)
     out->evicted = self->evicted;
     out->pinned = self->pinned_count;
     out->pinned_bytes = self->pinned_bytes;
+    out->job_pinned_bytes = self->job_pinned_bytes;
+    out->reserved_bytes = self->reserved_bytes;
+    out->uploads = self->writers;
 }

@@ -202,9 +202,13 @@ void kiln_store_blob_remove (kiln_store_t *self, const uint8_t digest[KILN_DIGES
 /* Start receiving a blob of `size` bytes: a preallocated file in
  * STATE/tmp, and two threads of its own that hash and write what it is
  * handed.  At most `max_chunks` chunks are held at once (0: a default);
- * `tag` is given back by kiln_store_upload_poll.  Refused (KILN_ELIMIT)
- * when the blob alone is bigger than the cap, or does not fit beside the
- * pinned artifacts.  Caller owns the writer: finish or abort it. */
+ * `tag` is given back by kiln_store_upload_poll.  Its announced size is
+ * reserved under the cap until it is finished or aborted, evicting what
+ * may be evicted to make room: the store's indexed bytes plus the
+ * reservations stay within the cap.  Refused (KILN_ELIMIT) when the blob
+ * does not fit beside what cannot be evicted (pinned artifacts, blobs of
+ * queued jobs), and (KILN_EBUSY, try again) when it would fit but other
+ * uploads hold the room.  Caller owns the writer: finish or abort it. */
 kiln_blob_writer_t *kiln_store_blob_begin (kiln_store_t *self,
                                            const uint8_t digest[KILN_DIGEST_LEN],
                                            uint64_t size, size_t max_chunks, void *tag,
@@ -251,6 +255,9 @@ typedef struct kiln_store_stats {
     uint64_t evicted;        /* entries evicted since start */
     uint64_t pinned;         /* pinned artifacts the store holds */
     uint64_t pinned_bytes;   /* their bytes (never evicted) */
+    uint64_t job_pinned_bytes;  /* blobs pinned by jobs (not evicted while they are) */
+    uint64_t reserved_bytes; /* announced by uploads in progress (preallocated) */
+    uint64_t uploads;        /* blob writers in progress */
 } kiln_store_stats_t;
 
 void kiln_store_stats (const kiln_store_t *self, kiln_store_stats_t *out);

@@ -21,8 +21,12 @@
  * happen on the caller's thread (kiln_store_commit_collect,
  * kiln_store_blob_finish).
  *
- * Invariants: `bytes` is the sum of the indexed entries' sizes and
- * `pinned_bytes` that of the indexed artifacts with an operator's pin;
+ * Invariants: `bytes` is the sum of the indexed entries' sizes,
+ * `pinned_bytes` that of the indexed artifacts with an operator's pin,
+ * `job_pinned_bytes` that of the indexed blobs with pins > 0, and
+ * `reserved_bytes` that of the blob writers' announced sizes (`writers`
+ * of them); bytes + reserved_bytes <= max_bytes unless what cannot be
+ * evicted holds more;
  * every indexed entry is on the LRU list exactly once; a file is visible
  * under its name only whole and fsynced (written in STATE/tmp, renamed).
  */
@@ -70,6 +74,9 @@ struct kiln_store {
     zhashx_t *pins;                  /* hex -> itself: pinned artifacts, as in STATE/pins */
     uint64_t pinned_bytes;           /* of the pinned artifacts the index holds */
     uint64_t pinned_count;
+    uint64_t job_pinned_bytes;       /* of the indexed blobs with pins > 0 */
+    uint64_t reserved_bytes;         /* announced sizes of the blob writers in progress */
+    uint64_t writers;                /* blob writers in progress */
     bool full_logged;                /* "over the cap because of pins" was logged */
     store_entry_t *lru_head, *lru_tail;
     store_staged_t *staged;          /* owned, n_staged used */
@@ -120,6 +127,12 @@ void store_evict (kiln_store_t *self);
  * artifacts leave no room for them under the cap. */
 int store_room_beside_pins (const kiln_store_t *self, const char *hex, uint64_t size,
                             kiln_err_t *err);
+/* Reserve `size` bytes under the cap for an upload of blob `hex`, evicting
+ * what may be evicted; KILN_ELIMIT when what cannot be evicted leaves no
+ * room, KILN_EBUSY when uploads in progress hold it.  Undone by
+ * store_unreserve. */
+int store_reserve (kiln_store_t *self, const char *hex, uint64_t size, kiln_err_t *err);
+void store_unreserve (kiln_store_t *self, uint64_t size);
 
 /* --- staged writes (kiln_store_commit.c) -------------------------------------- */
 

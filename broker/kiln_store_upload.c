@@ -47,6 +47,7 @@ struct kiln_blob_writer {
     uint8_t digest[KILN_DIGEST_LEN];
     uint64_t size;                   /* announced */
     uint64_t received;               /* bytes handed over (the caller's) */
+    bool reserved;                   /* `size` is reserved under the store's cap */
     int fd;
     bool direct;                     /* fd has O_DIRECT */
     char tmp[PATH_MAX];
@@ -256,7 +257,8 @@ kiln_store_blob_begin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]
                                           ? self->max_bytes : KILN_MAX_BLOB_BYTES));
         return NULL;
     }
-    if (store_room_beside_pins (self, hex, size, err) != 0)
+    if (store_room_beside_pins (self, hex, size, err) != 0
+        || store_reserve (self, hex, size, err) != 0)
         return NULL;
     size_t cap = max_chunks ? max_chunks : S_DEFAULT_CHUNKS;
     kiln_blob_writer_t *w = calloc (1, sizeof *w);
@@ -267,10 +269,12 @@ kiln_store_blob_begin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]
             free (w->ring);
         }
         free (w);
+        store_unreserve (self, size);
         kiln_error (err, KILN_ENOMEM, "out of memory");
         return NULL;
     }
     w->store = self;
+    w->reserved = true;
     w->tag = tag;
     w->cap = cap;
     w->fd = -1;
@@ -403,6 +407,15 @@ kiln_blob_writer_done (kiln_blob_writer_t *self)
     return done;
 }
 
+/* Give back the writer's reservation under the store's cap (once). */
+static void
+s_writer_unreserve (kiln_blob_writer_t *w)
+{
+    if (w->reserved)
+        store_unreserve (w->store, w->size);
+    w->reserved = false;
+}
+
 /* Stop and join the threads: at once (abort) or once done. */
 static void
 s_writer_join (kiln_blob_writer_t *w, bool abort)
@@ -427,6 +440,7 @@ kiln_blob_writer_abort (kiln_blob_writer_t **writer_p)
     if (!w)
         return;
     s_writer_join (w, true);
+    s_writer_unreserve (w);
     /* chunks not yet released by both threads */
     uint64_t first = w->hashed < w->written ? w->hashed : w->written;
     for (uint64_t i = first; i < w->pushed; i++)
@@ -492,6 +506,7 @@ kiln_store_blob_finish (kiln_store_t *self, kiln_blob_writer_t **writer_p, kiln_
     char dir[PATH_MAX];
     store_dirname (path, dir, sizeof dir);
     store_fsync_dir (dir);
+    s_writer_unreserve (w);          /* its bytes are the index's now */
     store_index (self, STORE_BLOB, hex, w->size, (int64_t) time (NULL));
     store_evict (self);
 done:

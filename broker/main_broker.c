@@ -39,6 +39,8 @@ static const char *s_usage =
     "  --liveness-ms MS         drop a worker or client silent this long (default 5000)\n"
     "  --max-deaths N           fail a job after N workers died running it (default 3)\n"
     "  --credit-window N        upload chunks (1 MiB) in flight per client (default 32)\n"
+    "  --max-uploads N          blob uploads in progress at once, all clients together\n"
+    "                           (default 16; each has two threads; more wait: EBUSY)\n"
     "  --metrics HOST:PORT      serve Prometheus metrics at http://HOST:PORT/metrics\n"
     "                           (docs/operations.md, \"Metrics\"; port 0 picks one)\n"
     "  --cross-check POLICY     how often a second, different worker builds the same\n"
@@ -106,7 +108,7 @@ main (int argc, char **argv)
     int verbose = 0, check = 0, repair = 0;
     enum { OPT_LISTEN = 256, OPT_STATE, OPT_KEY, OPT_NAME, OPT_DOC, OPT_CERT, OPT_TRUST,
            OPT_STORE_MAX, OPT_TIMEOUT, OPT_HEARTBEAT, OPT_LIVENESS, OPT_DEATHS, OPT_WINDOW,
-           OPT_CHECK, OPT_REPAIR, OPT_METRICS, OPT_XCHECK };
+           OPT_MAX_UPLOADS, OPT_CHECK, OPT_REPAIR, OPT_METRICS, OPT_XCHECK };
     static const struct option opts[] = {
         { "listen", required_argument, NULL, OPT_LISTEN },
         { "state", required_argument, NULL, OPT_STATE },
@@ -120,6 +122,7 @@ main (int argc, char **argv)
         { "liveness-ms", required_argument, NULL, OPT_LIVENESS },
         { "max-deaths", required_argument, NULL, OPT_DEATHS },
         { "credit-window", required_argument, NULL, OPT_WINDOW },
+        { "max-uploads", required_argument, NULL, OPT_MAX_UPLOADS },
         { "check-store", no_argument, NULL, OPT_CHECK },
         { "metrics", required_argument, NULL, OPT_METRICS },
         { "cross-check", required_argument, NULL, OPT_XCHECK },
@@ -179,6 +182,11 @@ main (int argc, char **argv)
             if ((v = kiln_parse_number (optarg, 1, KILN_PROTO_MAX_CREDIT)) < 0)
                 goto bad_number;
             cfg.credit_window = (int) v;
+            break;
+        case OPT_MAX_UPLOADS:
+            if ((v = kiln_parse_number (optarg, 1, KILN_BROKER_MAX_UPLOADS)) < 0)
+                goto bad_number;
+            cfg.max_uploads = (int) v;
             break;
         case 'v': verbose++; break;
         case OPT_DOC: kiln_proto_write_doc (stdout); return 0;

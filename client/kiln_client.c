@@ -44,6 +44,8 @@
 #define S_MAX_BATCH        (1u << 20) /* jobs in one call */
 #define S_UPLOADS_AT_ONCE  2          /* blobs whose chunks take turns */
 #define S_DRAIN_MS         5000       /* wait for ZeroMQ to let go of our buffers */
+#define S_BUSY_MIN_MS      200        /* first wait before an upload refused busy goes again */
+#define S_BUSY_MAX_MS      3000       /* longest such wait */
 
 typedef enum { R_NEW, R_SENT, R_UPLOADING, R_ACCEPTED, R_FETCH, R_DONE } s_state_t;
 
@@ -82,6 +84,8 @@ struct s_upload {
     uint64_t size;
     uint64_t sent;                   /* bytes sent so far */
     bool started;                    /* its first chunk went out */
+    int64_t retry_at;                /* refused busy: not sent again before this (mono) */
+    int busy;                        /* times refused busy */
     zlistx_t *reqs;                  /* s_req_t waiting for it */
 };
 
@@ -689,12 +693,13 @@ static int
 s_pump_uploads (s_engine_t *e, kiln_err_t *err)
 {
     kiln_client_t *self = e->self;
+    int64_t now = zclock_mono ();
     while (self->credit > 0) {
         s_upload_t *turn[S_UPLOADS_AT_ONCE];
         int n = 0;
         for (s_upload_t *up = zlistx_first (e->upload_order); up && n < S_UPLOADS_AT_ONCE;
              up = zlistx_next (e->upload_order))
-            if (!up->started || up->sent < up->size)
+            if ((!up->started || up->sent < up->size) && up->retry_at <= now)
                 turn[n++] = up;
         if (n == 0)
             break;
@@ -734,6 +739,29 @@ s_upload_done (s_engine_t *e, const char *hex, const kiln_err_t *failure)
             r->state = R_NEW;        /* everything is there: COMPILE again */
     }
     zlistx_destroy (&reqs);
+}
+
+/* The broker refused blob `hex` for now (EBUSY: its uploads or its
+ * store's room are taken): send it again from the start after a wait that
+ * doubles each time.  The request's own deadline bounds the waiting. */
+static void
+s_upload_busy (s_engine_t *e, const char *hex, const char *why)
+{
+    s_upload_t *up = zhashx_lookup (e->uploads, hex);
+    if (!up)
+        return;
+    int64_t wait = S_BUSY_MIN_MS;
+    for (int i = 0; i < up->busy && wait < S_BUSY_MAX_MS; i++)
+        wait *= 2;
+    if (wait > S_BUSY_MAX_MS)
+        wait = S_BUSY_MAX_MS;
+    if (up->busy++ == 0)
+        kiln_log_info ("blob %.12s: the broker is busy (%s); sending it again in %lld ms", hex,
+                       why ? why : "", (long long) wait);
+    e->upload_sent -= up->sent < e->upload_sent ? up->sent : e->upload_sent;
+    up->sent = 0;
+    up->started = false;
+    up->retry_at = zclock_mono () + wait;
 }
 
 /* The broker lacks some of r's blobs: queue their uploads. */
@@ -909,6 +937,11 @@ s_handle (s_engine_t *e, kiln_msg_t *msg)
                       (unsigned long long) msg->pending, accepted);
             s_resend_all (e, true, why);
         }
+        return;
+    }
+    if (msg->cmd == KILN_CMD_ERROR && !msg->req_id && msg->digest[0]
+        && msg->code == KILN_EBUSY) {
+        s_upload_busy (e, msg->digest, msg->message);
         return;
     }
     if (msg->cmd == KILN_CMD_ERROR && !msg->req_id && msg->digest[0]) {

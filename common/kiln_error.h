@@ -31,7 +31,8 @@
     X (EREMOTE,     14, "remote error")                            \
     X (ESYS,        15, "system call failed")                      \
     X (ECANCELED,   16, "canceled")                                \
-    X (EUNREACHABLE,17, "the farm could not be reached")
+    X (EUNREACHABLE,17, "the farm could not be reached")          \
+    X (EBUSY,       18, "busy, try again later")
 
 enum {
 #define KILN_ERR_ENUM(name, num, text) KILN_##name = num,

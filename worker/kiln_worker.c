@@ -112,6 +112,8 @@ struct kiln_worker {
     int64_t broker_seen;                 /* zclock_mono of the broker's last message */
     uint64_t session;                    /* of our last READY; JOBs of older ones are stale */
     bool reconnect;                      /* the loop stopped to reconnect */
+    int64_t refused_at;                  /* zclock_mono of a READY the broker refused
+                                            (EBUSY: our name is taken); 0 = none */
 };
 
 static void s_run_advance (kiln_worker_t *self, int slot);
@@ -1171,7 +1173,18 @@ s_on_message (zloop_t *loop, zsock_t *sock, void *arg)
             kiln_log_warn ("broker says %s: %s", kiln_errname ((int) msg->code), msg->message);
             if (msg->job_id && s_find_run (self, msg->job_id) >= 0)
                 s_run_fail (self, s_find_run (self, msg->job_id), KILN_EIO, msg->message);
-            else if (msg->code == KILN_ENOTFOUND) {
+            else if (msg->code == KILN_EBUSY && !msg->job_id) {
+                /* Our READY was refused: another live worker has our name.
+                 * Stay quiet (a HEARTBEAT would only be answered "send
+                 * READY") and ask again after a liveness period, by which
+                 * time a predecessor that died has been dropped. */
+                kiln_log_err ("the broker refused to register this worker: %s; trying again "
+                              "in %d ms", msg->message ? msg->message : "",
+                              self->cfg.liveness_ms);
+                s_drop_runs (self, "the broker refused our registration");
+                self->refused_at = zclock_mono ();
+            }
+            else if (msg->code == KILN_ENOTFOUND && !self->refused_at) {
                 /* The broker does not know us (it restarted): whatever we
                  * run was given by its previous life. */
                 s_drop_runs (self, "the broker restarted");
@@ -1218,6 +1231,14 @@ static int
 s_on_heartbeat (zloop_t *loop, int timer_id, void *arg)
 {
     kiln_worker_t *self = arg;
+    if (self->refused_at) {
+        if (zclock_mono () - self->refused_at < self->cfg.liveness_ms)
+            return 0;
+        self->refused_at = 0;
+        self->broker_seen = zclock_mono ();
+        s_send_ready (self);
+        return 0;
+    }
     if (zclock_mono () - self->broker_seen > self->cfg.liveness_ms) {
         self->reconnect = true;
         return -1;                           /* leave the loop; run() reconnects */
@@ -1299,6 +1320,7 @@ s_connect (kiln_worker_t *self, kiln_err_t *err)
     }
     zloop_reader_set_tolerant (self->loop, self->dealer);
     self->broker_seen = zclock_mono ();
+    self->refused_at = 0;
     s_send_ready (self);
     return 0;
 }

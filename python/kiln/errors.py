@@ -22,6 +22,7 @@ ENOTFOUND = 13
 EREMOTE = 14
 ECANCELED = 16
 EUNREACHABLE = 17
+EBUSY = 18
 
 
 class KilnError(RuntimeError):
