@@ -9,7 +9,6 @@ is a raw socket closed by `with`; every wait is bounded.
 
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 import time
@@ -17,7 +16,7 @@ import time
 import pytest
 
 from conftest import kiln_bin, run
-from farm_helpers import Farm, big_model, sleepy, tiny_model
+from farm_helpers import Farm, big_model, curve_certs, sleepy, tiny_model
 from raw_zmtp import RawDealer
 
 pytestmark = pytest.mark.skipif(
@@ -180,27 +179,17 @@ def test_stalled_uploads_are_bounded_by_the_store_cap_and_the_broker_still_serve
 
 # --- finding 4: certificates removed from the trust directory -----------------
 
-def _cert(directory, name, role):
-    run(["kiln", "cert", "--name", name, "--role", role, "--out", directory], check=True)
-    return os.path.join(str(directory), name + ".cert")
-
-
 @pytest.fixture
 def curve_farm(tmp_path):
     """A CurveZMQ farm: clients alice and ops, workers w1 and w2, all
     trusted; the test removes certificates from `trust`."""
-    keys, trust = tmp_path / "keys", tmp_path / "trust"
-    trust.mkdir()
-    certs = {n: _cert(keys, n, r) for n, r in (("the-broker", "broker"), ("alice", "client"),
-                                               ("ops", "client"), ("w1", "worker"),
-                                               ("w2", "worker"))}
-    for n in ("alice", "ops", "w1", "w2"):
-        shutil.copy(certs[n], trust / os.path.basename(certs[n]))
-    farm = Farm(tmp_path / "farm", curve=(certs["the-broker"], str(trust)))
+    certs, trust = curve_certs(tmp_path, [("alice", "client"), ("ops", "client"),
+                                          ("w1", "worker"), ("w2", "worker")])
+    farm = Farm(tmp_path / "farm", curve=(certs["broker"], trust))
     farm.start_broker()
 
     def env(who):
-        return dict(os.environ, KILN_CERT=certs[who], KILN_BROKER_CERT=certs["the-broker"])
+        return dict(os.environ, KILN_CERT=certs[who], KILN_BROKER_CERT=certs["broker"])
 
     def status():
         proc = subprocess.run([kiln_bin("kiln"), "status", "--broker", farm.endpoint, "--json"],
@@ -219,11 +208,11 @@ def curve_farm(tmp_path):
         raise AssertionError(f"{what} not reached within {timeout}s; {st}\n{farm.logs()}")
 
     def worker(name, *args):
-        farm.start_worker(name, "--cert", certs[name], "--broker-cert", certs["the-broker"],
+        farm.start_worker(name, "--cert", certs[name], "--broker-cert", certs["broker"],
                           *args)
 
     def revoke(who):
-        os.remove(trust / os.path.basename(certs[who]))
+        os.remove(os.path.join(trust, who + ".cert"))
 
     def compile_as(who, seed):
         """A compile with the sleepy toolchain, in the background."""
