@@ -64,8 +64,29 @@ kiln_cost_op (const kiln_program_t *p, int i)
         c.bytes += (double) p->tensors[op->outputs[j]].size;
     switch (op->kernel) {
     case KILN_K_CONV2D:
+    case KILN_K_CONV3D:
         c.flops = s_conv_flops (p, op);
         break;
+    case KILN_K_RNN: {
+        /* every step's input and recurrent products: 2·T·B·(|W| + |R|) */
+        const kiln_shape_t *x = &p->tensors[op->inputs[0]].shape;
+        if (x->rank == 3 && x->dims[2] > 0 && op->n_inputs >= 3)
+            c.flops = 2.0 * s_numel (x) / (double) x->dims[2]
+                      * (s_numel (&p->tensors[op->inputs[1]].shape)
+                         + s_numel (&p->tensors[op->inputs[2]].shape));
+        break;
+    }
+    case KILN_K_TOPK: {
+        /* a sort of each line: about 4·n·log2 n comparisons and moves */
+        const kiln_shape_t *x = &p->tensors[op->inputs[0]].shape;
+        int64_t axis = s_int (op, "axis", 0);
+        double len = axis >= 0 && axis < x->rank ? (double) x->dims[axis] : 1;
+        double lg = 1;
+        for (double v = len; v > 1; v /= 2)
+            lg++;
+        c.flops = 4.0 * s_numel (x) * lg;
+        break;
+    }
     case KILN_K_MATMUL:
         c.flops = 2.0 * s_ints_product (op, "batch") * (double) s_int (op, "m", 0)
                   * (double) s_int (op, "n", 0) * (double) s_int (op, "k", 0);

@@ -1227,13 +1227,13 @@ s_lower_fused_ln (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_err_t *err)
 /* --- windows: Conv and MaxPool -------------------------------------- */
 
 typedef struct {
-    int ns;                         /* spatial dimensions: 1 or 2 */
-    int64_t in[2];                  /* input spatial size */
-    int64_t kernel[2];
-    int64_t strides[2];
-    int64_t dilations[2];
-    int64_t pads[4];                /* begin..., end... (ONNX order) */
-    int64_t out[2];                 /* output spatial size */
+    int ns;                         /* spatial dimensions: 1, 2 or 3 */
+    int64_t in[3];                  /* input spatial size */
+    int64_t kernel[3];
+    int64_t strides[3];
+    int64_t dilations[3];
+    int64_t pads[6];                /* begin..., end... (ONNX order) */
+    int64_t out[3];                 /* output spatial size */
 } s_window_t;
 
 /* Resolve strides, dilations, pads and auto_pad of a Conv or MaxPool
@@ -1317,6 +1317,123 @@ s_set_window (kiln_cc_ctx_t *cx, int op, const s_window_t *w, kiln_err_t *err)
     return 0;
 }
 
+/* Emit kernel k of a product whose fusion is `f` (its residual operand
+ * appended to ins[], its output f->out or y, its epilogue's parameters);
+ * returns the op. */
+static int
+s_emit_fused (kiln_cc_ctx_t *cx, const kiln_cc_fusion_t *f, int y, kiln_kernel_t k, int *ins,
+              int n_in, kiln_err_t *err)
+{
+    int rc = s_fused_operands (cx, f, ins, &n_in, err);
+    if (rc)
+        return rc;
+    int py = s_result (cx, f->out >= 0 ? f->out : y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, k, ins, n_in, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_fused_params (cx, op, f, err)))
+        return rc;
+    return op;
+}
+
+/* Append to ins[] the operand of graph tensor gt, or, when the compiler
+ * folded new values for it (`fold`, n floats of `shape`), a weight made
+ * of them. */
+static int
+s_folded_operand (kiln_cc_ctx_t *cx, int gt, const float *fold, const kiln_shape_t *shape,
+                  int64_t n, int *ins, int *n_in, kiln_err_t *err)
+{
+    float *nw;
+    int t = fold ? kiln_cc_made_weight (cx, shape, &nw, err) : s_operand (cx, gt, err);
+    if (t < 0)
+        return t;
+    if (fold)
+        memcpy (nw, fold, (size_t) n * sizeof *nw);
+    ins[(*n_in)++] = t;
+    return 0;
+}
+
+/* A 3-D Conv: conv3d (im2col of a group, then the matrix engine), with
+ * a BatchNormalization folded into its weights and the fused epilogue. */
+static int
+s_lower_conv3d (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_err_t *err)
+{
+    int x = s_in (node, 0), wt = s_in (node, 1), b = s_in (node, 2), y = node->outputs[0];
+    const kiln_shape_t *sx = &s_gt (cx, x)->shape, *sw = &s_gt (cx, wt)->shape;
+    if (sw->rank != 5)
+        return s_fail (cx, KILN_ESHAPE, err, "W has rank %d, X rank 5", sw->rank);
+    s_window_t w = { .ns = 3 };
+    int64_t ks[3];
+    int rc;
+    for (int i = 0; i < 3; i++) {
+        w.in[i] = sx->dims[2 + i];
+        w.kernel[i] = sw->dims[2 + i];
+    }
+    if ((rc = s_attr_ints (cx, node, "kernel_shape", 3, 0, ks, err)))
+        return rc;
+    for (int i = 0; i < 3; i++)
+        if (kiln_node_attr (node, "kernel_shape") && ks[i] != w.kernel[i])
+            return s_fail (cx, KILN_ESHAPE, err, "kernel_shape does not match W");
+    if ((rc = s_resolve_window (cx, node, &w, false, err)))
+        return rc;
+    int64_t group = kiln_node_attr_int (node, "group", 1);
+    int64_t n = sx->dims[0], c = sx->dims[1], m = sw->dims[0];
+    if (group < 1 || c % group != 0 || m % group != 0 || sw->dims[1] * group != c)
+        return s_fail (cx, KILN_ESHAPE, err, "group %lld does not divide %lld input "
+                       "channels into W's %lld and %lld output channels", (long long) group,
+                       (long long) c, (long long) sw->dims[1], (long long) m);
+    if (b >= 0 && (s_gt (cx, b)->shape.rank != 1 || s_gt (cx, b)->shape.dims[0] != m))
+        return s_fail (cx, KILN_ESHAPE, err, "bias must have shape [%lld]", (long long) m);
+    kiln_shape_t out = { .rank = 5, .dims = { n, m, w.out[0], w.out[1], w.out[2] } };
+    if ((rc = s_expect_shape (cx, y, &out, err)))
+        return rc;
+    const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
+    int64_t rows = c / group * w.kernel[0] * w.kernel[1] * w.kernel[2];
+    int64_t cols = w.out[0] * w.out[1] * w.out[2];
+    float *wfold = NULL, *bfold = NULL;
+    if (f->bn >= 0
+        && (rc = s_fold_bn (cx, f->bn, kiln_cc_const_f32 (cx, wt),
+                            b >= 0 ? kiln_cc_const_f32 (cx, b) : NULL, m, rows, &wfold, &bfold,
+                            err)))
+        return rc;
+    int ins[4], n_in = 0;
+    if ((ins[n_in++] = s_operand (cx, x, err)) < 0)
+        rc = ins[0];
+    kiln_shape_t bs = { .rank = 1, .dims = { m } };
+    if (!rc)
+        rc = s_folded_operand (cx, wt, wfold, sw, m * rows, ins, &n_in, err);
+    if (!rc && (bfold || b >= 0))
+        rc = s_folded_operand (cx, b, bfold, &bs, m, ins, &n_in, err);
+    free (wfold);
+    free (bfold);
+    if (rc)
+        return rc;
+    int op = s_emit_fused (cx, f, y, KILN_K_CONV3D, ins, n_in, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_ints (cx, op, "kernel", w.kernel, 3, err))
+        || (rc = s_set_ints (cx, op, "strides", w.strides, 3, err))
+        || (rc = s_set_ints (cx, op, "dilations", w.dilations, 3, err))
+        || (rc = s_set_ints (cx, op, "pads", w.pads, 6, err))
+        || (rc = s_set_int (cx, op, "group", group, err)))
+        return rc;
+    bool pointwise = true;
+    for (int i = 0; i < 3; i++)
+        pointwise = pointwise && w.kernel[i] == 1 && w.strides[i] == 1 && w.pads[i] == 0
+                    && w.pads[3 + i] == 0;
+    uint64_t elems;
+    if (!pointwise) {
+        if (rows > KILN_MAX_TENSOR_ELEMS || cols > KILN_MAX_TENSOR_ELEMS
+            || !kiln_prog_mul_u64 ((uint64_t) rows, (uint64_t) cols, &elems))
+            return s_fail (cx, KILN_ELIMIT, err, "im2col workspace too large");
+        if ((rc = s_scratch (cx, op, elems, err)))
+            return rc;
+    }
+    return 0;
+}
+
 static int
 s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
               kiln_err_t *err)
@@ -1330,9 +1447,11 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if (rc)
         return rc;
     const kiln_shape_t *sx = &s_gt (cx, x)->shape, *sw = &s_gt (cx, wt)->shape;
+    if (sx->rank == 5)
+        return s_lower_conv3d (cx, node, err);
     if (sx->rank != 3 && sx->rank != 4)
-        return s_fail (cx, KILN_EUNSUPPORTED, err, "%d-D convolution (only 1-D "
-                       "and 2-D are supported)", sx->rank - 2);
+        return s_fail (cx, KILN_EUNSUPPORTED, err, "%d-D convolution (only 1-D, "
+                       "2-D and 3-D are supported)", sx->rank - 2);
     if (sw->rank != sx->rank)
         return s_fail (cx, KILN_ESHAPE, err, "W has rank %d, X rank %d",
                        sw->rank, sx->rank);
@@ -1428,44 +1547,25 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         else if (!rc)
             kiln_pack_conv (wdata, m, cg, w.kernel[0], w.ns > 1 ? w.kernel[1] : 1,
                             group, pw);
-    } else if (!rc && wfold) {
-        float *nw;
-        if ((ins[n_in++] = kiln_cc_made_weight (cx, &s_gt (cx, wt)->shape, &nw,
-                                                err)) < 0)
-            rc = ins[n_in - 1];
-        else
-            memcpy (nw, wfold, (size_t) (m * per) * sizeof *nw);
-    } else if (!rc && (ins[n_in++] = s_operand (cx, wt, err)) < 0) {
-        rc = ins[n_in - 1];
+    } else if (!rc) {
+        rc = s_folded_operand (cx, wt, wfold, &s_gt (cx, wt)->shape, m * per, ins, &n_in,
+                               err);
     }
-    if (!rc && bfold) {
-        float *nb;
-        kiln_shape_t bs = { .rank = 1, .dims = { m } };
-        if ((ins[n_in++] = kiln_cc_made_weight (cx, &bs, &nb, err)) < 0)
-            rc = ins[n_in - 1];
-        else
-            memcpy (nb, bfold, (size_t) m * sizeof *nb);
-    } else if (!rc && b >= 0 && (ins[n_in++] = s_operand (cx, b, err)) < 0) {
-        rc = ins[n_in - 1];
-    }
+    kiln_shape_t bs = { .rank = 1, .dims = { m } };
+    if (!rc && (bfold || b >= 0))
+        rc = s_folded_operand (cx, b, bfold, &bs, m, ins, &n_in, err);
     free (wfold);
     free (bfold);
     if (rc)
         return rc;
-    if ((rc = s_fused_operands (cx, f, ins, &n_in, err)))
-        return rc;
-    int py = s_result (cx, f->out >= 0 ? f->out : y, err);
-    if (py < 0)
-        return py;
-    int op = s_emit (cx, k, ins, n_in, &py, 1, err);
+    int op = s_emit_fused (cx, f, y, k, ins, n_in, err);
     if (op < 0)
         return op;
     if ((rc = s_set_window (cx, op, &w, err))
         || (rc = s_set_int (cx, op, "group", group, err))
         || (pack && (rc = s_set_int (cx, op, wino ? "winograd" : "packed",
                                      wino ? tile : 1, err)))
-        || (trans && (rc = s_set_int (cx, op, "transposed", 1, err)))
-        || (rc = s_fused_params (cx, op, f, err)))
+        || (trans && (rc = s_set_int (cx, op, "transposed", 1, err))))
         return rc;
     /* A 1x1, stride-1, unpadded convolution is a plain matrix product over
      * the input as it is; packed weights and the depthwise loops read the

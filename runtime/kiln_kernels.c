@@ -1648,6 +1648,165 @@ s_run_GLOBAL_AVGPOOL (const kiln_kplan_t *plan, void *const *data)
     kiln_exec_parallel (s_gap_task, &d, (int) ((plan->u.gap.planes + d.per - 1) / d.per));
 }
 
+/* --- conv3d: im2col of one group into the scratch, then the engine --- */
+
+static int
+s_prepare_CONV3D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                  kiln_err_t *err)
+{
+    int rc = s_need_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    int64_t k[3], st[3], dl[3], pads[6], group;
+    if ((rc = kiln_prog_op_ints (op, "kernel", 3, k, err))
+        || (rc = kiln_prog_op_ints (op, "strides", 3, st, err))
+        || (rc = kiln_prog_op_ints (op, "dilations", 3, dl, err))
+        || (rc = kiln_prog_op_ints (op, "pads", 6, pads, err))
+        || (rc = kiln_prog_op_int (op, "group", &group, err))
+        || (rc = s_get_epilogue (p, op, plan, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *tw = s_t (p, plan->in[1]);
+    const kiln_prog_tensor_t *ty = s_t (p, plan->out);
+    if (tx->shape.rank != 5 || tw->shape.rank != 5 || ty->shape.rank != 5)
+        return kiln_error (err, KILN_EFORMAT, "X, W and Y must have rank 5");
+    int64_t n = tx->shape.dims[0], c = tx->shape.dims[1], m = tw->shape.dims[0];
+    if (group < 1 || c % group || m % group || tw->shape.dims[1] * group != c
+        || ty->shape.dims[0] != n || ty->shape.dims[1] != m)
+        return kiln_error (err, KILN_EFORMAT, "group %lld, X, W and Y disagree on channels",
+                           (long long) group);
+    int64_t rows = c / group, cols = 1;
+    for (int i = 0; i < 3; i++) {
+        int64_t in = tx->shape.dims[2 + i], out = ty->shape.dims[2 + i];
+        if (k[i] < 1 || st[i] < 1 || dl[i] < 1 || pads[i] < 0 || pads[3 + i] < 0
+            || k[i] != tw->shape.dims[2 + i] || k[i] > KILN_MAX_DIM || st[i] > KILN_MAX_DIM
+            || dl[i] > KILN_MAX_DIM || pads[i] > KILN_MAX_DIM || pads[3 + i] > KILN_MAX_DIM)
+            return kiln_error (err, KILN_EFORMAT, "window axis %d out of range", i);
+        int64_t span = in + pads[i] + pads[3 + i] - (k[i] - 1) * dl[i] - 1;
+        if (span < 0 || out != span / st[i] + 1)
+            return kiln_error (err, KILN_EFORMAT, "Y's axis %d must be %lld", 2 + i,
+                               (long long) (span < 0 ? 0 : span / st[i] + 1));
+        plan->u.conv3.in[i] = in;
+        plan->u.conv3.out[i] = out;
+        plan->u.conv3.k[i] = k[i];
+        plan->u.conv3.s[i] = st[i];
+        plan->u.conv3.d[i] = dl[i];
+        plan->u.conv3.p[i] = pads[i];
+        rows *= k[i];
+        cols *= out;
+    }
+    plan->u.conv3.n = n;
+    plan->u.conv3.c = c;
+    plan->u.conv3.m = m;
+    plan->u.conv3.group = group;
+    plan->u.conv3.rows = rows;
+    plan->u.conv3.cols = cols;
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (extra < 0 || extra > 1)
+        return kiln_error (err, KILN_EFORMAT, "takes X, W, an optional bias and an optional "
+                           "residual");
+    plan->u.conv3.bias = extra == 1;
+    if (plan->u.conv3.bias && (rc = s_need_numel (p, plan->in[2], m, "the bias", err)))
+        return rc;
+    bool pw = true;
+    for (int i = 0; i < 3; i++)
+        pw = pw && k[i] == 1 && st[i] == 1 && pads[i] == 0 && pads[3 + i] == 0;
+    plan->u.conv3.pointwise = pw;
+    if (!pw && (plan->scratch < 0 || s_t (p, plan->scratch)->dtype != KILN_DT_FLOAT32
+                || s_numel (s_t (p, plan->scratch)) < rows * cols))
+        return kiln_error (err, KILN_EFORMAT, "needs a float32 scratch tensor of %lld "
+                           "elements", (long long) (rows * cols));
+    plan->ws_bytes = kiln_gemm_ws_bytes (m / group, cols, rows, false, false);
+    return 0;
+}
+
+/* col[r, q] for group gi of batch ni: r = ((ci·kd + a)·kh + b)·kw + e,
+ * q = (z·oh + y)·ow + x; zero where the tap falls in the padding. */
+static void
+s_im2col3 (const kiln_kplan_t *plan, const float *x, float *col)
+{
+    const int64_t *in = plan->u.conv3.in, *out = plan->u.conv3.out, *k = plan->u.conv3.k;
+    const int64_t *st = plan->u.conv3.s, *dl = plan->u.conv3.d, *pd = plan->u.conv3.p;
+    int64_t cg = plan->u.conv3.c / plan->u.conv3.group, plane = in[0] * in[1] * in[2];
+    float *q = col;
+    for (int64_t ci = 0; ci < cg; ci++)
+        for (int64_t a = 0; a < k[0]; a++)
+            for (int64_t b = 0; b < k[1]; b++)
+                for (int64_t e = 0; e < k[2]; e++)
+                    for (int64_t z = 0; z < out[0]; z++) {
+                        int64_t iz = z * st[0] - pd[0] + a * dl[0];
+                        for (int64_t y = 0; y < out[1]; y++, q += out[2]) {
+                            int64_t iy = y * st[1] - pd[1] + b * dl[1];
+                            if (iz < 0 || iz >= in[0] || iy < 0 || iy >= in[1]) {
+                                memset (q, 0, (size_t) out[2] * sizeof *q);
+                                continue;
+                            }
+                            const float *row = x + ci * plane + (iz * in[1] + iy) * in[2];
+                            for (int64_t xx = 0; xx < out[2]; xx++) {
+                                int64_t ix = xx * st[2] - pd[2] + e * dl[2];
+                                q[xx] = ix >= 0 && ix < in[2] ? row[ix] : 0.0f;
+                            }
+                        }
+                    }
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    const float *b;             /* this product's B: the im2col or X */
+    int64_t ni, gi;
+} s_c3ctx_t;
+
+static void
+s_conv3_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
+{
+    const s_c3ctx_t *ctx = ctx_;
+    const kiln_kplan_t *plan = ctx->plan;
+    int64_t mg = plan->u.conv3.m / plan->u.conv3.group, rows = plan->u.conv3.rows;
+    int64_t cols = plan->u.conv3.cols;
+    int64_t yoff = (ctx->ni * plan->u.conv3.m + ctx->gi * mg) * cols;
+    (void) idx;
+    memset (g, 0, sizeof *g);
+    g->m = mg;
+    g->n = cols;
+    g->k = rows;
+    g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED,
+                           (const float *) ctx->data[plan->in[1]] + ctx->gi * mg * rows,
+                           rows, 1, NULL };
+    g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, ctx->b, cols, 1, NULL };
+    g->c = (float *) ctx->data[plan->out] + yoff;
+    g->ldc = cols;
+    g->alpha = 1.0f;
+    if (plan->u.conv3.bias)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) ctx->data[plan->in[2]] + ctx->gi * mg, 1, 0, 1.0f };
+    if (plan->epi.residual >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) ctx->data[plan->in[plan->epi.residual]] + yoff, cols, 1, 1.0f };
+    g->act = plan->epi.act;
+    g->act_a = plan->epi.a;
+    g->act_b = plan->epi.b;
+}
+
+static void
+s_run_CONV3D (const kiln_kplan_t *plan, void *const *data)
+{
+    int64_t groups = plan->u.conv3.group, cg = plan->u.conv3.c / groups;
+    int64_t plane = plan->u.conv3.in[0] * plan->u.conv3.in[1] * plan->u.conv3.in[2];
+    if (plan->u.conv3.cols == 0 || plan->u.conv3.m == 0)
+        return;
+    for (int64_t ni = 0; ni < plan->u.conv3.n; ni++)
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const float *x = (const float *) data[plan->in[0]]
+                             + (ni * plan->u.conv3.c + gi * cg) * plane;
+            s_c3ctx_t ctx = { plan, data, x, ni, gi };
+            if (!plan->u.conv3.pointwise) {
+                s_im2col3 (plan, x, data[plan->scratch]);
+                ctx.b = data[plan->scratch];
+            }
+            kiln_gemm_run (s_conv3_get, &ctx, 1);
+        }
+}
+
 /* --- kernels of kiln_kernels_math.c ----------------------------------- */
 
 /* Their prepare sets plan->run, so the table's run is never reached. */

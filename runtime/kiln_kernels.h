@@ -105,6 +105,11 @@ typedef struct kiln_kplan {
             bool winograd;          /* W transformed for F(t×t, 3x3) */
             kiln_wino_t wino;
         } conv;
+        struct {                    /* conv3d */
+            int64_t n, c, m, group, rows, cols;     /* cols: output positions */
+            int64_t in[3], out[3], k[3], s[3], d[3], p[3];
+            bool bias, pointwise;   /* 1x1x1, stride 1, unpadded: no im2col */
+        } conv3;
         struct {                    /* maxpool2d */
             int64_t planes, h, w, oh, ow;
             int64_t kh, kw, sh, sw, dh, dw, pt, pl;

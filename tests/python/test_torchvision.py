@@ -16,7 +16,7 @@ def _randomize_batchnorm(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
+            if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)):
                 n = m.num_features
                 m.running_mean.copy_(torch.rand(n, generator=g) * 0.2 - 0.1)
                 m.running_var.copy_(torch.rand(n, generator=g) * 0.5 + 0.75)
