@@ -299,17 +299,17 @@ START_TEST (test_compile_refuses_what_the_kernels_cannot_run)
     ck_assert_msg (strstr (err.msg, "'pool'") && strstr (err.msg, "Indices"), "%s", err.msg);
     kiln_graph_destroy (&g);
 
-    /* 3-D convolution. */
+    /* 4-D convolution (1-D to 3-D are kiln's). */
     g = kiln_graph_new ();
-    int x = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (1, 2, 4, 4, 4));
-    int w = s_weight (g, "w", SH (3, 2, 1, 1, 1), 0);
+    int x = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (1, 2, 4, 4, 4, 4));
+    int w = s_weight (g, "w", SH (3, 2, 1, 1, 1, 1), 0);
     y = testlib_tensor (g, "y");
-    testlib_node (g, "Conv", "conv3d", (int[]) { x, w }, 2, y);
+    testlib_node (g, "Conv", "conv4d", (int[]) { x, w }, 2, y);
     testlib_output (g, y);
     ck_assert (kiln_cc_compile (g, NULL, &err) == NULL);
     ck_assert_msg (err.code == KILN_EUNSUPPORTED || err.code == KILN_ESHAPE
                    || err.code == KILN_EFORMAT, "%d %s", err.code, err.msg);
-    ck_assert_msg (strstr (err.msg, "conv3d"), "%s", err.msg);
+    ck_assert_msg (strstr (err.msg, "conv4d"), "%s", err.msg);
     kiln_graph_destroy (&g);
 
     /* Bad compiler arguments fail before any work. */

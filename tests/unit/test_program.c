@@ -123,7 +123,7 @@ START_TEST (test_kernel_table_names_round_trip)
         ck_assert (lo >= 1 && lo <= hi && hi <= KILN_PROG_MAX_OP_IO && no >= 1
                    && no <= KILN_PROG_MAX_OP_IO);
     }
-    ck_assert_int_eq (kiln_kernel_from_name ("conv3d", 6), -1);
+    ck_assert_int_eq (kiln_kernel_from_name ("conv4d", 6), -1);
     ck_assert_str_eq (kiln_kernel_name (KILN_K_COUNT), "unknown");
 }
 END_TEST
