@@ -16,6 +16,7 @@
  *   0       first result, no check                   accepted (provenance says why
  *                                                    it was not checked)
  *   1       the check agrees                         accepted: signed, cached
+ *   1       both failed, in different words          the failure is reported, not cached
  *   1       the check disagrees, a third worker      recorded; requeued for a worker
  *           can build it                             that built neither
  *   1       ... no third worker                      the job fails naming both
@@ -326,9 +327,19 @@ broker_xcheck_result (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w
                            job->builds[0].worker, b->worker, s_what (b, what, sizeof what));
             return BROKER_XCHECK_ACCEPT;
         }
-        self->stats.disagreed++;
         job->disputed = true;
         char first[64];
+        if (b->code != 0 && job->builds[0].code != 0) {
+            /* Both failed, in different words (a path or a time in the
+             * log): no artifact is at stake, so the client gets this
+             * failure as it is; a failure in dispute is never cached. */
+            kiln_log_notice ("job %llu action %.*s: workers %s and %s both failed, with "
+                             "different messages or logs: not cached",
+                             (unsigned long long) job->id, BROKER_KEY_SHORT, job->action_key,
+                             job->builds[0].worker, b->worker);
+            return BROKER_XCHECK_ACCEPT;
+        }
+        self->stats.disagreed++;
         kiln_log_err ("job %llu action %.*s: cross-check failed: worker %s built %s, worker %s "
                       "built %s", (unsigned long long) job->id, BROKER_KEY_SHORT,
                       job->action_key, job->builds[0].worker,

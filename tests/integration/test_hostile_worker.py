@@ -8,7 +8,8 @@ registered beside honest kiln-workers on loopback.
   error names both workers; a third worker's build decides, and the
   hostile worker is quarantined;
 - its forged compile failure is neither cached nor served;
-- two honest workers that fail alike have the failure cached;
+- two honest workers that fail alike have the failure cached, and two
+  that fail in different words report it uncached;
 - a compile killed by SIGKILL is not cached as a failure;
 - `--cross-check off` and `new-workers:1` repeat the builds they say;
 - a build whose only checker leaves is built again and accepted unchecked.
@@ -167,14 +168,22 @@ def test_a_forged_failure_is_not_cached_and_a_confirmed_one_is(tmp_path):
 
         # Two honest workers failing alike: confirmed, cached.
         bad_tc = "bad@1=sh -c 'echo deterministic: node boom refused >&2; exit 3'"
-        farm.start_worker("bad-1", "--toolchain", bad_tc)
-        farm.start_worker("bad-2", "--toolchain", bad_tc)
+        noisy_tc = "noisy@1=sh -c 'echo refused, token $(od -An -N4 -tu4 /dev/urandom) >&2; exit 3'"
+        for name in ("bad-1", "bad-2"):
+            farm.start_worker(name, "--toolchain", bad_tc, "--toolchain", noisy_tc)
         farm.wait_for_workers(3)
         first = farm.compile(c, tmp_path / "d.kar", "--toolchain", "bad@1")
         assert first.returncode != 0 and "node boom refused" in first.stderr
         assert "the same on worker bad-" in first.stderr, first.stderr
         again = farm.compile(c, tmp_path / "d.kar", "--toolchain", "bad@1")
         assert again.returncode != 0 and "cached failure" in again.stderr
+        # Failures whose logs differ (a random token in each): the client sees the
+        # compile's own error, not a cross-check one, and it is not cached.
+        for attempt in range(2):
+            noisy = farm.compile(c, tmp_path / "d.kar", "--toolchain", "noisy@1")
+            assert noisy.returncode != 0 and "refused, token" in noisy.stderr
+            assert "cross-check" not in noisy.stderr and "cached failure" not in noisy.stderr
+        assert farm.log().count("both failed, with different messages or logs") == 2
 
 
 def test_a_compile_killed_by_sigkill_is_not_cached_as_a_failure(tmp_path):
