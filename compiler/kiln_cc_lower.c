@@ -1610,9 +1610,11 @@ s_lower_maxpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if (kiln_node_attr_int (node, "storage_order", 0) != 0)
         return s_fail (cx, KILN_EUNSUPPORTED, err, "storage_order 1");
     const kiln_shape_t *sx = &s_gt (cx, x)->shape;
+    if (sx->rank == 5)
+        return kiln_lower_shape_pool3d (cx, node, KILN_K_POOL3D, err);
     if (sx->rank != 3 && sx->rank != 4)
-        return s_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 1-D and "
-                       "2-D are supported)", sx->rank - 2);
+        return s_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 1-D, 2-D "
+                       "and 3-D are supported)", sx->rank - 2);
     /* A 1-D pool is a 2-D one of height 1 (s_set_window). */
     s_window_t w = { .ns = sx->rank - 2 };
     const kiln_attr_t *ks = kiln_node_attr (node, "kernel_shape");

@@ -643,9 +643,11 @@ kiln_lower_shape_avgpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     if ((rc = s_need_f32 (cx, node, err)))
         return rc;
     const kiln_shape_t *xs = &s_gt (cx, x)->shape;
+    if (xs->rank == 5)
+        return kiln_lower_shape_pool3d (cx, node, KILN_K_POOL3D, err);
     if (xs->rank != 3 && xs->rank != 4)
-        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 1-D and 2-D are "
-                             "supported)", xs->rank - 2);
+        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 1-D, 2-D and "
+                             "3-D are supported)", xs->rank - 2);
     kiln_window_t w;
     if ((rc = kiln_graph_window (cx->g, cx->node, &w, err)))
         return rc;
@@ -969,5 +971,47 @@ kiln_lower_shape_topk (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t
     op = kiln_cc_emit (cx, KILN_K_GATHER_ELEMENTS, ins, 2, &pv, 1, err);
     if (op < 0 || (rc = s_set_int (cx, op, "axis", axis, err)))
         return op < 0 ? op : rc;
+    return 0;
+}
+
+/* --- 3-D MaxPool and AveragePool ---------------------------------------- */
+
+int
+kiln_lower_shape_pool3d (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                         kiln_err_t *err)
+{
+    int x = s_in (node, 0), rc;
+    bool avg = s_op_is (node, "AveragePool");
+    if (x < 0 || node->n_outputs < 1)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input and an output");
+    if (!avg && node->n_outputs > 1)
+        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "the Indices output");
+    if ((rc = s_need_f32 (cx, node, err)))
+        return rc;
+    if (!avg && kiln_node_attr_int (node, "storage_order", 0) != 0)
+        return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "storage_order 1");
+    kiln_window_t w;
+    if ((rc = kiln_graph_window (cx->g, cx->node, &w, err)))
+        return rc;
+    if (w.n != 3)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "a %d-D window on a 3-D pool", w.n);
+    int px = kiln_cc_operand (cx, x, err);
+    if (px < 0)
+        return px;
+    /* The output shape is the one inference computed with the window. */
+    int py = kiln_cc_result (cx, node->outputs[0], err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, &px, 1, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "mode", avg, err))
+        || (rc = s_set_int (cx, op, "count_include_pad",
+                            avg && kiln_node_attr_int (node, "count_include_pad", 0) != 0, err))
+        || (rc = s_set_ints (cx, op, "kernel", w.kernel, 3, err))
+        || (rc = s_set_ints (cx, op, "strides", w.strides, 3, err))
+        || (rc = s_set_ints (cx, op, "dilations", w.dilations, 3, err))
+        || (rc = s_set_ints (cx, op, "pads", w.pads, 6, err)))
+        return rc;
     return 0;
 }

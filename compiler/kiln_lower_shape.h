@@ -70,4 +70,8 @@ int kiln_lower_shape_gather_nd (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln
 int kiln_lower_shape_topk (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                            kiln_err_t *err);
 
+/* MaxPool and AveragePool of rank 5: pool3d. */
+int kiln_lower_shape_pool3d (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                             kiln_err_t *err);
+
 #endif

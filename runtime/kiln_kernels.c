@@ -1843,39 +1843,34 @@ KILN_KMATH_KERNELS (S_MATH_KERNEL)
 KILN_KSHAPE_KERNELS (S_SHAPE_KERNEL)
 #undef S_SHAPE_KERNEL
 
-/* --- the kernel of kiln_kernels_rnn.c ---------------------------------- */
 
-#define S_RNN_KERNEL(id)                                                      \
+
+
+/* --- kernels of kiln_kernels_rnn.c, _index.c, _pool3d.c ------------------ */
+
+/* Their prepare sets plan->run too. */
+#define S_DELEGATED(prepare, id)                                              \
     static int                                                                \
     s_prepare_##id (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, \
                     kiln_err_t *err)                                          \
     {                                                                         \
-        return kiln_krnn_prepare (p, op, plan, err);                          \
+        return prepare (p, op, plan, err);                                    \
     }                                                                         \
     static void                                                               \
     s_run_##id (const kiln_kplan_t *plan, void *const *data)                  \
     {                                                                         \
         plan->run (plan, data);                                               \
     }
+#define S_RNN_KERNEL(id) S_DELEGATED (kiln_krnn_prepare, id)
+#define S_INDEX_KERNEL(id) S_DELEGATED (kiln_kindex_prepare, id)
+#define S_POOL3D_KERNEL(id) S_DELEGATED (kiln_kpool3d_prepare, id)
 KILN_KRNN_KERNELS (S_RNN_KERNEL)
-#undef S_RNN_KERNEL
-
-/* --- kernels of kiln_kernels_index.c ---------------------------------- */
-
-#define S_INDEX_KERNEL(id)                                                    \
-    static int                                                                \
-    s_prepare_##id (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, \
-                    kiln_err_t *err)                                          \
-    {                                                                         \
-        return kiln_kindex_prepare (p, op, plan, err);                        \
-    }                                                                         \
-    static void                                                               \
-    s_run_##id (const kiln_kplan_t *plan, void *const *data)                  \
-    {                                                                         \
-        plan->run (plan, data);                                               \
-    }
 KILN_KINDEX_KERNELS (S_INDEX_KERNEL)
+KILN_KPOOL3D_KERNELS (S_POOL3D_KERNEL)
+#undef S_RNN_KERNEL
 #undef S_INDEX_KERNEL
+#undef S_POOL3D_KERNEL
+#undef S_DELEGATED
 
 /* --- the table ------------------------------------------------------ */
 

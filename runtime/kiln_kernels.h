@@ -33,6 +33,7 @@
 #include "runtime/kiln_gemm.h"
 #include "runtime/kiln_kernels_index.h"
 #include "runtime/kiln_kernels_math.h"
+#include "runtime/kiln_kernels_pool3d.h"
 #include "runtime/kiln_kernels_rnn.h"
 #include "runtime/kiln_kernels_shape.h"
 #include "runtime/kiln_winograd.h"
@@ -121,6 +122,7 @@ typedef struct kiln_kplan {
         kiln_kshape_plan_t shape;   /* kiln_kernels_shape.h */
         kiln_krnn_plan_t rnn;       /* kiln_kernels_rnn.h */
         kiln_kindex_plan_t index;   /* kiln_kernels_index.h */
+        kiln_kpool3d_plan_t pool3d; /* kiln_kernels_pool3d.h */
     } u;
 } kiln_kplan_t;
 

@@ -65,3 +65,31 @@ def test_r3d_18_matches_torch():
     assert got.shape == want.shape == (1, 400)
     _close(got, want, "r3d_18")
     assert torch.equal(got.argmax(1), want.argmax(1))
+
+
+class _Pools(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pools = torch.nn.ModuleList([
+            torch.nn.MaxPool3d(3, stride=2, padding=1),
+            torch.nn.MaxPool3d((2, 3, 3), stride=(1, 2, 2), dilation=(1, 2, 1), ceil_mode=True),
+            torch.nn.AvgPool3d(3, stride=2, padding=1),                      # pads counted
+            torch.nn.AvgPool3d((3, 2, 3), stride=2, padding=(1, 1, 0),
+                               count_include_pad=False, ceil_mode=True),
+        ])
+
+    def forward(self, x):
+        return tuple(p(x) for p in self.pools)
+
+
+@pytest.mark.parametrize("opt", [0, 3])
+def test_3d_pools_match_torch(opt):
+    torch.manual_seed(5)
+    net = _Pools().eval()
+    x = torch.randn(2, 3, 5, 9, 8)
+    traced = kiln.trace(net, x, compiler_args=["--optlevel", str(opt)], fallback=False,
+                        check_trace=False)
+    y = torch.randn_like(x)
+    for k, (g, w) in enumerate(zip(traced(y), net(y))):
+        assert g.shape == w.shape, (k, g.shape, w.shape)
+        _close(g, w, f"pool {k}, -O{opt}")
