@@ -1,7 +1,8 @@
 /* Unit tests of the broker's store: staged writes appear only at commit,
  * cache hits are checked, failures are remembered and forgotten, blob
  * uploads are checked against their digest, the size cap evicts the least
- * recently used unpinned entries, artifacts open by content hash, pinned
+ * recently used unpinned entries, uploads in progress count against it
+ * from their start, artifacts open by content hash, pinned
  * artifacts are never evicted and uploads that do not fit beside them are
  * refused, and the integrity check finds damage. */
 #include <check.h>
@@ -324,6 +325,63 @@ START_TEST (test_the_cap_evicts_least_recently_used_unpinned_entries)
 }
 END_TEST
 
+/* An upload reserves its announced size under the cap from its start,
+ * evicting what may be evicted; one that would fit but for other uploads
+ * is told EBUSY, one that cannot fit beside what may not be evicted
+ * ELIMIT, each naming the cap (issue 14, finding 3). */
+START_TEST (test_uploads_in_progress_count_against_the_cap)
+{
+    kiln_err_t err = { 0 };
+    kiln_store_t *st = kiln_store_new (s_dir, 1 << 20, &err);
+    uint8_t a[KILN_DIGEST_LEN], b[KILN_DIGEST_LEN];
+    s_blob (st, 'a', 400 << 10, a);
+    s_blob (st, 'b', 300 << 10, b);
+    kiln_store_blob_pin (st, b);                /* a queued job needs b */
+    size_t size = 300 << 10;
+    uint8_t *data = malloc (size);
+    memset (data, 'x', size);
+    uint8_t x[KILN_DIGEST_LEN], y[KILN_DIGEST_LEN], z[KILN_DIGEST_LEN];
+    kiln_sha256 (data, size, x);
+    memset (y, 'y', sizeof y);
+    memset (z, 'z', sizeof z);
+    /* 500 KiB announced: a is evicted for it, b (pinned) stays */
+    kiln_blob_writer_t *w1 = kiln_store_blob_begin (st, y, 500 << 10, 0, NULL, &err);
+    ck_assert_msg (w1 != NULL, "%s", err.msg);
+    ck_assert (!kiln_store_has_blob (st, a) && kiln_store_has_blob (st, b));
+    kiln_store_stats_t stats;
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.reserved_bytes, 500 << 10);
+    ck_assert_uint_eq (stats.uploads, 1);
+    ck_assert_uint_eq (stats.job_pinned_bytes, 300 << 10);
+    ck_assert_uint_le (stats.bytes + stats.reserved_bytes, stats.max_bytes);
+    /* 300 more: would fit but for the upload in progress */
+    ck_assert_ptr_null (kiln_store_blob_begin (st, x, size, 0, NULL, &err));
+    ck_assert_int_eq (err.code, KILN_EBUSY);
+    ck_assert_msg (strstr (err.msg, "--store-max-bytes 1048576") != NULL, "%s", err.msg);
+    /* 800 KiB beside the pinned 300: never */
+    ck_assert_ptr_null (kiln_store_blob_begin (st, z, 800 << 10, 0, NULL, &err));
+    ck_assert_int_eq (err.code, KILN_ELIMIT);
+    ck_assert_msg (strstr (err.msg, "--store-max-bytes 1048576") != NULL, "%s", err.msg);
+    /* the first given up: its room is free again */
+    kiln_blob_writer_abort (&w1);
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.reserved_bytes, 0);
+    ck_assert_uint_eq (stats.uploads, 0);
+    kiln_blob_writer_t *w2 = kiln_store_blob_begin (st, x, size, 0, NULL, &err);
+    ck_assert_msg (w2 != NULL, "%s", err.msg);
+    ck_assert_int_eq (kiln_blob_writer_write (w2, data, size, &err), 0);
+    ck_assert_int_eq (kiln_store_blob_finish (st, &w2, &err), 0);
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.reserved_bytes, 0);
+    ck_assert_uint_eq (stats.bytes, 600 << 10);
+    kiln_store_blob_unpin (st, b);
+    kiln_store_stats (st, &stats);
+    ck_assert_uint_eq (stats.job_pinned_bytes, 0);
+    free (data);
+    kiln_store_destroy (&st);
+}
+END_TEST
+
 /* A payload of `size` bytes of text that `fill` makes distinct; caller frees. */
 static char *
 s_payload (size_t size, char fill)
@@ -558,6 +616,7 @@ main (void)
     tcase_add_test (tc, test_uploaded_blobs_are_checked_against_their_digest);
     tcase_add_test (tc, test_uploads_finish_on_their_own_threads_and_report_through_the_fd);
     tcase_add_test (tc, test_the_cap_evicts_least_recently_used_unpinned_entries);
+    tcase_add_test (tc, test_uploads_in_progress_count_against_the_cap);
     tcase_add_test (tc, test_stored_artifacts_open_by_content_hash_and_absent_ones_are_not_found);
     tcase_add_test (tc, test_pinned_artifacts_are_never_evicted_and_pins_survive_a_restart);
     tcase_add_test (tc, test_uploads_that_do_not_fit_beside_the_pins_are_refused);
