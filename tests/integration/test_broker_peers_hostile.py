@@ -47,6 +47,11 @@ def test_a_second_worker_with_a_taken_name_is_refused_and_the_first_keeps_buildi
                    stdout=twin_log, stderr=subprocess.STDOUT, env=dict(os.environ,
                                                                       TMPDIR=str(tmp_path)))
         twin_log.close()
+        deadline = time.monotonic() + 30
+        while ("the broker refused to register this worker"
+               not in (tmp_path / "twin.log").read_text(errors="replace")):
+            assert time.monotonic() < deadline, "the second w1 was not refused\n" + farm.logs()
+            time.sleep(0.1)
         # Jobs while both run: none fails, each built by the first.
         models = [tiny_model(tmp_path / f"m{i}.onnx", 700 + i) for i in range(4)]
         procs = [farm.spawn(farm.compile_argv(m, tmp_path / f"{i}.kar", "--toolchain",
@@ -231,7 +236,7 @@ def curve_farm(tmp_path):
 
 def test_a_client_whose_certificate_is_removed_is_cut_off_mid_request(curve_farm, tmp_path):
     farm, env, status, wait, worker, revoke, compile_as = curve_farm
-    worker("w1", "--toolchain", sleepy(5))
+    worker("w1", "--toolchain", sleepy(8))
     wait(lambda s: len(s["workers"]) == 1, "w1 registered")
     model, proc = compile_as("alice", 41)
     wait(lambda s: s["queue"]["running"] == 1, "alice's job running")
@@ -241,7 +246,7 @@ def test_a_client_whose_certificate_is_removed_is_cut_off_mid_request(curve_farm
     # Answered at once (the build had seconds left), refused, no artifact.
     assert proc.returncode != 0, out + farm.logs()
     assert "no longer trusted" in err, err
-    assert time.monotonic() - t0 < 4, "the revoked client was served until its job ended"
+    assert time.monotonic() - t0 < 6, "the revoked client was served until its job ended"
     assert not (tmp_path / "a.kar").exists()
     assert "client alice revoked" in farm.log()
     # Its next request, on a new connection, is refused too.
@@ -253,13 +258,13 @@ def test_a_client_whose_certificate_is_removed_is_cut_off_mid_request(curve_farm
 
 def test_a_worker_whose_certificate_is_removed_gets_no_more_work(curve_farm, tmp_path):
     farm, env, status, wait, worker, revoke, compile_as = curve_farm
-    worker("w1", "--toolchain", sleepy(3))
+    worker("w1", "--toolchain", sleepy(8))
     wait(lambda s: len(s["workers"]) == 1, "w1 registered")
     _, proc = compile_as("alice", 42)
     wait(lambda s: s["workers"] and s["workers"][0]["busy"] == 1, "the job running on w1")
     revoke("w1")
     # Within a couple of heartbeats w1 is gone from the farm, its job queued again.
-    st = wait(lambda s: not s["workers"], "w1 dropped", timeout=5)
+    st = wait(lambda s: not s["workers"], "w1 dropped", timeout=6)
     assert st["queue"]["queued"] == 1 and st["jobs"]["requeued"] == 1, st
     farm.wait_for_log("no longer trusted", name="w1", timeout=10)
     worker("w2", "--toolchain", sleepy(0.2))
@@ -268,7 +273,7 @@ def test_a_worker_whose_certificate_is_removed_gets_no_more_work(curve_farm, tmp
     assert json.loads(out)["worker"] == "w2"
     assert provenance(tmp_path / "a.kar")["builder"] == "w2"
     # What w1 sends when its build ends is refused, never taken.
-    farm.wait_for_log("w1 DONE refused", timeout=15)
+    farm.wait_for_log("w1 DONE refused", timeout=30)
     st = status()
     assert [w["name"] for w in st["workers"]] == ["w2"], st["workers"]
     assert st["jobs"]["done"] == 1 and st["jobs"]["failed"] == 0, st["jobs"]
