@@ -5,8 +5,10 @@
  *
  * A GET is answered by PARTs, 1 MiB each, in order, under the credit this
  * client grants (docs/protocol.md): it grants a window of chunks, writes
- * each chunk to a temporary file beside the target as it comes, hashing
- * it, and gives the credit back a quarter window at a time.  Only when
+ * each chunk to a temporary file beside the target as it comes (a thread
+ * of the call's own hashes the chunks beside the writes, so that the
+ * file's digest costs no time of its own), and gives the credit back a
+ * quarter window at a time.  Only when
  * the whole file is there, hashes to what the broker says it sent, opens
  * as an archive whose members all match its manifest and has the content
  * hash asked for, is it renamed into place.  A broker that goes silent,
@@ -19,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +35,7 @@
 
 #define S_GET_WINDOW     32           /* chunks granted to the broker at once */
 #define S_GET_ATTEMPTS   5            /* GETs sent for one call (the first and resends) */
+#define S_HASH_RING      10           /* chunks waiting for the hasher, at most */
 
 /* --- one request, one reply ---------------------------------------------------- */
 
@@ -182,6 +186,91 @@ kiln_client_pin (kiln_client_t *self, const char *digest_hex, bool pin, int wait
 
 /* --- GET ----------------------------------------------------------------------- */
 
+/* The file's digest, taken on a thread beside the writes: the receiving
+ * loop hands each chunk's frame over once written (no copy) and goes on;
+ * it waits only when S_HASH_RING chunks are waiting. */
+typedef struct {
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t work, room;
+    zframe_t *ring[S_HASH_RING];     /* chunk i at ring[i % S_HASH_RING], under mu */
+    uint64_t pushed, popped;         /* under mu */
+    bool closing, abort;             /* under mu */
+    kiln_sha256_t *sha;              /* the thread's while it runs */
+} s_hasher_t;
+
+static void *
+s_hasher_main (void *arg)
+{
+    s_hasher_t *h = arg;
+    while (true) {
+        pthread_mutex_lock (&h->mu);
+        while (h->popped == h->pushed && !h->closing && !h->abort)
+            pthread_cond_wait (&h->work, &h->mu);
+        if (h->abort || h->popped == h->pushed) {
+            pthread_mutex_unlock (&h->mu);
+            break;
+        }
+        zframe_t *frame = h->ring[h->popped % S_HASH_RING];
+        pthread_mutex_unlock (&h->mu);
+        kiln_sha256_update (h->sha, zframe_data (frame), zframe_size (frame));
+        pthread_mutex_lock (&h->mu);
+        zframe_destroy (&h->ring[h->popped % S_HASH_RING]);
+        h->popped++;
+        pthread_cond_signal (&h->room);
+        pthread_mutex_unlock (&h->mu);
+    }
+    return NULL;
+}
+
+/* Stop the hasher: once it has hashed everything handed over, or at
+ * once (`abort`); the frames it did not take are freed. */
+static void
+s_hasher_stop (s_hasher_t *h, bool abort)
+{
+    if (!h->started)
+        return;
+    pthread_mutex_lock (&h->mu);
+    h->closing = true;
+    h->abort = h->abort || abort;
+    pthread_cond_signal (&h->work);
+    pthread_mutex_unlock (&h->mu);
+    pthread_join (h->thread, NULL);
+    h->started = false;
+    while (h->popped < h->pushed)
+        zframe_destroy (&h->ring[h->popped++ % S_HASH_RING]);
+}
+
+/* A new digest from the first byte, on a new thread. */
+static int
+s_hasher_start (s_hasher_t *h, kiln_err_t *err)
+{
+    s_hasher_stop (h, true);
+    kiln_sha256_destroy (&h->sha);
+    h->pushed = h->popped = 0;
+    h->closing = h->abort = false;
+    if (!(h->sha = kiln_sha256_new ()))
+        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    if (pthread_create (&h->thread, NULL, s_hasher_main, h) != 0)
+        return kiln_error (err, KILN_ESYS, "could not start a thread to hash the artifact");
+    h->started = true;
+    return 0;
+}
+
+/* Hand a written chunk over (the hasher owns it then). */
+static void
+s_hasher_push (s_hasher_t *h, zframe_t **frame_p)
+{
+    pthread_mutex_lock (&h->mu);
+    while (h->pushed - h->popped >= S_HASH_RING)
+        pthread_cond_wait (&h->room, &h->mu);
+    h->ring[h->pushed++ % S_HASH_RING] = *frame_p;
+    *frame_p = NULL;
+    pthread_cond_signal (&h->work);
+    pthread_mutex_unlock (&h->mu);
+}
+
 /* One call of kiln_client_get. */
 typedef struct {
     kiln_client_t *self;
@@ -194,7 +283,7 @@ typedef struct {
     uint64_t size;                   /* the archive's bytes */
     uint64_t received;               /* bytes written, all in order */
     uint32_t owed;                   /* chunks taken, credit not given back yet */
-    kiln_sha256_t *sha;              /* of the bytes written */
+    s_hasher_t hash;                 /* of the bytes written */
     char file_sha[KILN_HEX_LEN];     /* its digest, once complete */
     bool complete;
     int64_t progress;                /* zclock_mono of the GET or the last PART */
@@ -218,9 +307,8 @@ s_get_send (s_get_t *g, const char *why, kiln_err_t *err)
     g->have_size = g->complete = false;
     g->size = g->received = 0;
     g->owed = 0;
-    kiln_sha256_destroy (&g->sha);
-    if (!(g->sha = kiln_sha256_new ()))
-        return kiln_error (err, KILN_ENOMEM, "out of memory");
+    if (s_hasher_start (&g->hash, err) != 0)
+        return -err->code;
     if (ftruncate (g->fd, 0) != 0)
         return kiln_error (err, KILN_EIO, "could not truncate '%s': %s", g->tmp,
                            strerror (errno));
@@ -275,19 +363,23 @@ s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
                            (unsigned long long) msg->offset,
                            (unsigned long long) msg->artifact_size,
                            (unsigned long long) g->received, (unsigned long long) g->size);
-    zframe_t *frame = kiln_msg_chunk_frame (msg);
+    zframe_t *frame = kiln_msg_take_chunk (msg);
     const uint8_t *data = frame ? zframe_data (frame) : NULL;
     size_t len = frame ? zframe_size (frame) : 0;     /* the decoder checked it */
     for (size_t done = 0; done < len;) {
         ssize_t n = pwrite (g->fd, data + done, len - done, (off_t) (g->received + done));
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0)
+        if (n <= 0) {
+            int e = errno;
+            zframe_destroy (&frame);
             return kiln_error (err, KILN_EIO, "could not write '%s': %s", g->tmp,
-                               n < 0 ? strerror (errno) : "short write");
+                               n < 0 ? strerror (e) : "short write");
+        }
         done += (size_t) n;
     }
-    kiln_sha256_update (g->sha, data, len);
+    if (frame)
+        s_hasher_push (&g->hash, &frame);
     g->received += len;
     g->progress = zclock_mono ();
     if (g->self->progress) {
@@ -303,7 +395,8 @@ s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
     /* The last part: the broker's digest of what it read is ours of
      * what we wrote. */
     uint8_t digest[KILN_DIGEST_LEN];
-    kiln_sha256_final (&g->sha, digest);
+    s_hasher_stop (&g->hash, false);
+    kiln_sha256_final (&g->hash.sha, digest);
     kiln_hex (digest, KILN_DIGEST_LEN, g->file_sha);
     if (strcmp (msg->digest, g->file_sha) != 0)
         return kiln_error (err, KILN_EVERIFY, "artifact %.12s arrived damaged: its %llu bytes "
@@ -423,6 +516,9 @@ kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_pa
                            "(64 lower-case hex characters)", digest_hex ? digest_hex : "");
     s_get_t g = { .self = self, .fd = -1 };
     memcpy (g.digest, digest_hex, KILN_HEX_LEN);
+    pthread_mutex_init (&g.hash.mu, NULL);
+    pthread_cond_init (&g.hash.work, NULL);
+    pthread_cond_init (&g.hash.room, NULL);
     kiln_artifact_t *art = NULL;
     int rc = 0;
     /* The temporary file goes beside the target, so that the rename is
@@ -509,7 +605,11 @@ done:
         }
     }
     kiln_artifact_destroy (&art);
-    kiln_sha256_destroy (&g.sha);
+    s_hasher_stop (&g.hash, true);
+    kiln_sha256_destroy (&g.hash.sha);
+    pthread_mutex_destroy (&g.hash.mu);
+    pthread_cond_destroy (&g.hash.work);
+    pthread_cond_destroy (&g.hash.room);
     if (g.fd >= 0)
         close (g.fd);
     if (g.tmp[0])
