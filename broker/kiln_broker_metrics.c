@@ -341,6 +341,9 @@ s_render (kiln_broker_t *self, FILE *out)
     kiln_store_stats_t st;
     kiln_store_stats (self->store, &st);
     s_value (out, "kiln_broker_store_bytes", "gauge", "bytes in the store", (double) st.bytes);
+    s_value (out, "kiln_broker_upload_reserved_bytes", "gauge",
+             "bytes announced by uploads under way, reserved under the cap",
+             (double) st.reserved_bytes);
     s_value (out, "kiln_broker_store_max_bytes", "gauge", "the store's cap",
              (double) st.max_bytes);
     s_value (out, "kiln_broker_store_artifacts", "gauge", "artifacts in the store",
