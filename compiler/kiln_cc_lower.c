@@ -1798,6 +1798,7 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "Scatter",           kiln_lower_shape_scatter, KILN_K_SCATTER_ELEMENTS, false },
     { "GatherND",          kiln_lower_shape_gather_nd, KILN_K_GATHER_ND, true },
     { "TopK",              kiln_lower_shape_topk, KILN_K_TOPK, true },
+    { "GridSample",        kiln_lower_shape_grid_sample, KILN_K_GRID_SAMPLE, false },
     /* the float unary ops of common/kiln_ops_unary.h */
 #define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
     { onnx, kiln_lower_math_unary, KILN_K_##id, false },

@@ -1015,3 +1015,36 @@ kiln_lower_shape_pool3d (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel
         return rc;
     return 0;
 }
+
+/* --- GridSample ------------------------------------------------------------- */
+
+int
+kiln_lower_shape_grid_sample (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
+                              kiln_err_t *err)
+{
+    int x = s_in (node, 0), g = s_in (node, 1), mode, pad, rc;
+    bool align;
+    kiln_shape_t ys;
+    if (x < 0 || g < 0)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs X and grid");
+    if ((rc = s_need_f32 (cx, node, err)))
+        return rc;
+    if ((rc = kiln_grid_sample_params (node, &s_gt (cx, x)->shape, &s_gt (cx, g)->shape, &mode,
+                                       &pad, &align, &ys, err)))
+        return s_prefixed (cx, rc, err);
+    int ins[2];
+    for (int i = 0; i < 2; i++)
+        if ((ins[i] = s_operand (cx, node, i, err)) < 0)
+            return ins[i];
+    int py = s_result (cx, node, 0, &ys, err);
+    if (py < 0)
+        return py;
+    int op = kiln_cc_emit (cx, k, ins, 2, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "mode", mode, err))
+        || (rc = s_set_int (cx, op, "padding_mode", pad, err))
+        || (rc = s_set_int (cx, op, "align_corners", align, err)))
+        return rc;
+    return 0;
+}

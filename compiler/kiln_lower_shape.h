@@ -74,4 +74,8 @@ int kiln_lower_shape_topk (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kern
 int kiln_lower_shape_pool3d (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                              kiln_err_t *err);
 
+/* GridSample of a 4-D X, bilinear or nearest. */
+int kiln_lower_shape_grid_sample (kiln_cc_ctx_t *cx, const kiln_node_t *node,
+                                  kiln_kernel_t k, kiln_err_t *err);
+
 #endif

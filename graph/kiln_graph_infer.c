@@ -820,6 +820,7 @@ static const s_op_t s_ops[] = {
     { "GlobalMaxPool",      1, 1,   1, 1, s_infer_global_pool },
     { "Greater",           2, 2,   1, 1, kiln_infer_compare },
     { "GreaterOrEqual",    2, 2,   1, 1, kiln_infer_compare },
+    { "GridSample",         2, 2,   1, 1, kiln_infer_grid_sample },
     { "HardSigmoid",       1, 1,   1, 1, kiln_infer_float_unary },
     { "HardSwish",         1, 1,   1, 1, kiln_infer_float_unary },
     { "Hardmax",           1, 1,   1, 1, kiln_infer_softmax },

@@ -906,3 +906,19 @@ kiln_infer_topk (kiln_infer_ctx_t *ctx)
         s_set_out (ctx, 1, KILN_DT_INT64, &y);
     return 0;
 }
+
+int
+kiln_infer_grid_sample (kiln_infer_ctx_t *ctx)
+{
+    const kiln_infer_type_t *x = kiln_infer_in (ctx, 0), *g = kiln_infer_in (ctx, 1);
+    kiln_shape_t y;
+    int rc, mode, pad;
+    bool align;
+    if ((rc = s_want (ctx, 0, S_M (FLOAT32))) || (rc = s_want (ctx, 1, S_M (FLOAT32))))
+        return rc;
+    if ((rc = kiln_grid_sample_params (ctx->node, &x->shape, &g->shape, &mode, &pad, &align,
+                                       &y, ctx->err)))
+        return kiln_error_prefix (ctx->err, "%s", ctx->label);
+    s_set_out (ctx, 0, x->dtype, &y);
+    return 0;
+}

@@ -54,6 +54,7 @@ int kiln_infer_rnn (kiln_infer_ctx_t *ctx);           /* RNN, GRU, LSTM */
 int kiln_infer_scatter (kiln_infer_ctx_t *ctx);       /* ScatterND, ScatterElements, Scatter */
 int kiln_infer_gather_nd (kiln_infer_ctx_t *ctx);
 int kiln_infer_topk (kiln_infer_ctx_t *ctx);          /* K a constant */
+int kiln_infer_grid_sample (kiln_infer_ctx_t *ctx);
 int kiln_infer_nll (kiln_infer_ctx_t *ctx);
 int kiln_infer_isinf (kiln_infer_ctx_t *ctx);
 int kiln_infer_eyelike (kiln_infer_ctx_t *ctx);           /* and SoftmaxCrossEntropyLoss */

@@ -1308,3 +1308,38 @@ kiln_topk_params (const kiln_graph_t *g, const kiln_node_t *node, const kiln_sha
     out->dims[*axis] = *k;
     return 0;
 }
+
+int
+kiln_grid_sample_params (const kiln_node_t *node, const kiln_shape_t *x,
+                         const kiln_shape_t *grid, int *mode, int *pad, bool *align,
+                         kiln_shape_t *out, kiln_err_t *err)
+{
+    const char *m = kiln_node_attr_string (node, "mode", "bilinear");
+    const char *pm = kiln_node_attr_string (node, "padding_mode", "zeros");
+    if (!strcmp (m, "bilinear") || !strcmp (m, "linear"))
+        *mode = 0;
+    else if (!strcmp (m, "nearest"))
+        *mode = 1;
+    else
+        return kiln_error (err, KILN_EUNSUPPORTED, "mode '%s' (kiln samples bilinear and "
+                           "nearest)", m);
+    if (!strcmp (pm, "zeros"))
+        *pad = 0;
+    else if (!strcmp (pm, "border"))
+        *pad = 1;
+    else if (!strcmp (pm, "reflection"))
+        *pad = 2;
+    else
+        return kiln_error (err, KILN_EUNSUPPORTED, "padding_mode '%s'", pm);
+    *align = kiln_node_attr_int (node, "align_corners", 0) != 0;
+    if (x->rank != 4 || grid->rank != 4 || grid->dims[0] != x->dims[0] || grid->dims[3] != 2) {
+        char sx[160], sg[160];
+        kiln_shape_str (x, sx, sizeof sx);
+        kiln_shape_str (grid, sg, sizeof sg);
+        return kiln_error (err, KILN_EUNSUPPORTED, "X %s and grid %s: kiln samples X [N, C, "
+                           "H, W] at a grid [N, oh, ow, 2]", sx, sg);
+    }
+    *out = (kiln_shape_t) { .rank = 4, .dims = { x->dims[0], x->dims[1], grid->dims[1],
+                                                 grid->dims[2] } };
+    return 0;
+}

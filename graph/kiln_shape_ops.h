@@ -226,4 +226,11 @@ int kiln_topk_params (const kiln_graph_t *g, const kiln_node_t *node, const kiln
                       int *axis, int64_t *k, bool *largest, kiln_shape_t *out,
                       kiln_err_t *err);
 
+/* GridSample of X [N, C, H, W] at grid [N, oh, ow, 2]: *mode 0 bilinear
+ * (opset 20's "linear"), 1 nearest (cubic is KILN_EUNSUPPORTED); *pad 0
+ * zeros, 1 border, 2 reflection; the output [N, C, oh, ow]. */
+int kiln_grid_sample_params (const kiln_node_t *node, const kiln_shape_t *x,
+                             const kiln_shape_t *grid, int *mode, int *pad, bool *align,
+                             kiln_shape_t *out, kiln_err_t *err);
+
 #endif

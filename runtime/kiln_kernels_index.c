@@ -407,6 +407,109 @@ s_prep_topk (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err
     return 0;
 }
 
+/* --- grid_sample -------------------------------------------------------- */
+
+/* Grid value g in -1..1 to a pixel coordinate of an axis of n pixels,
+ * with the padding mode's reflection or clamping applied.  NaN (and an
+ * infinity, when reflecting) maps to -1, outside the axis: zeros, or the
+ * border; values far outside are clamped to just outside, so that every
+ * pixel index computed from the result fits in an int64. */
+static double
+s_grid_coord (const kiln_kindex_plan_t *ip, double g, int64_t n)
+{
+    double x = ip->galign ? (g + 1) / 2 * (double) (n - 1) : ((g + 1) * (double) n - 1) / 2;
+    if (x != x || (ip->gpad == 2 && !isfinite (x)))
+        x = -1;
+    if (ip->gpad != 2)
+        x = x < -2 ? -2 : x > (double) n + 1 ? (double) n + 1 : x;
+    if (ip->gpad == 2) {                        /* reflection */
+        double lo = ip->galign ? 0 : -0.5, hi = ip->galign ? (double) (n - 1) : n - 0.5;
+        double span = hi - lo;
+        if (span <= 0)
+            x = 0;
+        else {
+            double v = fabs (x - lo);
+            double flips = floor (v / span);
+            double extra = v - flips * span;
+            x = fmod (flips, 2) == 0 ? lo + extra : hi - extra;
+        }
+    }
+    if (ip->gpad >= 1)                          /* border, and reflection's ends */
+        x = x < 0 ? 0 : x > (double) (n - 1) ? (double) (n - 1) : x;
+    return x;
+}
+
+/* X's pixel (i, j) of one plane, 0 outside it. */
+static float
+s_pixel (const float *plane, int64_t h, int64_t w, int64_t i, int64_t j)
+{
+    return i >= 0 && i < h && j >= 0 && j < w ? plane[i * w + j] : 0.0f;
+}
+
+static void
+s_run_grid_sample (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kindex_plan_t *ip = &plan->u.index;
+    const float *x = data[plan->in[0]], *grid = data[plan->in[1]];
+    float *y = data[plan->out];
+    int64_t h = ip->gh, w = ip->gw, oh = ip->goh, ow = ip->gow;
+    for (int64_t n = 0; n < ip->gn; n++)
+        for (int64_t p = 0; p < oh * ow; p++) {
+            const float *g = grid + (n * oh * ow + p) * 2;
+            double gx = s_grid_coord (ip, g[0], w), gy = s_grid_coord (ip, g[1], h);
+            for (int64_t c = 0; c < ip->gc; c++) {
+                const float *plane = x + (n * ip->gc + c) * h * w;
+                float v;
+                if (ip->gmode == 1)
+                    v = s_pixel (plane, h, w, (int64_t) nearbyint (gy), (int64_t) nearbyint (gx));
+                else {
+                    double fx = floor (gx), fy = floor (gy), ax = gx - fx, ay = gy - fy;
+                    int64_t j = (int64_t) fx, i = (int64_t) fy;
+                    v = (float) ((1 - ay) * ((1 - ax) * s_pixel (plane, h, w, i, j)
+                                             + ax * s_pixel (plane, h, w, i, j + 1))
+                                 + ay * ((1 - ax) * s_pixel (plane, h, w, i + 1, j)
+                                         + ax * s_pixel (plane, h, w, i + 1, j + 1)));
+                }
+                y[(n * ip->gc + c) * oh * ow + p] = v;
+            }
+        }
+}
+
+static int
+s_prep_grid_sample (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                    kiln_err_t *err)
+{
+    kiln_kindex_plan_t *ip = &plan->u.index;
+    const kiln_prog_tensor_t *x = &p->tensors[plan->in[0]], *g = &p->tensors[plan->in[1]];
+    const kiln_prog_tensor_t *y = &p->tensors[plan->out];
+    int64_t mode, pad, align;
+    int rc;
+    if ((rc = kiln_prog_op_int (op, "mode", &mode, err))
+        || (rc = kiln_prog_op_int (op, "padding_mode", &pad, err))
+        || (rc = kiln_prog_op_int (op, "align_corners", &align, err)))
+        return rc;
+    if (mode < 0 || mode > 1 || pad < 0 || pad > 2)
+        return kiln_error (err, KILN_EFORMAT, "mode must be 0..1 and padding_mode 0..2");
+    if (x->dtype != KILN_DT_FLOAT32 || g->dtype != KILN_DT_FLOAT32 || y->dtype != KILN_DT_FLOAT32
+        || x->shape.rank != 4 || g->shape.rank != 4 || y->shape.rank != 4
+        || g->shape.dims[0] != x->shape.dims[0] || g->shape.dims[3] != 2
+        || y->shape.dims[0] != x->shape.dims[0] || y->shape.dims[1] != x->shape.dims[1]
+        || y->shape.dims[2] != g->shape.dims[1] || y->shape.dims[3] != g->shape.dims[2])
+        return kiln_error (err, KILN_EFORMAT, "X [N, C, H, W], grid [N, oh, ow, 2] and Y "
+                           "[N, C, oh, ow] must be float32");
+    ip->gn = x->shape.dims[0];
+    ip->gc = x->shape.dims[1];
+    ip->gh = x->shape.dims[2];
+    ip->gw = x->shape.dims[3];
+    ip->goh = g->shape.dims[1];
+    ip->gow = g->shape.dims[2];
+    ip->gmode = (int) mode;
+    ip->gpad = (int) pad;
+    ip->galign = align != 0;
+    plan->run = s_run_grid_sample;
+    return 0;
+}
+
 int
 kiln_kindex_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                      kiln_err_t *err)
@@ -416,6 +519,7 @@ kiln_kindex_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_SCATTER_ELEMENTS: return s_prep_scatter (p, op, plan, false, err);
     case KILN_K_GATHER_ND: return s_prep_gather_nd (p, op, plan, err);
     case KILN_K_TOPK: return s_prep_topk (p, op, plan, err);
+    case KILN_K_GRID_SAMPLE: return s_prep_grid_sample (p, op, plan, err);
     default:
         return kiln_error (err, KILN_EINVAL, "kernel %s is not an index kernel",
                            kiln_kernel_name (plan->kernel));

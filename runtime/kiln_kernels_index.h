@@ -1,6 +1,7 @@
 /*
  * kiln_kernels_index — kernels whose indices are data: scatter_nd,
- * scatter_elements, gather_nd, topk (docs/program-format.md).  Internal
+ * scatter_elements, gather_nd, topk, and grid_sample, whose sampling
+ * coordinates are (docs/program-format.md).  Internal
  * to libkilnrt.
  *
  * Every index read at run time is checked against the axis it indexes
@@ -19,7 +20,8 @@
 struct kiln_kplan;
 
 /* The KILN_KERNELS ids this file implements. */
-#define KILN_KINDEX_KERNELS(X) X (SCATTER_ND) X (SCATTER_ELEMENTS) X (GATHER_ND) X (TOPK)
+#define KILN_KINDEX_KERNELS(X) \
+    X (SCATTER_ND) X (SCATTER_ELEMENTS) X (GATHER_ND) X (TOPK) X (GRID_SAMPLE)
 
 /* The `reduction` parameter of the scatters; the compiler writes the
  * same numbers. */
@@ -44,6 +46,11 @@ typedef struct kiln_kindex_plan {
     int64_t slice;              /* nd: elements a tuple addresses */
     int64_t outer, len, inner;  /* topk: X as [outer, len, inner] */
     bool largest;
+    /* grid_sample: X [n, c, h, w], grid [n, oh, ow, 2] */
+    int64_t gn, gc, gh, gw, goh, gow;
+    int gmode;                  /* 0 bilinear, 1 nearest */
+    int gpad;                   /* 0 zeros, 1 border, 2 reflection */
+    bool galign;                /* align_corners */
 } kiln_kindex_plan_t;
 
 /* Check and plan an op of KILN_KINDEX_KERNELS; sets plan->run. */

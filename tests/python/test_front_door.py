@@ -200,15 +200,13 @@ def test_a_model_with_ops_kiln_does_not_compile_is_partitioned(tmp_path, kiln_en
             self.a = nn.Linear(16, 32)
             self.b = nn.Linear(32, 8)
             self.register_buffer("slots", torch.arange(8).repeat(4, 1) * 4)
-            self.register_buffer("grid", torch.linspace(-0.9, 0.9, 32).reshape(4, 2, 2, 2))
 
         def forward(self, x):
             h = torch.relu(self.a(x))
             h = torch.scatter(h, 1, self.slots, h[:, :8] * 2)
             values, index = torch.topk(h, 4, dim=1)
-            # GridSample: not in kiln
-            g = torch.nn.functional.grid_sample(h[:, :8].reshape(4, 1, 2, 4), self.grid,
-                                                align_corners=False).reshape(4, 4)
+            # OneHot: not in kiln
+            g = torch.nn.functional.one_hot(index[:, 0], 32).float() * h
             return self.b(h) + values.sum(1, keepdim=True) + g.sum(1, keepdim=True), index
 
     torch.manual_seed(4)
@@ -216,13 +214,13 @@ def test_a_model_with_ops_kiln_does_not_compile_is_partitioned(tmp_path, kiln_en
     x = torch.randn(4, 16)
     with pytest.raises(kiln.UnsupportedOperatorError) as e:
         kiln.trace(model, x, fallback=False)
-    assert set(e.value.ops) == {"GridSample"}, e.value.ops
+    assert set(e.value.ops) == {"OneHot"}, e.value.ops
 
-    with pytest.warns(UserWarning, match=r"run on the CPU: grid_sample \(1\)"):
+    with pytest.warns(UserWarning, match=r"run on the CPU: one_hot \(1\)"):
         traced = kiln.trace(model, x)
     assert traced.partitioned
     assert 0 < traced.on_kiln_ratio < 1
-    assert traced.cpu_ops == {"grid_sample": 1}
+    assert traced.cpu_ops == {"one_hot": 1}
     y = torch.randn(4, 16)
     got, want = traced(y), model(y)
     assert torch.allclose(got[0], want[0].detach(), rtol=1e-4, atol=1e-5)
