@@ -885,6 +885,22 @@ kiln_lower_shape_rnn (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t 
 
 /* --- ScatterND, ScatterElements, GatherND, TopK ------------------------- */
 
+/* Emit kernel k reading the node's inputs 0..n-1 and writing its output 0
+ * (of shape ys); returns the op. */
+static int
+s_emit_inputs (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k, int n,
+               const kiln_shape_t *ys, kiln_err_t *err)
+{
+    int ins[KILN_PROG_MAX_OP_IO];
+    for (int i = 0; i < n; i++)
+        if ((ins[i] = s_operand (cx, node, i, err)) < 0)
+            return ins[i];
+    int py = s_result (cx, node, 0, ys, err);
+    if (py < 0)
+        return py;
+    return kiln_cc_emit (cx, k, ins, n, &py, 1, err);
+}
+
 int
 kiln_lower_shape_scatter (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                           kiln_err_t *err)
@@ -896,14 +912,7 @@ kiln_lower_shape_scatter (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     if ((rc = kiln_scatter_params (node, k == KILN_K_SCATTER_ND, xs, &s_gt (cx, ind)->shape,
                                    &s_gt (cx, upd)->shape, &red, &axis, err)))
         return s_prefixed (cx, rc, err);
-    int ins[3];
-    for (int i = 0; i < 3; i++)
-        if ((ins[i] = s_operand (cx, node, i, err)) < 0)
-            return ins[i];
-    int py = s_result (cx, node, 0, xs, err);
-    if (py < 0)
-        return py;
-    int op = kiln_cc_emit (cx, k, ins, 3, &py, 1, err);
+    int op = s_emit_inputs (cx, node, k, 3, xs, err);
     if (op < 0)
         return op;
     if ((rc = s_set_int (cx, op, "reduction", red, err))
@@ -923,14 +932,7 @@ kiln_lower_shape_gather_nd (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_ker
     if ((rc = kiln_gather_nd_params (node, &s_gt (cx, x)->shape, &s_gt (cx, ind)->shape, &bd,
                                      &ys, err)))
         return s_prefixed (cx, rc, err);
-    int ins[2];
-    for (int i = 0; i < 2; i++)
-        if ((ins[i] = s_operand (cx, node, i, err)) < 0)
-            return ins[i];
-    int py = s_result (cx, node, 0, &ys, err);
-    if (py < 0)
-        return py;
-    int op = kiln_cc_emit (cx, k, ins, 2, &py, 1, err);
+    int op = s_emit_inputs (cx, node, k, 2, &ys, err);
     if (op < 0 || (rc = s_set_int (cx, op, "batch_dims", bd, err)))
         return op < 0 ? op : rc;
     return 0;
@@ -1032,14 +1034,7 @@ kiln_lower_shape_grid_sample (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_k
     if ((rc = kiln_grid_sample_params (node, &s_gt (cx, x)->shape, &s_gt (cx, g)->shape, &mode,
                                        &pad, &align, &ys, err)))
         return s_prefixed (cx, rc, err);
-    int ins[2];
-    for (int i = 0; i < 2; i++)
-        if ((ins[i] = s_operand (cx, node, i, err)) < 0)
-            return ins[i];
-    int py = s_result (cx, node, 0, &ys, err);
-    if (py < 0)
-        return py;
-    int op = kiln_cc_emit (cx, k, ins, 2, &py, 1, err);
+    int op = s_emit_inputs (cx, node, k, 2, &ys, err);
     if (op < 0)
         return op;
     if ((rc = s_set_int (cx, op, "mode", mode, err))
