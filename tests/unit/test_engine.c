@@ -826,7 +826,10 @@ START_TEST (test_depthwise_convolution_matches_o0)
     /* channels, multiplier, h, w, kernel, stride, dilation, pad */
     int64_t cases[][8] = { { 8, 1, 13, 11, 3, 1, 1, 1 }, { 6, 1, 14, 14, 3, 2, 1, 1 },
                            { 4, 2, 9, 10, 5, 1, 2, 4 }, { 5, 1, 7, 7, 3, 2, 1, 0 },
-                           { 3, 3, 8, 9, 3, 3, 1, 2 } };
+                           { 3, 3, 8, 9, 3, 3, 1, 2 },
+                           /* 40 planes of 9×9 (two full groups of the
+                            * interleaved loops and a part), dilated */
+                           { 20, 1, 9, 9, 5, 1, 2, 4 }, { 17, 2, 16, 15, 3, 2, 1, 1 } };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int64_t c = cases[i][0], mul = cases[i][1], k = cases[i][4];
         kiln_graph_t *g = kiln_graph_new ();
