@@ -201,7 +201,10 @@ broker_job_requeue (kiln_broker_t *self, broker_job_t *job, const char *reason, 
     }
     if (death)
         job->deaths++;
-    if (job->deaths >= self->cfg.max_deaths || job->dispatches >= self->cfg.max_dispatches) {
+    /* A cross-checked job is built more than once: each completed build
+     * has the dispatch it took on top of the limit. */
+    int max_dispatches = self->cfg.max_dispatches + job->n_builds;
+    if (job->deaths >= self->cfg.max_deaths || job->dispatches >= max_dispatches) {
         char message[KILN_ERR_MSG_MAX];
         if (job->deaths >= self->cfg.max_deaths)
             broker_fmt (message, sizeof message, "job %llu gave up: %d workers were lost while "
@@ -283,7 +286,7 @@ bool
 broker_worker_offers_any (kiln_broker_t *self, const kiln_toolchain_id_t *tc)
 {
     for (broker_worker_t *w = zhashx_first (self->workers); w; w = zhashx_next (self->workers))
-        if (broker_worker_offers (w, tc))
+        if (broker_worker_offers (w, tc) && !broker_xcheck_quarantined (self, w->name))
             return true;
     return false;
 }

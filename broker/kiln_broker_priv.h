@@ -325,7 +325,8 @@ void broker_job_requeue (kiln_broker_t *self, broker_job_t *job, const char *rea
  * was the last.  True when the waiter was there. */
 bool broker_job_drop_waiter (kiln_broker_t *self, broker_job_t *job, broker_client_t *c,
                              uint64_t req_id, bool any_req, const char *why);
-/* True when some registered worker offers toolchain `tc`; when `w` does. */
+/* True when some registered worker, not quarantined, offers toolchain
+ * `tc`; when `w` does. */
 bool broker_worker_offers_any (kiln_broker_t *self, const kiln_toolchain_id_t *tc);
 bool broker_worker_offers (const broker_worker_t *w, const kiln_toolchain_id_t *tc);
 /* Add a line to the job's history (bounded). */

@@ -309,6 +309,9 @@ broker_xcheck_result (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w
         kiln_sha256_final (&h, raw);
         kiln_hex (raw, KILN_DIGEST_LEN, b->digest);
     }
+    /* A completed build shows the job does not kill its workers: the
+     * workers lost count from here (--max-deaths is per build). */
+    job->deaths = 0;
     char what[64], reason[KILN_ERR_MSG_MAX];
     if (job->n_builds == 1) {
         broker_fmt (reason, sizeof reason, "built %s; another worker checks it",
