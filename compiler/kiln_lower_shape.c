@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/kiln_pack.h"
 #include "graph/kiln_shape_ops.h"
 
 /* --- helpers ---------------------------------------------------------- */
@@ -853,9 +854,16 @@ kiln_lower_shape_rnn (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t 
         || (rc = s_set_int (cx, op, "input_forget", r.input_forget, err))
         || (rc = s_set_int (cx, op, "linear_before_reset", r.lbr, err))
         || (rc = s_set_ints (cx, op, "acts", acts, n_act, err))
-        || (rc = s_set_ints (cx, op, "act_params", ab, 2 * n_act, err))
-        || (rc = kiln_cc_scratch (cx, op, (uint64_t) (T * B * r.g * H + B * r.g * H + 3 * B * H),
-                                  err)))
+        || (rc = s_set_ints (cx, op, "act_params", ab, 2 * n_act, err)))
+        return rc;
+    /* the runtime's scratch (kiln_kernels_rnn.h): Rᵀ packed, then the rest */
+    bool two = r.cell == KILN_RNN_CELL_GRU && !r.lbr;
+    int64_t p1, p2;
+    if (!kiln_pack_b_elems (H, two ? 2 * H : r.g * H, &p1)
+        || !kiln_pack_b_elems (H, two ? H : 0, &p2))
+        return kiln_cc_fail (cx, KILN_ELIMIT, err, "R packed is too large");
+    if ((rc = kiln_cc_scratch (cx, op, (uint64_t) (p1 + p2 + T * B * r.g * H + B * r.g * H
+                                                   + 3 * B * H), err)))
         return rc;
     /* S's strides: t D·B·H, d B·H, b H, j 1 */
     int64_t st_t = D * B * H, st_d = B * H;

@@ -1813,8 +1813,12 @@ s_prepare_CONV3D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     for (int i = 0; i < 3; i++)
         pw = pw && k[i] == 1 && st[i] == 1 && pads[i] == 0 && pads[3 + i] == 0;
     plan->u.conv3.pointwise = pw;
+    int64_t col_elems;
+    if (__builtin_mul_overflow (rows, cols, &col_elems))
+        return kiln_error (err, KILN_ELIMIT, "the im2col of %lld x %lld overflows",
+                           (long long) rows, (long long) cols);
     if (!pw && (plan->scratch < 0 || s_t (p, plan->scratch)->dtype != KILN_DT_FLOAT32
-                || s_numel (s_t (p, plan->scratch)) < rows * cols))
+                || s_numel (s_t (p, plan->scratch)) < col_elems))
         return kiln_error (err, KILN_EFORMAT, "needs a float32 scratch tensor of %lld "
                            "elements", (long long) (rows * cols));
     plan->ws_bytes = kiln_gemm_ws_bytes (m / group, cols, rows, false, false);

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/kiln_pack.h"
 #include "runtime/kiln_exec.h"
 
 /* --- activations ---------------------------------------------------- */
@@ -69,11 +70,11 @@ s_prod_get (const void *ctx, int64_t idx, kiln_gemm_t *g)
 }
 
 /* c[m, n] (row stride ldc) = a[m, k] (row stride lda) · Bᵀ + bias, where
- * B[n, k] is rows of a weight (row stride k) and bias (n floats) may be
- * NULL. */
+ * B[n, k] is rows of a weight (row stride k), or with `packed` Bᵀ packed
+ * by kiln_pack_b; bias (n floats) may be NULL. */
 static void
 s_product (int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
-           const float *bias, float *c, int64_t ldc)
+           bool packed, const float *bias, float *c, int64_t ldc)
 {
     s_prod_t ctx;
     memset (&ctx, 0, sizeof ctx);
@@ -81,7 +82,8 @@ s_product (int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const f
     ctx.g.n = n;
     ctx.g.k = k;
     ctx.g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, a, lda, 1, NULL };
-    ctx.g.b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, b, 1, k, NULL };
+    ctx.g.b = packed ? (kiln_gsrc_t) { KILN_GSRC_PACKED, b, 0, 0, NULL }
+                     : (kiln_gsrc_t) { KILN_GSRC_STRIDED, b, 1, k, NULL };
     ctx.g.c = c;
     ctx.g.ldc = ldc;
     ctx.g.alpha = 1.0f;
@@ -114,7 +116,11 @@ s_run_rnn (const kiln_kplan_t *plan, void *const *data)
     const float *c0 = rp->c0 >= 0 ? data[plan->in[rp->c0]] : NULL;
     const float *pp = rp->peep >= 0 ? data[plan->in[rp->peep]] : NULL;
     float *s = data[plan->out];
-    float *xw = data[plan->scratch];
+    /* scratch: Rᵀ packed (the reset gate's rows of a GRU with
+     * linear_before_reset 0 on their own), every step's projection, the
+     * step's products, h, c and a row of temporaries */
+    float *rp1 = data[plan->scratch], *rp2 = rp1 + rp->pack1;
+    float *xw = rp2 + rp->pack2;
     float *rc = xw + T * B * GH, *hs = rc + B * GH, *cs = hs + B * H, *tmp = cs + B * H;
     bool lstm = rp->cell == KILN_RNN_CELL_LSTM, gru = rp->cell == KILN_RNN_CELL_GRU;
 
@@ -132,7 +138,11 @@ s_run_rnn (const kiln_kplan_t *plan, void *const *data)
         const float *wb = bias ? bias + d * 2 * GH : NULL, *rb = bias ? wb + GH : NULL;
         const float *pd = pp ? pp + d * 3 * H : NULL;
         /* every step's input projection: rows in X's order */
-        s_product (T * B, GH, I, x, I, wd, wb, xw, GH);
+        s_product (T * B, GH, I, x, I, wd, false, wb, xw, GH);
+        bool two = gru && !rp->lbr;
+        kiln_pack_b (rd, H, two ? 2 * H : GH, 1, H, rp1);
+        if (two)
+            kiln_pack_b (rd + 2 * H * H, H, H, 1, H, rp2);
         for (int64_t b = 0; b < B; b++)
             for (int64_t j = 0; j < H; j++) {
                 int64_t at = (rp->layout ? b * D + d : d * B + b) * H + j;
@@ -143,8 +153,8 @@ s_run_rnn (const kiln_kplan_t *plan, void *const *data)
             int64_t t = rev ? T - 1 - step : step;
             float *y = s + (t * D + d) * B * H;
             /* the recurrent products */
-            if (gru && !rp->lbr) {
-                s_product (B, 2 * H, H, hs, H, rd, rb, rc, GH);
+            if (two) {
+                s_product (B, 2 * H, H, hs, H, rp1, true, rb, rc, GH);
                 for (int64_t b = 0; b < B; b++) {
                     float *v = rc + b * GH;
                     const float *xr = xw + (rp->layout ? b * T + t : t * B + b) * GH;
@@ -154,11 +164,10 @@ s_run_rnn (const kiln_kplan_t *plan, void *const *data)
                     for (int64_t j = 0; j < H; j++)
                         tmp[b * H + j] = v[H + j] * hs[b * H + j];
                 }
-                s_product (B, H, H, tmp, H, rd + 2 * H * H, rb ? rb + 2 * H : NULL,
-                           rc + 2 * H, GH);
+                s_product (B, H, H, tmp, H, rp2, true, rb ? rb + 2 * H : NULL, rc + 2 * H, GH);
             }
             else
-                s_product (B, GH, H, hs, H, rd, rb, rc, GH);
+                s_product (B, GH, H, hs, H, rp1, true, rb, rc, GH);
             for (int64_t b = 0; b < B; b++) {
                 float *v = rc + b * GH, *hb = hs + b * H, *cb = cs + b * H;
                 const float *xr = xw + (rp->layout ? b * T + t : t * B + b) * GH;
@@ -337,7 +346,14 @@ kiln_krnn_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return kiln_error (err, KILN_EFORMAT, "%d operands, has says %d", plan->n_in, slot);
     if ((rp->c0 >= 0 || rp->peep >= 0 || rp->input_forget) && cell != KILN_RNN_CELL_LSTM)
         return kiln_error (err, KILN_EFORMAT, "initial_c, P and input_forget are an LSTM's");
-    int64_t need = T * B * GH + B * GH + 3 * B * H;
+    int64_t need, tb_gh;
+    bool two = cell == KILN_RNN_CELL_GRU && !rp->lbr;
+    if (!kiln_pack_b_elems (H, two ? 2 * H : GH, &rp->pack1)
+        || !kiln_pack_b_elems (H, two ? H : 0, &rp->pack2))
+        return kiln_error (err, KILN_ELIMIT, "R packed is too large");
+    if (__builtin_mul_overflow (T * B, GH, &tb_gh)
+        || __builtin_add_overflow (tb_gh, B * GH + 3 * B * H + rp->pack1 + rp->pack2, &need))
+        return kiln_error (err, KILN_ELIMIT, "T·B·G·H overflows");
     const kiln_prog_tensor_t *sc = plan->scratch >= 0 ? &p->tensors[plan->scratch] : NULL;
     int64_t have = 0;
     if (sc && sc->dtype == KILN_DT_FLOAT32) {
@@ -349,7 +365,7 @@ kiln_krnn_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return kiln_error (err, KILN_EFORMAT, "needs a float32 scratch tensor of %lld "
                            "elements", (long long) need);
     size_t ws1 = kiln_gemm_ws_bytes (T * B, GH, rp->i, false, false);
-    size_t ws2 = kiln_gemm_ws_bytes (B, GH, H, false, false);
+    size_t ws2 = kiln_gemm_ws_bytes (B, GH, H, false, true);
     plan->ws_bytes = ws1 > ws2 ? ws1 : ws2;
     plan->run = s_run_rnn;
     return 0;

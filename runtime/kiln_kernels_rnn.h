@@ -31,6 +31,9 @@ typedef struct kiln_krnn_plan {
     int layout;                 /* 0: X [T, B, I]; 1: X [B, T, I] */
     int bias, seq, h0, c0, peep;    /* operand slot (plan->in) or -1 */
     bool seq_i64;               /* sequence_lens is int64 (else int32) */
+    int64_t pack1, pack2;       /* floats of Rᵀ packed: the step's product
+                                 * (GRU, linear_before_reset 0: its z and r
+                                 * columns, then the h gate's apart) */
     float clip;                 /* bound on the gates' inputs, 0: none */
     bool input_forget;          /* LSTM: f = 1 - i */
     bool lbr;                   /* GRU: linear_before_reset */
@@ -40,7 +43,9 @@ typedef struct kiln_krnn_plan {
 } kiln_krnn_plan_t;
 
 /* Check and plan an rnn op; sets plan->run and plan->ws_bytes.  Its
- * scratch tensor holds at least T·B·G·H + B·G·H + 3·B·H floats. */
+ * scratch tensor holds at least P + T·B·G·H + B·G·H + 3·B·H floats, P
+ * those of Rᵀ [H, G·H] packed (kiln_pack_b_elems; a GRU with
+ * linear_before_reset 0: of [H, 2·H] and [H, H]). */
 int kiln_krnn_prepare (kiln_program_t *p, kiln_prog_op_t *op, struct kiln_kplan *plan,
                        kiln_err_t *err);
 
