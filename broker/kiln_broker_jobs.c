@@ -578,6 +578,8 @@ broker_job_succeed (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w,
         broker_worker_holds (w, job->blobs[i].digest);
     w->done++;
     self->stats.done++;
+    if (job->n_builds == 0)
+        self->stats.unchecked++;              /* also a large one, signed on a thread */
     broker_metrics_job_built (self, job);
     broker_progress_job_built (self, job);
     s_job_remove (self, job);

@@ -279,7 +279,8 @@ broker_xcheck_result (kiln_broker_t *self, broker_job_t *job, broker_worker_t *w
                       const char *digest, int code, const char *message, const char *log)
 {
     if (!broker_xcheck_wanted (self, job, w)) {
-        self->stats.unchecked++;
+        if (code != 0)
+            self->stats.unchecked++;          /* an artifact counts when it is stored */
         return BROKER_XCHECK_ACCEPT;
     }
     if (job->n_builds >= BROKER_MAX_BUILDS) {     /* cannot happen: a third build decides */

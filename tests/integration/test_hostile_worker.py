@@ -220,6 +220,7 @@ def test_the_cross_check_policy_decides_which_builds_a_second_worker_repeats(tmp
             # Never checked: each model built once, and provenance says why.
             assert checked == [False, False] and compiles == 2
             assert "--cross-check off" in prov["cross_check"]["result"]
+            assert farm.status()["cross_check"]["unchecked"] == 2
         else:
             # The first build confirms both workers; after that they are
             # taken at their word.
