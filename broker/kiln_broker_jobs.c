@@ -298,6 +298,14 @@ typedef struct {
     const kiln_broker_t *broker;
 } s_idle_t;
 
+bool
+broker_worker_may_build (const kiln_broker_t *self, const broker_job_t *job,
+                         const broker_worker_t *w)
+{
+    return broker_worker_offers (w, &job->toolchain) && broker_xcheck_may_run (self, job, w)
+           && w->max_memory >= job->min_memory;
+}
+
 static bool
 s_can_run (void *job_, void *arg)
 {
@@ -307,8 +315,7 @@ s_can_run (void *job_, void *arg)
         return false;                /* its inline blobs are not on disk yet */
     for (size_t i = 0; i < idle->n; i++)
         if (idle->idle[i]->busy < idle->idle[i]->slots
-            && broker_worker_offers (idle->idle[i], &job->toolchain)
-            && broker_xcheck_may_run (idle->broker, job, idle->idle[i]))
+            && broker_worker_may_build (idle->broker, job, idle->idle[i]))
             return true;
     return false;
 }
@@ -337,8 +344,7 @@ s_pick_worker (const s_idle_t *idle, const broker_job_t *job)
     uint64_t best_held = 0;
     for (size_t i = 0; i < idle->n; i++) {
         broker_worker_t *w = idle->idle[i];
-        if (w->busy >= w->slots || !broker_worker_offers (w, &job->toolchain)
-            || !broker_xcheck_may_run (idle->broker, job, w))
+        if (w->busy >= w->slots || !broker_worker_may_build (idle->broker, job, w))
             continue;
         uint64_t held = s_held_bytes (w, job);
         int free_ = w->slots - w->busy, best_free = best ? best->slots - best->busy : 0;
@@ -685,6 +691,24 @@ broker_on_done (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
         broker_fmt (reason, sizeof reason, "worker %s gave it back: %s", w->name, text);
         broker_job_requeue (self, job, reason, false);
         return;
+    }
+    /* A compile stopped at its worker's memory limit is tried once more on
+     * a worker that gives compiles more, when one is connected. */
+    if (code == KILN_ELIMIT && msg->out_of_memory && job->min_memory == 0) {
+        broker_worker_t *big = NULL;
+        job->min_memory = w->max_memory + 1;
+        for (broker_worker_t *o = zhashx_first (self->workers); o && !big;
+             o = zhashx_next (self->workers))
+            if (o != w && broker_worker_may_build (self, job, o))
+                big = o;
+        if (big) {
+            char reason[KILN_ERR_MSG_MAX];
+            broker_fmt (reason, sizeof reason, "worker %s: %s; trying a worker that gives "
+                        "compiles more memory", w->name, text);
+            broker_job_requeue (self, job, reason, false);
+            return;
+        }
+        job->min_memory = 0;
     }
     /* Only a compile error is a property of the job, and only one that
      * another worker confirms (or nobody can) is cached: a timeout, a

@@ -192,6 +192,7 @@ broker_on_ready (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg
     w->toolchains = tcs;
     w->n_toolchains = msg->n_toolchains;
     w->slots = (int) msg->slots;
+    w->max_memory = msg->max_memory;
     w->session = msg->session;
     w->last_seen = w->since = zclock_mono ();
     for (uint32_t i = 0; i < msg->n_blobs; i++)

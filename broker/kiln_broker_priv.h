@@ -127,6 +127,8 @@ typedef struct {
     int64_t started;                     /* RUNNING: zclock_mono at dispatch */
     int dispatches;                      /* times sent to a worker */
     int deaths;                          /* workers lost while running it */
+    uint64_t min_memory;                 /* after a build ran out of memory: only workers
+                                            giving compiles at least this much; 0: any */
     int64_t queued_at;                   /* zclock_mono at first queueing */
     char *history;                       /* what happened to each attempt, owned */
     char *log;                           /* LOG of the current attempt, owned */
@@ -177,6 +179,7 @@ struct broker_worker {
     kiln_toolchain_id_t *toolchains;     /* owned */
     uint32_t n_toolchains;
     int slots;                           /* jobs it runs at once */
+    uint64_t max_memory;                 /* address space per compile (READY); 0: unsaid */
     int busy;                            /* RUNNING jobs it holds */
     int64_t last_seen;                   /* zclock_mono of its last message */
     int64_t since;                       /* zclock_mono of its READY */
@@ -329,6 +332,11 @@ bool broker_job_drop_waiter (kiln_broker_t *self, broker_job_t *job, broker_clie
  * `tc`; when `w` does. */
 bool broker_worker_offers_any (kiln_broker_t *self, const kiln_toolchain_id_t *tc);
 bool broker_worker_offers (const broker_worker_t *w, const kiln_toolchain_id_t *tc);
+/* Whether `w` may build `job`: it offers the toolchain, the cross-check
+ * allows it (broker_xcheck_may_run) and it gives compiles the memory the
+ * job was found to need. */
+bool broker_worker_may_build (const kiln_broker_t *self, const broker_job_t *job,
+                              const broker_worker_t *w);
 /* Add a line to the job's history (bounded). */
 void broker_job_note (broker_job_t *job, const char *fmt, ...)
     __attribute__ ((format (printf, 2, 3)));

@@ -71,8 +71,11 @@ s_status_json (kiln_broker_t *self)
                                 "done", (json_int_t) w->done, "failed", (json_int_t) w->failed,
                                 "blobs_held", (json_int_t) zhashx_size (w->blobs)));
         const char *why = zhashx_lookup (self->quarantine, w->name);
-        json_object_set_new (json_array_get (workers, json_array_size (workers) - 1),
-                             "quarantined", why ? json_string (why) : json_null ());
+        json_t *wj = json_array_get (workers, json_array_size (workers) - 1);
+        json_object_set_new (wj, "quarantined", why ? json_string (why) : json_null ());
+        json_object_set_new (wj, "max_memory", w->max_memory
+                                               ? json_integer ((json_int_t) w->max_memory)
+                                               : json_null ());
     }
     json_t *clients = json_array ();
     if (clients)

@@ -145,7 +145,7 @@ s_other_worker (const kiln_broker_t *self, const broker_job_t *job, const broker
 {
     for (broker_worker_t *o = zhashx_first (self->workers); o; o = zhashx_next (self->workers))
         if (o != w && (!w || strcmp (o->name, w->name) != 0)
-            && broker_worker_offers (o, &job->toolchain) && broker_xcheck_may_run (self, job, o))
+            && broker_worker_may_build (self, job, o))
             return true;
     return false;
 }
@@ -188,7 +188,7 @@ broker_xcheck_wanted (kiln_broker_t *self, broker_job_t *job, const broker_worke
             break;
         }
         if (!why && !s_other_worker (self, job, w))
-            why = "no other connected worker offers its toolchain";
+            why = "no other connected worker can build it (its toolchain, memory)";
         job->check = why ? -1 : 1;
         job->unchecked = why;
     }

@@ -107,6 +107,8 @@ typedef enum {
     X (job_id,           U64,   UINT64_MAX,                 "broker's job id")                                  \
     X (name,             STR,   KILN_PROTO_MAX_NAME,        "worker name ([A-Za-z0-9._:@-])")                   \
     X (slots,            U64,   KILN_PROTO_MAX_SLOTS,       "jobs the worker runs at once (1..256)")            \
+    X (max_memory,       U64,   UINT64_MAX,                 "bytes of address space one compile may use on the worker (its --max-memory)") \
+    X (out_of_memory,    BOOL,  1,                          "the compile stopped at the worker's memory limit") \
     X (toolchains,       STRS,  KILN_PROTO_MAX_TOOLCHAINS,  "toolchains a worker runs, each \"ID VERSION TARGET\"") \
     X (compiler_id,      STR,   KILN_PROTO_MAX_ID,          "toolchain id, e.g. kiln-builtin")                  \
     X (compiler_version, STR,   KILN_PROTO_MAX_ID,          "toolchain version")                                \
@@ -234,7 +236,8 @@ typedef enum {
        REQ (req_id) REQ (artifact) REQ (pinned) REQ (changed))                        \
     C (READY,   KILN_PEER_WORKER, KILN_PEER_BROKER, NONE,                             \
        "a worker registers (again) with all its slots free and the blobs it holds",   \
-       REQ (name) REQ (slots) REQ (toolchains) OPT (blobs) OPT (session))             \
+       REQ (name) REQ (slots) REQ (toolchains) OPT (blobs) OPT (session)            \
+       OPT (max_memory))             \
     C (HEARTBEAT, KILN_PEER_ANY, KILN_PEER_ANY, NONE,                                 \
        "liveness, every second both ways; a worker names itself, a client hears `pending`", \
        OPT (pending) OPT (name) OPT (epoch))                                                                 \
@@ -252,7 +255,7 @@ typedef enum {
     C (DONE,    KILN_PEER_WORKER, KILN_PEER_BROKER, ARTIFACT,                         \
        "a job finished: the unsigned artifact (a large one apart: COLLECTed), or a failure with its log", \
        REQ (job_id) REQ (ok) OPT (code) OPT (message) OPT (log) OPT (artifact_size)   \
-       OPT (artifact_apart))                                                          \
+       OPT (artifact_apart) OPT (out_of_memory))                                                          \
     C (COLLECT, KILN_PEER_BROKER, KILN_PEER_WORKER, NONE,                             \
        "send `count` SLICEs of job job_id's artifact (sent apart) from `offset`",     \
        REQ (job_id) REQ (offset) REQ (count))                                         \

@@ -645,14 +645,21 @@ s_log_has (const char *log, const char *const *words, size_t n)
     return false;
 }
 
+/* What allocators, runtimes and shells print when memory runs out (C,
+ * Python, C++, Go, glibc's strerror, bison/gcc). */
+static const char *const s_oom[] = { "out of memory", "MemoryError", "bad_alloc",
+                                     "Cannot allocate memory", "memory exhausted" };
+
+bool
+kiln_sandbox_out_of_memory (const char *log)
+{
+    return s_log_has (log, s_oom, sizeof s_oom / sizeof s_oom[0]);
+}
+
 int
 kiln_sandbox_explain (const kiln_sandbox_t *self, int status, const char *log, char *text,
                       size_t size)
 {
-    /* What allocators, runtimes and shells print when memory runs out
-     * (C, Python, C++, Go, glibc's strerror, bison/gcc). */
-    static const char *const oom[] = { "out of memory", "MemoryError", "bad_alloc",
-                                       "Cannot allocate memory", "memory exhausted" };
     /* ... and when fork or thread creation is refused (EAGAIN). */
     static const char *const nproc[] = { "Resource temporarily unavailable", "BlockingIOError",
                                          "fork: retry", "Cannot fork", "can't fork",
@@ -669,7 +676,7 @@ kiln_sandbox_explain (const kiln_sandbox_t *self, int status, const char *log, c
             sig = code - 128;
     }
     char mem[32];
-    if (s_log_has (log, oom, sizeof oom / sizeof oom[0])) {
+    if (kiln_sandbox_out_of_memory (log)) {
         snprintf (text, size, "compile ran out of its %s memory limit (--max-memory)",
                   s_bytes (self->max_memory, mem, sizeof mem));
         return KILN_ELIMIT;

@@ -130,6 +130,9 @@ void kiln_sandbox_exec (const kiln_sandbox_cmd_t *cmd) __attribute__ ((noreturn)
  * the broker does not cache them. */
 int kiln_sandbox_explain (const kiln_sandbox_t *self, int status, const char *log,
                           char *text, size_t size);
+/* Whether a failed compile's output `log` says it ran out of memory (what
+ * kiln_sandbox_explain reports as the memory limit). */
+bool kiln_sandbox_out_of_memory (const char *log);
 
 /* `kiln-worker --sandbox-exec --chdir DIR --procs N [--uid U] -- COMMAND...`,
  * inside the sandbox: set RLIMIT_NPROC, drop to U (as root), chdir, exec. */

@@ -140,6 +140,7 @@ s_send_ready (kiln_worker_t *self)
     if (!msg)
         return;
     msg->slots = (uint64_t) self->cfg.slots;
+    msg->max_memory = kiln_sandbox_max_memory (self->sandbox);
     msg->session = ++self->session;
     int rc = kiln_msg_set_str (&msg->name, self->name);
     for (int i = 0; rc == 0 && i < self->n_toolchains; i++) {
@@ -170,14 +171,15 @@ s_send_ready (kiln_worker_t *self)
 /* DONE with ok=false; `code` tells the broker whether another worker may
  * try (ECANCELED, ESYS, EIO, EVERIFY, ENOTFOUND) or the failure is final. */
 static void
-s_send_failure (kiln_worker_t *self, uint64_t job_id, int code, const char *message,
-                const char *log)
+s_send_failure_oom (kiln_worker_t *self, uint64_t job_id, int code, const char *message,
+                    const char *log, bool oom)
 {
     kiln_msg_t *msg = kiln_msg_new (KILN_CMD_DONE);
     if (!msg)
         return;
     msg->job_id = job_id;
     msg->ok = false;
+    msg->out_of_memory = oom;
     char text[KILN_ERR_MSG_MAX];
     snprintf (text, sizeof text, "%s", message);
     if (kiln_msg_set_error (msg, code, text, log && *log ? log : NULL) != 0) {
@@ -185,6 +187,13 @@ s_send_failure (kiln_worker_t *self, uint64_t job_id, int code, const char *mess
         return;
     }
     s_send (self, &msg);
+}
+
+static void
+s_send_failure (kiln_worker_t *self, uint64_t job_id, int code, const char *message,
+                const char *log)
+{
+    s_send_failure_oom (self, job_id, code, message, log, false);
 }
 
 /* --- runs ------------------------------------------------------------------ */
@@ -799,7 +808,10 @@ s_run_finish (kiln_worker_t *self, int slot)
             code = kiln_sandbox_explain (self->sandbox, run->status, log, text, sizeof text);
         kiln_log_warn ("job %llu action %.12s: %s after %lld ms",
                        (unsigned long long) run->id, run->action_key, text, ms);
-        s_send_failure (self, run->id, code, text, log);
+        /* A compile stopped at the memory limit: the broker may try a
+         * worker that gives compiles more. */
+        s_send_failure_oom (self, run->id, code, text, log,
+                            code == KILN_ELIMIT && kiln_sandbox_out_of_memory (log));
     }
     s_run_destroy (self, &self->runs[slot]);
 }
