@@ -18,6 +18,8 @@
 
 #include <cblas.h>
 
+#include "runtime/kiln_exec.h"
+
 /* The values of the `mode`, `coord` and `nearest` parameters
  * (docs/program-format.md); the compiler writes the same numbers. */
 enum { S_PAD_CONSTANT = 0, S_PAD_REFLECT = 1, S_PAD_EDGE = 2 };
@@ -305,10 +307,14 @@ s_run_gather (const kiln_kplan_t *plan, void *const *data)
             int64_t k = sp->idx64 ? ((const int64_t *) ind)[j] : ((const int32_t *) ind)[j];
             if (k < 0)
                 k += d;
-            if (k < 0 || k >= d)
-                memset (y, 0, chunk);       /* out of range: zeros, not a crash */
-            else
-                memcpy (y, x + (size_t) ((o * d + k) * sp->inner) * sp->esz, chunk);
+            if (k < 0 || k >= d) {
+                /* data, not a crash: the run fails naming it */
+                kiln_exec_fault ("index %lld (element %lld of the indices) is outside "
+                                 "-%lld..%lld", (long long) (k < 0 ? k - d : k), (long long) j,
+                                 (long long) d, (long long) d - 1);
+                return;
+            }
+            memcpy (y, x + (size_t) ((o * d + k) * sp->inner) * sp->esz, chunk);
             y += chunk;
         }
 }
@@ -986,7 +992,7 @@ s_prep_trilu (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_er
 }
 
 /* GatherElements: y[i] = x[i with i[axis] = indices[i]], negative indices
- * counted from the end; one out of range gives 0 (as Gather does). */
+ * counted from the end; one out of range fails the run (as Gather does). */
 static void
 s_run_gather_elements (const kiln_kplan_t *plan, void *const *data)
 {
@@ -1002,11 +1008,14 @@ s_run_gather_elements (const kiln_kplan_t *plan, void *const *data)
                 int64_t k = sp->idx64 ? ((const int64_t *) ind)[e] : ((const int32_t *) ind)[e];
                 if (k < 0)
                     k += xd;
-                if (k < 0 || k >= xd)
-                    memset (y + e * sp->esz, 0, sp->esz);
-                else
-                    memcpy (y + e * sp->esz,
-                            x + (size_t) ((o * xd + k) * d + in) * sp->esz, sp->esz);
+                if (k < 0 || k >= xd) {
+                    kiln_exec_fault ("index %lld (element %lld of the indices) is outside "
+                                     "-%lld..%lld", (long long) (k < 0 ? k - xd : k),
+                                     (long long) e, (long long) xd, (long long) xd - 1);
+                    return;
+                }
+                memcpy (y + e * sp->esz, x + (size_t) ((o * xd + k) * d + in) * sp->esz,
+                        sp->esz);
             }
 }
 

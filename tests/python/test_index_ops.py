@@ -117,6 +117,33 @@ def test_gather_nd_matches_numpy_and_refuses_an_index_out_of_range(tmp_path):
         m(torch.from_numpy(d), torch.from_numpy(idx))
 
 
+@pytest.mark.parametrize("op", ["Gather", "GatherElements"])
+def test_gather_matches_numpy_and_refuses_an_index_out_of_range(tmp_path, op):
+    """Gather and GatherElements with indices read at run time: numpy's
+    answer, negative indices from the end, and an index past the axis an
+    error of that run (as ONNX Runtime and torch refuse it), not zeros."""
+    ishape = [2, 3] if op == "Gather" else [4, 3, 2]
+    oshape = [4, 2, 3, 2] if op == "Gather" else [4, 3, 2]
+    m = _compile(tmp_path, op.lower(), [helper.make_node(op, ["d", "i"], ["y"], axis=1)],
+                 [_vi("d", F, [4, 5, 2]), _vi("i", I64, ishape)], [_vi("y", F, oshape)])
+    rng = np.random.default_rng(6)
+    d = rng.standard_normal((4, 5, 2)).astype(np.float32)
+    idx = rng.integers(-5, 5, ishape)
+    got = m(torch.from_numpy(d), torch.from_numpy(idx)).numpy()
+    want = (np.take(d, idx, axis=1) if op == "Gather"
+            else np.take_along_axis(d, np.where(idx < 0, idx + 5, idx), axis=1))
+    np.testing.assert_array_equal(got, want)
+    bad = idx.copy()
+    bad.flat[3] = 5
+    kernel = "gather" if op == "Gather" else "gather_elements"
+    with pytest.raises(kiln.KilnError, match=kernel + r".*index 5 .*outside -5\.\.4"):
+        m(torch.from_numpy(d), torch.from_numpy(bad))
+    bad.flat[3] = -6
+    with pytest.raises(kiln.KilnError, match=r"index -6 .*outside -5\.\.4"):
+        m(torch.from_numpy(d), torch.from_numpy(bad))
+    np.testing.assert_array_equal(m(torch.from_numpy(d), torch.from_numpy(idx)).numpy(), want)
+
+
 @pytest.mark.parametrize("largest", [1, 0])
 def test_topk_matches_a_stable_sort_with_ties(tmp_path, largest):
     k = helper.make_tensor("k", I64, [1], [3])
