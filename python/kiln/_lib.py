@@ -37,7 +37,9 @@ class Err(ctypes.Structure):
 
     @property
     def message(self):
-        return self.msg.decode("utf-8", "replace")
+        # bytes that are not UTF-8 are kept (as surrogates), so that
+        # KilnError can show them escaped as \xNN like kiln's C side
+        return self.msg.decode("utf-8", "surrogateescape")
 
 
 class Shape(ctypes.Structure):

@@ -25,12 +25,29 @@ EUNREACHABLE = 17
 EBUSY = 18
 
 
+def escape(text):
+    """`text` with every control character but newline and tab (C0, DEL,
+    C1) and every byte that was not UTF-8 written as \\xNN, as kiln's C
+    side prints what came from someone else (a worker's log, a node name):
+    an error message never drives the reader's terminal."""
+    out = []
+    for ch in str(text):
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:                 # an undecodable byte
+            out.append("\\x%02x" % (o - 0xDC00))
+        elif (o < 0x20 and ch not in "\n\t") or o == 0x7F or 0x80 <= o <= 0x9F:
+            out.append("\\x%02x" % o)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 class KilnError(RuntimeError):
     """An error reported by kiln; `code` is the KILN_E* number (0 when
-    the error was found in Python)."""
+    the error was found in Python).  The message is escaped (`escape`)."""
 
     def __init__(self, message, code=0):
-        super().__init__(message)
+        super().__init__(escape(message))
         self.code = code
 
 

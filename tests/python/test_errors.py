@@ -196,3 +196,20 @@ def test_a_tampered_saved_artifact_is_refused_by_load(cnn, tmp_path, kiln_env):
     (other_ring / "kiln.pub").write_bytes((stranger / "kiln.pub").read_bytes())
     with pytest.raises(kiln.VerifyError, match="not in keyring"):
         kiln.load(good, keyring=other_ring)
+
+
+def test_error_messages_from_c_show_control_characters_escaped(tmp_path):
+    """A message kiln's C side fills in (here: naming a path with an
+    escape sequence, a C1 control and a byte that is not UTF-8) reaches
+    Python with those written as \\xNN, as the CLI prints them: an
+    exception's text never drives the reader's terminal."""
+    name = b"model-\x1b[2J-\xc2\x9b-\xff.kar"
+    path = os.path.join(os.fsencode(str(tmp_path)), name)
+    with open(path, "wb") as f:
+        f.write(b"not an artifact")
+    with pytest.raises(kiln.KilnError) as exc:
+        kiln.load(os.fsdecode(path))
+    text = str(exc.value)
+    assert "model-\\x1b[2J-\\x9b-\\xff.kar" in text, text
+    assert not any(ord(c) < 0x20 and c not in "\n\t" for c in text), repr(text)
+    assert not any(0x7F <= ord(c) <= 0x9F or 0xDC80 <= ord(c) <= 0xDCFF for c in text), repr(text)
