@@ -89,6 +89,9 @@ typedef struct {
     kiln_onnx_external_t *ext;   /* reads external data; the caller's */
     kiln_statcache_t *cache;     /* digests of external ranges by file identity, or
                                     NULL; the caller's */
+    const Onnx__GraphProto *graph;   /* the graph being imported */
+    zhashx_t *used;          /* names some node or the graph reads: made when
+                                first needed (s_used) */
 } importer_t;
 
 typedef struct {
@@ -1106,6 +1109,23 @@ s_add_attr (importer_t *imp, int n, const char *label, const Onnx__AttributeProt
     }
 }
 
+/* Whether a node or the graph's outputs read the value `name`. */
+static int
+s_used (importer_t *imp, const char *name, bool *used, kiln_err_t *err)
+{
+    if (!imp->used) {
+        if (!(imp->used = zhashx_new ()))
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        for (size_t i = 0; i < imp->graph->n_node; i++)
+            for (size_t j = 0; j < imp->graph->node[i]->n_input; j++)
+                zhashx_update (imp->used, s_str (imp->graph->node[i]->input[j]), (void *) 1);
+        for (size_t i = 0; i < imp->graph->n_output; i++)
+            zhashx_update (imp->used, s_str (imp->graph->output[i]->name), (void *) 1);
+    }
+    *used = zhashx_lookup (imp->used, name) != NULL;
+    return 0;
+}
+
 /* Pass 1 for one node: define the values it produces.  Empty output names
  * are absent optional outputs and define nothing. */
 static int
@@ -1123,16 +1143,57 @@ s_define_outputs (importer_t *imp, Onnx__NodeProto *node, const char *label, kil
         if (!*out)
             continue;
         /* Dropout's second output is the mask of dropped elements, which
-         * has no meaning at inference. */
-        if (handled && j > 0)
+         * has no meaning at inference: left out when nothing reads it (as
+         * torch exports it from some modules), refused when something
+         * does. */
+        if (handled && j > 0) {
+            bool used = true;
+            int rc = s_used (imp, out, &used, err);
+            if (rc)
+                return rc;
+            if (!used)
+                continue;
             return kiln_error (err, KILN_EUNSUPPORTED,
-                               "%s: output '%s' (the dropout mask) is not supported at inference",
+                               "%s: output '%s' (the dropout mask) is read by the graph; "
+                               "kiln compiles for inference, where it has no meaning",
                                label, out);
+        }
         int t = s_define (imp, out, KILN_DT_UNDEFINED, NULL, "node output", err);
         if (t < 0)
             return t;
     }
     return 0;
+}
+
+/* The weight of value `name` when it is a constant with its data (its
+ * dtype into *dt), else NULL. */
+static const kiln_weight_t *
+s_constant (importer_t *imp, const char *name, kiln_dtype_t *dt)
+{
+    int t = *name ? s_lookup (imp, name) : -1;
+    const kiln_tensor_t *tensor = t >= 0 ? &imp->g->tensors[t] : NULL;
+    const kiln_weight_t *w = tensor && tensor->weight >= 0 ? &imp->g->weights[tensor->weight]
+                                                           : NULL;
+    if (!w || !w->data)
+        return NULL;
+    *dt = tensor->dtype;
+    return w;
+}
+
+/* Whether the float of dtype `dt` at `p` is zero (either sign). */
+static bool
+s_float_zero (kiln_dtype_t dt, const uint8_t *p)
+{
+    float f;
+    double d;
+    uint16_t h;
+    switch (dt) {
+    case KILN_DT_FLOAT32: memcpy (&f, p, sizeof f); return f == 0.0f;
+    case KILN_DT_FLOAT64: memcpy (&d, p, sizeof d); return d == 0.0;
+    case KILN_DT_FLOAT16:
+    case KILN_DT_BFLOAT16: memcpy (&h, p, sizeof h); return (h & 0x7fff) == 0;
+    default: return false;
+    }
 }
 
 /* Pass 2 for one node: emit it with its inputs resolved by name. */
@@ -1147,17 +1208,20 @@ s_add_node (importer_t *imp, const Onnx__NodeProto *node, const char *label, kil
 
     /* A rewritten op (Dropout) keeps only its data input: the ratio does
      * not matter at inference.  A training_mode input (opset 12 on) must
-     * be a constant false: in training mode Dropout drops elements, and
-     * passing them through would be a wrong answer. */
+     * be a constant false, or the ratio a constant 0 (some torchvision
+     * models export dropout with p = 0 in training mode): in training mode
+     * Dropout drops elements, and passing them through would be a wrong
+     * answer. */
     if (handled && node->n_input > 2 && *s_str (node->input[2])) {
-        int tm = s_lookup (imp, s_str (node->input[2]));
-        const kiln_tensor_t *t = tm >= 0 ? &imp->g->tensors[tm] : NULL;
-        const kiln_weight_t *w = t && t->weight >= 0 ? &imp->g->weights[t->weight] : NULL;
-        if (!w || !w->data || w->size != 1 || w->data[0] != 0)
+        kiln_dtype_t tdt, rdt;
+        const kiln_weight_t *w = s_constant (imp, s_str (node->input[2]), &tdt);
+        const kiln_weight_t *r = s_constant (imp, s_str (node->input[1]), &rdt);
+        bool no_drop = r && r->size == kiln_dtype_size (rdt) && s_float_zero (rdt, r->data);
+        if ((!w || w->size != 1 || w->data[0] != 0) && !no_drop)
             return kiln_error (err, KILN_EUNSUPPORTED,
-                               "%s: training_mode '%s' is not a constant false; kiln "
-                               "compiles Dropout for inference only", label,
-                               s_str (node->input[2]));
+                               "%s: training_mode '%s' is not a constant false (and the "
+                               "ratio not a constant 0); kiln compiles Dropout for "
+                               "inference only", label, s_str (node->input[2]));
     }
     size_t n_in = handled && node->n_input > 1 ? 1 : node->n_input;
     for (size_t j = 0; j < n_in; j++) {
@@ -1232,7 +1296,7 @@ static kiln_graph_t *
 s_import_model (Onnx__ModelProto *model, kiln_onnx_external_t *ext, kiln_statcache_t *cache,
                 kiln_err_t *err)
 {
-    importer_t imp = { NULL, NULL, ext, cache };
+    importer_t imp = { NULL, NULL, ext, cache, NULL, NULL };
     Onnx__GraphProto *graph = model->graph;
     char label[KILN_MAX_NAME + KILN_MAX_OP_NAME + 32];
     int opset = 0;
@@ -1242,6 +1306,7 @@ s_import_model (Onnx__ModelProto *model, kiln_onnx_external_t *ext, kiln_statcac
         kiln_error (err, KILN_EFORMAT, "model has no graph");
         goto err;
     }
+    imp.graph = graph;
     if (s_default_opset (model, &opset, err) || s_check_ops (graph, err)
         || s_check_old_opset (graph, &opset, err))
         goto err;
@@ -1313,9 +1378,11 @@ s_import_model (Onnx__ModelProto *model, kiln_onnx_external_t *ext, kiln_statcac
     if ((rc = kiln_graph_fold (imp.g, err)) < 0)
         goto err;
     zhashx_destroy (&imp.names);
+    zhashx_destroy (&imp.used);
     return imp.g;
 err:
     zhashx_destroy (&imp.names);
+    zhashx_destroy (&imp.used);
     kiln_graph_destroy (&imp.g);
     return NULL;
 }

@@ -186,11 +186,19 @@ def test_unary_float_ops_match_numpy_and_torch(kiln):
     false = helper.make_tensor("no", TensorProto.BOOL, [], [False])
     nodes.append(node("Dropout", ["x", "", "no"], ["drop2"]))
     outs.append("drop2")
-    got = kiln.run(nodes, {"x": x, "xp": xp}, outs, opset=14, initializers=[false])
+    # ... and Dropout in training mode with a ratio of 0 (torchvision's
+    # swin_t exports its attention dropout so), with a mask nobody reads.
+    yes = helper.make_tensor("yes", TensorProto.BOOL, [], [True])
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    nodes.append(node("Dropout", ["x", "zero", "yes"], ["drop3", "unread_mask"]))
+    outs.append("drop3")
+    got = kiln.run(nodes, {"x": x, "xp": xp}, outs, opset=14,
+                   initializers=[false, yes, zero])
     for k, (op, _, a, want) in enumerate(cases):
         check(got[f"y{k}"], np.asarray(want).astype(np.float32), name=f"{op} {a}")
     check(got["drop"], x, name="Dropout")
     check(got["drop2"], x, name="Dropout training_mode=false")
+    check(got["drop3"], x, name="Dropout training_mode=true ratio=0")
 
 
 def test_softplus_and_sigmoid_do_not_overflow_on_large_inputs(kiln):
@@ -787,6 +795,10 @@ def test_unsupported_cases_are_clean_refusals(kiln):
     err = kiln.refusal([node("Dropout", ["x", "", "tm"], ["y"])],
                        {"x": f32(3), "tm": np.array(False)}, ["y"])
     assert "training_mode" in err
+    half = helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])
+    err = kiln.refusal([node("Dropout", ["x", "half", "tm"], ["y"])], {"x": f32(3)}, ["y"],
+                       initializers=[true, half])
+    assert "training_mode" in err and "ratio" in err
     err = kiln.refusal([node("Where", ["c", "x", "y"], ["w"])],
                        {"c": np.ones(3, np.float32), "x": f32(3), "y": f32(3)}, ["w"])
     assert "'c' is float32" in err and "bool" in err
