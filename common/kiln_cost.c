@@ -76,6 +76,12 @@ kiln_cost_op (const kiln_program_t *p, int i)
                          + s_numel (&p->tensors[op->inputs[2]].shape));
         break;
     }
+    case KILN_K_MAXPOOL2D:
+    case KILN_K_AVGPOOL2D:
+    case KILN_K_POOL3D:
+        /* a compare or an add per tap of every window */
+        c.flops = s_numel (&p->tensors[op->outputs[0]].shape) * s_ints_product (op, "kernel");
+        break;
     case KILN_K_TOPK: {
         /* a sort of each line: about 4·n·log2 n comparisons and moves */
         const kiln_shape_t *x = &p->tensors[op->inputs[0]].shape;

@@ -22,15 +22,17 @@ s_taps (const kiln_kpool3d_plan_t *pp, int a, int64_t o, int64_t *lo, int64_t *n
     *n = t1 > t0 ? t1 - t0 : 0;
 }
 
-/* Taps of window o on axis a within the padded input (count_include_pad). */
+/* Taps of window o on axis a within the padded input (count_include_pad):
+ * the t in 0..k-1 with start + t·d < end, counted without a loop (the
+ * kernel may be far longer than the axis). */
 static int64_t
 s_padded_taps (const kiln_kpool3d_plan_t *pp, int a, int64_t o)
 {
     int64_t start = o * pp->s[a] - pp->pb[a], end = pp->in[a] + pp->pe[a];
-    int64_t n = 0;
-    for (int64_t t = 0; t < pp->k[a]; t++)
-        n += start + t * pp->d[a] < end;
-    return n;
+    if (start >= end)
+        return 0;
+    int64_t n = (end - start + pp->d[a] - 1) / pp->d[a];
+    return n < pp->k[a] ? n : pp->k[a];
 }
 
 static void
