@@ -90,14 +90,3 @@ def test_farm_compile_timeout_raises_timeout_expired(farm):
                    keyring=farm.keyring, compiler_timeout=0.001)
     assert e.value.timeout == 0.001
 
-
-def test_swin_t_compiles_whole_and_matches_torch():
-    """torchvision's swin_t (shifted-window attention: Roll, index ops,
-    masks, LayerNorm, GELU; its attention dropout exported in training mode
-    with p = 0) is compiled whole, with no part left to torch, and matches
-    eager torch."""
-    torch.manual_seed(0)
-    model = torchvision.models.swin_t().eval()
-    traced = kiln.trace(model, torch.rand(1, 3, 224, 224))
-    assert not traced.partitioned
-    _compare(traced, model, torch.rand(1, 3, 224, 224))
