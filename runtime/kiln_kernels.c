@@ -24,15 +24,6 @@ s_t (const kiln_program_t *p, int t)
     return &p->tensors[t];
 }
 
-static int64_t
-s_numel (const kiln_prog_tensor_t *t)
-{
-    /* Bounded: kiln_program_check ran kiln_shape_numel on every tensor. */
-    int64_t n = 1;
-    for (int i = 0; i < t->shape.rank; i++)
-        n *= t->shape.dims[i];
-    return n;
-}
 
 /* a * b * c ... into *out, false on overflow or a negative factor. */
 static bool
@@ -71,10 +62,10 @@ static int
 s_need_numel (const kiln_program_t *p, int t, int64_t want, const char *what,
               kiln_err_t *err)
 {
-    if (s_numel (s_t (p, t)) != want)
+    if (kiln_ktensor_numel (s_t (p, t)) != want)
         return kiln_error (err, KILN_EFORMAT, "%s holds %lld elements, the "
                            "parameters say %lld", what,
-                           (long long) s_numel (s_t (p, t)), (long long) want);
+                           (long long) kiln_ktensor_numel (s_t (p, t)), (long long) want);
     return 0;
 }
 
@@ -248,7 +239,7 @@ s_prepare_RELU (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     int rc = s_need_f32 (p, plan, err);
     if (rc)
         return rc;
-    int64_t n = s_numel (s_t (p, plan->in[0]));
+    int64_t n = kiln_ktensor_numel (s_t (p, plan->in[0]));
     if ((rc = s_need_numel (p, plan->out, n, "the output", err)))
         return rc;
     plan->u.flat.n = n;
@@ -323,7 +314,7 @@ s_get_epilogue (const kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                 return kiln_error (err, KILN_EFORMAT, "residual needs an operand");
             plan->epi.residual = plan->n_in - 1;
             if ((rc = s_need_numel (p, plan->in[plan->n_in - 1],
-                                    s_numel (s_t (p, plan->out)), "the residual",
+                                    kiln_ktensor_numel (s_t (p, plan->out)), "the residual",
                                     err)))
                 return rc;
         }
@@ -409,7 +400,7 @@ s_get_operand_strides (const kiln_program_t *p, kiln_prog_op_t *op,
             return kiln_error (err, KILN_EFORMAT, "%s without %s", off_name, name);
         if ((rc = kiln_prog_op_int (op, off_name, off, err)))
             return rc;
-        if (*off < 0 || *off >= s_numel (s_t (p, t)))
+        if (*off < 0 || *off >= kiln_ktensor_numel (s_t (p, t)))
             return kiln_error (err, KILN_EFORMAT, "%s %lld is outside the tensor",
                                off_name, (long long) *off);
     }
@@ -437,10 +428,10 @@ s_get_operand_strides (const kiln_program_t *p, kiln_prog_op_t *op,
             || __builtin_add_overflow (last, reach, &last))
             return kiln_error (err, KILN_EFORMAT, "%s: offsets overflow", name);
     }
-    if (last >= s_numel (s_t (p, t)))
+    if (last >= kiln_ktensor_numel (s_t (p, t)))
         return kiln_error (err, KILN_EFORMAT, "%s reach element %lld of a tensor "
                            "of %lld", name, (long long) last,
-                           (long long) s_numel (s_t (p, t)));
+                           (long long) kiln_ktensor_numel (s_t (p, t)));
     return 0;
 }
 
@@ -984,7 +975,7 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         int64_t need;
         if (!s_mul3 (rows, cols, 1, &need))
             return kiln_error (err, KILN_EFORMAT, "im2col too large");
-        if (plan->scratch < 0 || s_numel (s_t (p, plan->scratch)) < need)
+        if (plan->scratch < 0 || kiln_ktensor_numel (s_t (p, plan->scratch)) < need)
             return kiln_error (err, KILN_EFORMAT, "needs a scratch tensor of %lld "
                                "elements", (long long) need);
     }
@@ -1693,7 +1684,7 @@ s_prepare_GLOBAL_AVGPOOL (kiln_program_t *p, kiln_prog_op_t *op,
             return kiln_error (err, KILN_EFORMAT, "Y must be [N, C, 1, ...]");
     plan->u.gap.planes = tx->shape.dims[0] * tx->shape.dims[1];
     plan->u.gap.spatial = plan->u.gap.planes
-                          ? s_numel (tx) / plan->u.gap.planes : 0;
+                          ? kiln_ktensor_numel (tx) / plan->u.gap.planes : 0;
     return 0;
 }
 
@@ -1818,7 +1809,7 @@ s_prepare_CONV3D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return kiln_error (err, KILN_ELIMIT, "the im2col of %lld x %lld overflows",
                            (long long) rows, (long long) cols);
     if (!pw && (plan->scratch < 0 || s_t (p, plan->scratch)->dtype != KILN_DT_FLOAT32
-                || s_numel (s_t (p, plan->scratch)) < col_elems))
+                || kiln_ktensor_numel (s_t (p, plan->scratch)) < col_elems))
         return kiln_error (err, KILN_EFORMAT, "needs a float32 scratch tensor of %lld "
                            "elements", (long long) (rows * cols));
     plan->ws_bytes = kiln_gemm_ws_bytes (m / group, cols, rows, false, false);

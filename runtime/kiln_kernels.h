@@ -38,6 +38,17 @@
 #include "runtime/kiln_kernels_shape.h"
 #include "runtime/kiln_winograd.h"
 
+/* Elements of program tensor `t`; bounded, since kiln_program_check ran
+ * kiln_shape_numel on every tensor.  For the kernels' prepare steps. */
+static inline int64_t
+kiln_ktensor_numel (const kiln_prog_tensor_t *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->shape.rank; i++)
+        n *= t->shape.dims[i];
+    return n;
+}
+
 typedef struct kiln_kplan {
     kiln_kernel_t kernel;
     /* When set (by prepare), runs instead of the table's run: a variant

@@ -230,14 +230,6 @@ s_run_topk (const kiln_kplan_t *plan, void *const *data)
 
 /* --- prepare ---------------------------------------------------------- */
 
-static int64_t
-s_numel (const kiln_prog_tensor_t *t)
-{
-    int64_t n = 1;
-    for (int i = 0; i < t->shape.rank; i++)
-        n *= t->shape.dims[i];
-    return n;
-}
 
 static int
 s_want_indices (const kiln_prog_tensor_t *ind, kiln_err_t *err)
@@ -283,7 +275,7 @@ s_prep_scatter (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, bool 
     ip->idx64 = ind->dtype == KILN_DT_INT64;
     ip->rank = x->shape.rank;
     memcpy (ip->dims, x->shape.dims, sizeof ip->dims);
-    ip->n_data = s_numel (x);
+    ip->n_data = kiln_ktensor_numel (x);
     if ((rc = s_reduction (op, ip, err)))
         return rc;
     int r = x->shape.rank, q = ind->shape.rank;
@@ -300,7 +292,7 @@ s_prep_scatter (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, bool 
                                "axis followed by data's axes from indices' last dim on "
                                "(at most data's rank, at least 1)");
         ip->k = k;
-        ip->n_idx = s_numel (ind) / k;
+        ip->n_idx = kiln_ktensor_numel (ind) / k;
         ip->slice = 1;
         for (int i = (int) k; i < r; i++)
             ip->slice *= x->shape.dims[i];
@@ -319,7 +311,7 @@ s_prep_scatter (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, bool 
     ip->axis = (int) axis;
     ip->irank = q;
     memcpy (ip->idims, ind->shape.dims, sizeof ip->idims);
-    ip->n_idx = s_numel (ind);
+    ip->n_idx = kiln_ktensor_numel (ind);
     plan->run = s_run_scatter_elements;
     return 0;
 }
@@ -353,13 +345,13 @@ s_prep_gather_nd (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kil
     ip->idx64 = ind->dtype == KILN_DT_INT64;
     ip->rank = r;
     memcpy (ip->dims, x->shape.dims, sizeof ip->dims);
-    ip->n_data = s_numel (x);
+    ip->n_data = kiln_ktensor_numel (x);
     ip->axis = (int) bd;
     ip->k = k;
     ip->batch = 1;
     for (int i = 0; i < bd; i++)
         ip->batch *= x->shape.dims[i];
-    ip->n_idx = ip->batch ? s_numel (ind) / k / ip->batch : 0;
+    ip->n_idx = ip->batch ? kiln_ktensor_numel (ind) / k / ip->batch : 0;
     ip->slice = 1;
     for (int i = (int) (bd + k); i < r; i++)
         ip->slice *= x->shape.dims[i];

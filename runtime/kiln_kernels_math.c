@@ -60,15 +60,6 @@ s_t (const kiln_program_t *p, int t)
     return &p->tensors[t];
 }
 
-static int64_t
-s_numel (const kiln_prog_tensor_t *t)
-{
-    /* Bounded: kiln_program_check ran kiln_shape_numel on every tensor. */
-    int64_t n = 1;
-    for (int i = 0; i < t->shape.rank; i++)
-        n *= t->shape.dims[i];
-    return n;
-}
 
 static int64_t
 s_prod (const int64_t *d, int from, int to)
@@ -125,10 +116,10 @@ static int
 s_need_numel (const kiln_program_t *p, int t, int64_t want, const char *what,
               kiln_err_t *err)
 {
-    if (s_numel (s_t (p, t)) != want)
+    if (kiln_ktensor_numel (s_t (p, t)) != want)
         return kiln_error (err, KILN_EFORMAT, "%s holds %lld elements, "
                            "expected %lld", what,
-                           (long long) s_numel (s_t (p, t)), (long long) want);
+                           (long long) kiln_ktensor_numel (s_t (p, t)), (long long) want);
     return 0;
 }
 
@@ -1428,7 +1419,7 @@ s_prep_unary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     int rc;
     if ((rc = s_pick (tab, x->dtype, "input 0", mp, err))
         || (rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err)))
+        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err)))
         return rc;
     const char *names[3] = { NULL, NULL, NULL };
     for (size_t i = 0; i < sizeof s_unary_rows / sizeof s_unary_rows[0]; i++)
@@ -1458,7 +1449,7 @@ s_prep_unary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
             return rc;
     if (plan->kernel == KILN_K_CELU && mp->f[0] == 0)
         return kiln_error (err, KILN_EFORMAT, "parameter 'alpha' is 0");
-    mp->len = s_numel (x);
+    mp->len = kiln_ktensor_numel (x);
     plan->run = s_run_unary;
     return 0;
 }
@@ -1472,13 +1463,13 @@ s_prep_cast (kiln_program_t *p, kiln_kplan_t *plan, kiln_err_t *err)
     if (si < 0 || di < 0)
         return kiln_error (err, KILN_EFORMAT, "cannot cast %s to %s",
                            s_dtn (x->dtype), s_dtn (y->dtype));
-    int rc = s_need_numel (p, plan->out, s_numel (x), "the output", err);
+    int rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err);
     if (rc)
         return rc;
     mp->fn = s_tab_cast[si][di];
     mp->dt = x->dtype;
     mp->dt2 = y->dtype;
-    mp->len = s_numel (x);
+    mp->len = kiln_ktensor_numel (x);
     plan->run = s_run_unary;
     return 0;
 }
@@ -1508,12 +1499,12 @@ s_prep_round_half (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                            KILN_DT_FLOAT16, KILN_DT_BFLOAT16);
     if ((rc = s_need_dtype (p, plan->in[0], KILN_DT_FLOAT32, "input 0", err))
         || (rc = s_need_dtype (p, plan->out, KILN_DT_FLOAT32, "the output", err))
-        || (rc = s_need_numel (p, plan->out, s_numel (s_t (p, plan->in[0])),
+        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (s_t (p, plan->in[0])),
                                "the output", err)))
         return rc;
     mp->dt = KILN_DT_FLOAT32;
     mp->dt2 = (kiln_dtype_t) dt;
-    mp->len = s_numel (s_t (p, plan->in[0]));
+    mp->len = kiln_ktensor_numel (s_t (p, plan->in[0]));
     plan->run = s_run_round_half;
     return 0;
 }
@@ -1531,7 +1522,7 @@ s_prep_clip (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return kiln_error (err, KILN_EFORMAT, "input 0 is %s, which clip does "
                            "not take", s_dtn (x->dtype));
     if ((rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err))
+        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = s_same_dtype (p, plan, 0, x->dtype, err)))
         return rc;
     const char *fname[2] = { "min", "max" }, *iname[2] = { "min_input", "max_input" };
@@ -1570,7 +1561,7 @@ s_prep_clip (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         if (!used[k])
             return kiln_error (err, KILN_EFORMAT, "input %d is neither bound", k);
     mp->dt = x->dtype;
-    mp->len = s_numel (x);
+    mp->len = kiln_ktensor_numel (x);
     plan->run = s_clip_runs[ti];
     return 0;
 }
@@ -1817,7 +1808,7 @@ s_prep_softmax (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     int rc;
     if ((rc = s_pick (s_tab_softmax, x->dtype, "input 0", mp, err))
         || (rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err))
+        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = kiln_prog_op_int (op, "axis", &axis, err))
         || (rc = kiln_prog_op_int (op, "flatten", &flatten, err)))
         return rc;
@@ -1848,7 +1839,7 @@ s_prep_channels (kiln_program_t *p, kiln_kplan_t *plan, int from,
                            "at least 2", x->shape.rank);
     if ((rc = s_same_dtype (p, plan, 0, x->dtype, err))
         || (rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err)))
+        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err)))
         return rc;
     for (int i = from; i < plan->n_in; i++) {
         char what[32];
@@ -1876,7 +1867,7 @@ s_prep_layer_norm (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                            "or float64", s_dtn (x->dtype));
     if ((rc = s_same_dtype (p, plan, 0, x->dtype, err))
         || (rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err))
+        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = kiln_prog_op_int (op, "axis", &axis, err))
         || (rc = s_float_param (op, "epsilon", &mp->f[0], err))
         || (rc = s_plan_axis (x, axis, true, mp, err)))
@@ -1885,7 +1876,7 @@ s_prep_layer_norm (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return kiln_error (err, KILN_EFORMAT, "input 0 is a scalar");
     int64_t *st[2] = { &mp->sc_st, &mp->b_st };
     for (int i = 1; i < plan->n_in; i++) {
-        int64_t n = s_numel (s_t (p, plan->in[i]));
+        int64_t n = kiln_ktensor_numel (s_t (p, plan->in[i]));
         if (n != mp->len && n != 1)
             return kiln_error (err, KILN_EFORMAT, "input %d holds %lld "
                                "elements, expected %lld or 1", i, (long long) n,
@@ -1960,7 +1951,7 @@ s_prep_hardmax (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_
         return kiln_error (err, KILN_EFORMAT, "input 0 is %s, expected float32 or float64",
                            s_dtn (x->dtype));
     if ((rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err))
+        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = kiln_prog_op_int (op, "axis", &axis, err))
         || (rc = kiln_prog_op_int (op, "flatten", &flatten, err))
         || (rc = s_plan_axis (x, axis, flatten != 0, mp, err)))
@@ -1995,13 +1986,13 @@ s_prep_isinf (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_er
     int rc;
     if ((rc = s_pick (s_tab_isinf, x->dtype, "input 0", mp, err))
         || (rc = s_need_dtype (p, plan->out, KILN_DT_BOOL, "the output", err))
-        || (rc = s_need_numel (p, plan->out, s_numel (x), "the output", err))
+        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = kiln_prog_op_int (op, "detect_positive", &pos, err))
         || (rc = kiln_prog_op_int (op, "detect_negative", &neg, err)))
         return rc;
     mp->f[0] = pos != 0;
     mp->f[1] = neg != 0;
-    mp->len = s_numel (x);
+    mp->len = kiln_ktensor_numel (x);
     plan->run = s_run_unary;
     return 0;
 }
@@ -2098,7 +2089,7 @@ s_prep_nll (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_
                            || (rc = s_need_numel (p, plan->in[2], mp->len, "the weight", err))))
         return rc;
     if ((rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, reduction ? 1 : s_numel (tg), "the output", err)))
+        || (rc = s_need_numel (p, plan->out, reduction ? 1 : kiln_ktensor_numel (tg), "the output", err)))
         return rc;
     mp->has_lo = has_ignore != 0;
     mp->i0 = ignore;

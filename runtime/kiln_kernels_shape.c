@@ -35,15 +35,6 @@ s_t (const kiln_program_t *p, int t)
     return &p->tensors[t];
 }
 
-static int64_t
-s_numel (const kiln_prog_tensor_t *t)
-{
-    /* Bounded: kiln_program_check ran kiln_shape_numel on every tensor. */
-    int64_t n = 1;
-    for (int i = 0; i < t->shape.rank; i++)
-        n *= t->shape.dims[i];
-    return n;
-}
 
 static int64_t
 s_prod (const int64_t *d, int from, int to)
@@ -195,9 +186,9 @@ s_prep_strided (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         if (st[i] < -KILN_MAX_TENSOR_ELEMS || st[i] > KILN_MAX_TENSOR_ELEMS)
             return kiln_error (err, KILN_EFORMAT, "strides[%d] is %lld", i, (long long) st[i]);
     }
-    if (n != s_numel (s_t (p, plan->out)))
+    if (n != kiln_ktensor_numel (s_t (p, plan->out)))
         return kiln_error (err, KILN_EFORMAT, "the loop covers %lld elements, the output holds %lld",
-                           (long long) n, (long long) s_numel (s_t (p, plan->out)));
+                           (long long) n, (long long) kiln_ktensor_numel (s_t (p, plan->out)));
     /* The lowest and highest element the loop nest reads: each term is
      * below 2^31 * 2^32, and there are at most 16, so __int128 holds
      * the sums exactly. */
@@ -209,10 +200,10 @@ s_prep_strided (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         else
             hi += span;
     }
-    if (n > 0 && (lo < 0 || hi >= s_numel (s_t (p, plan->in[0]))))
+    if (n > 0 && (lo < 0 || hi >= kiln_ktensor_numel (s_t (p, plan->in[0]))))
         return kiln_error (err, KILN_EFORMAT, "the loop reads elements %lld..%lld of an input of %lld",
                            (long long) lo, (long long) hi,
-                           (long long) s_numel (s_t (p, plan->in[0])));
+                           (long long) kiln_ktensor_numel (s_t (p, plan->in[0])));
     /* Drop unit loops and merge a loop into the one inside it when they
      * walk X contiguously, so the inner loop is as long as possible. */
     int k = 0;
@@ -351,7 +342,7 @@ s_prep_gather (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     sp->outer = s_prod (x->shape.dims, 0, (int) axis);
     sp->inner = s_prod (x->shape.dims, (int) axis + 1, r);
     sp->axis_len = x->shape.dims[axis];
-    sp->n_idx = s_numel (ind);
+    sp->n_idx = kiln_ktensor_numel (ind);
     sp->idx64 = ind->dtype == KILN_DT_INT64;
     plan->run = s_run_gather;
     return 0;
@@ -784,12 +775,12 @@ s_prep_conv_transpose (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan
         || __builtin_mul_overflow (x[2], x[3], &hw) || __builtin_mul_overflow (rows, hw, &need)
         || rows > INT_MAX || hw > INT_MAX || x[1] / group > INT_MAX)
         return kiln_error (err, KILN_EFORMAT, "transposed convolution too large for BLAS");
-    if (plan->scratch < 0 || s_numel (s_t (p, plan->scratch)) < need)
+    if (plan->scratch < 0 || kiln_ktensor_numel (s_t (p, plan->scratch)) < need)
         return kiln_error (err, KILN_EFORMAT, "needs a scratch tensor of %lld elements", (long long) need);
     sp->bias = plan->n_in == 3;
-    if (sp->bias && s_numel (s_t (p, plan->in[2])) != y[1])
+    if (sp->bias && kiln_ktensor_numel (s_t (p, plan->in[2])) != y[1])
         return kiln_error (err, KILN_EFORMAT, "bias holds %lld elements, expected %lld",
-                           (long long) s_numel (s_t (p, plan->in[2])), (long long) y[1]);
+                           (long long) kiln_ktensor_numel (s_t (p, plan->in[2])), (long long) y[1]);
     sp->n = x[0];
     sp->c = x[1];
     sp->h = x[2];
@@ -938,7 +929,7 @@ s_prep_global_maxpool (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan
         if (ty->shape.dims[i] != (i < 2 ? tx->shape.dims[i] : 1))
             return kiln_error (err, KILN_EFORMAT, "Y must be [N, C, 1, ...]");
     sp->planes = tx->shape.dims[0] * tx->shape.dims[1];
-    sp->spatial = sp->planes ? s_numel (tx) / sp->planes : 0;
+    sp->spatial = sp->planes ? kiln_ktensor_numel (tx) / sp->planes : 0;
     plan->run = s_run_global_maxpool;
     return 0;
 }
@@ -983,7 +974,7 @@ s_prep_trilu (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_er
     sp->esz = kiln_dtype_size (x->dtype);
     sp->h = x->shape.dims[r - 2];
     sp->w = x->shape.dims[r - 1];
-    sp->outer = sp->h != 0 && sp->w != 0 ? s_numel (x) / (sp->h * sp->w) : 0;
+    sp->outer = sp->h != 0 && sp->w != 0 ? kiln_ktensor_numel (x) / (sp->h * sp->w) : 0;
     sp->mode = upper != 0;
     /* beyond ± the matrix size every k means the same */
     sp->offset = k < -(sp->h + 1) ? -(sp->h + 1) : k > sp->w + 1 ? sp->w + 1 : k;
