@@ -44,6 +44,7 @@
 #define S_MAX_BATCH        (1u << 20) /* jobs in one call */
 #define S_UPLOADS_AT_ONCE  2          /* blobs whose chunks take turns */
 #define S_DRAIN_MS         5000       /* wait for ZeroMQ to let go of our buffers */
+#define S_REFUSAL_MS       1000       /* wait for the monitor after a send found no pipe */
 #define S_BUSY_MIN_MS      200        /* first wait before an upload refused busy goes again */
 #define S_BUSY_MAX_MS      3000       /* longest such wait */
 
@@ -101,7 +102,6 @@ kiln_client_connect (kiln_client_t *self, kiln_err_t *err)
     kiln_proto_socket_defaults (self->dealer);
     zsock_set_sndhwm (self->dealer, 100000);
     zsock_set_rcvhwm (self->dealer, 100000);
-    zsock_set_sndtimeo (self->dealer, 60000);
     if (strchr (self->endpoint, '['))
         zsock_set_ipv6 (self->dealer, 1);
     if (self->cert && kiln_proto_curve_client (self->dealer, self->cert, self->broker_cert,
@@ -126,6 +126,7 @@ kiln_client_connect (kiln_client_t *self, kiln_err_t *err)
     }
     self->credit = 0;
     self->epoch = 0;
+    self->refusal = (kiln_err_t) { 0 };
     return 0;
 }
 
@@ -169,12 +170,18 @@ kiln_client_refused (kiln_client_t *self, kiln_err_t *err)
     zstr_free (&name);
     zstr_free (&value);
     zmsg_destroy (&ev);
+    if (refused)
+        self->refusal = *err;
     return refused;
 }
 
 int
 kiln_client_writable (kiln_client_t *self, int wait_ms, kiln_err_t *err)
 {
+    if (self->refusal.code) {
+        *err = self->refusal;
+        return -err->code;
+    }
     int64_t deadline = zclock_mono () + wait_ms;
     while (!(zsock_events (self->dealer) & ZMQ_POLLOUT)) {
         int64_t left = deadline - zclock_mono ();
@@ -195,6 +202,35 @@ kiln_client_writable (kiln_client_t *self, int wait_ms, kiln_err_t *err)
             return -err->code;
     }
     return 0;
+}
+
+int
+kiln_client_send (kiln_client_t *self, kiln_msg_t **msg, int wait_ms, kiln_err_t *err)
+{
+    if (self->refusal.code) {
+        kiln_msg_destroy (msg);
+        *err = self->refusal;
+        return -err->code;
+    }
+    zsock_set_sndtimeo (self->dealer, wait_ms);
+    if (kiln_msg_send (msg, self->dealer, NULL, err) == 0)
+        return 0;
+    /* The monitor hears of a refusal on its own thread: give it a moment
+     * when the caller was willing to wait at all. */
+    int64_t until = zclock_mono () + (wait_ms > 0 ? S_REFUSAL_MS : 0);
+    kiln_err_t why = { 0 };
+    while (self->monitor && !self->refusal.code) {
+        int64_t left = until - zclock_mono ();
+        zmq_pollitem_t item = { zsock_resolve (self->monitor), 0, ZMQ_POLLIN, 0 };
+        int n = zmq_poll (&item, 1, (long) (left > 0 ? left : 0));
+        if (n > 0 && (item.revents & ZMQ_POLLIN))
+            kiln_client_refused (self, &why);
+        else if (left <= 0)
+            break;
+    }
+    if (self->refusal.code)
+        *err = self->refusal;
+    return -err->code;
 }
 
 /* A chunk ZeroMQ holds: which bytes, and whose. */
@@ -308,9 +344,8 @@ kiln_client_destroy (kiln_client_t **self_p)
     if (self->dealer) {
         kiln_err_t err = { 0 };
         kiln_msg_t *bye = kiln_msg_new (KILN_CMD_DISCONNECT);
-        zsock_set_sndtimeo (self->dealer, 0);
         if (bye)
-            kiln_msg_send (&bye, self->dealer, NULL, &err);
+            kiln_client_send (self, &bye, 0, &err);
         zsock_set_linger (self->dealer, 100);     /* let DISCONNECT leave */
         kiln_client_disconnect (self);
     }
@@ -585,8 +620,8 @@ s_send_find (s_engine_t *e, s_req_t *r, kiln_err_t *err)
         kiln_msg_destroy (&msg);
         return rc;
     }
-    if ((rc = kiln_msg_send (&msg, self->dealer, NULL, err)) != 0)
-        return kiln_error_prefix (err, "broker %s", self->endpoint);
+    if ((rc = kiln_client_send (self, &msg, (int) self->broker_timeout_ms, err)) != 0)
+        return self->refusal.code ? rc : kiln_error_prefix (err, "broker %s", self->endpoint);
     r->state = R_SENT;
     return 0;
 }
@@ -636,8 +671,8 @@ s_send_compile (s_engine_t *e, s_req_t *r, kiln_err_t *err)
         kiln_msg_destroy (&msg);
         return rc;
     }
-    if ((rc = kiln_msg_send (&msg, self->dealer, NULL, err)) != 0)
-        return kiln_error_prefix (err, "broker %s", self->endpoint);
+    if ((rc = kiln_client_send (self, &msg, (int) self->broker_timeout_ms, err)) != 0)
+        return self->refusal.code ? rc : kiln_error_prefix (err, "broker %s", self->endpoint);
     r->state = R_SENT;
     self->stats.requests++;
     return 0;
@@ -672,8 +707,9 @@ s_send_chunk (s_engine_t *e, s_upload_t *up, kiln_err_t *err)
             return -err->code;
         }
     }
-    if (kiln_msg_send (&chunk, self->dealer, NULL, err) != 0)
-        return kiln_error_prefix (err, "uploading blob %.12s", up->hex);
+    if (kiln_client_send (self, &chunk, (int) self->broker_timeout_ms, err) != 0)
+        return self->refusal.code ? -err->code
+                                  : kiln_error_prefix (err, "uploading blob %.12s", up->hex);
     self->credit--;
     self->stats.uploaded_bytes += n;
     up->sent += n;
@@ -1025,7 +1061,7 @@ s_send_where (s_engine_t *e)
             return;
         where->req_id = r->req_id;
         where->job_id = r->job_id;
-        kiln_msg_send (&where, e->self->dealer, NULL, &err);
+        kiln_client_send (e->self, &where, 0, &err);
         asked++;
     }
 }
@@ -1043,8 +1079,7 @@ s_cancel_all (s_engine_t *e, int code, const char *why)
             kiln_msg_t *cancel = kiln_msg_new (KILN_CMD_CANCEL);
             if (cancel) {
                 cancel->req_id = r->req_id;
-                zsock_set_sndtimeo (e->self->dealer, 0);
-                kiln_msg_send (&cancel, e->self->dealer, NULL, &err);
+                kiln_client_send (e->self, &cancel, 0, &err);
             }
         }
         s_fail (e, r, code, "%s", why);
@@ -1101,7 +1136,6 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
     int64_t deadline = wait_ms > 0 ? start + wait_ms : INT64_MAX;
     e.broker_seen = start;
     e.hb_at = start + self->heartbeat_ms;
-    zsock_set_sndtimeo (self->dealer, 60000);
     while (e.left > e.fetching) {
         int64_t now = zclock_mono ();
         if (zsys_interrupted) {
@@ -1149,6 +1183,12 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
                 s_send_compile (&e, e.reqs[i], &serr);
         if (serr.code == 0)
             s_pump_uploads (&e, &serr);
+        if (self->refusal.code) {
+            *err = self->refusal;
+            rc = -err->code;
+            s_cancel_all (&e, err->code, err->msg);
+            break;
+        }
         if (serr.code != 0)
             kiln_log_warn ("%s", serr.msg);      /* the broker will be found silent */
         if (self->progress && now >= e.where_at) {
@@ -1159,7 +1199,7 @@ s_run (kiln_client_t *self, kiln_client_job_t *jobs, size_t n, int wait_ms,
             kiln_msg_t *hb = kiln_msg_new (KILN_CMD_HEARTBEAT);
             kiln_err_t herr = { 0 };
             if (hb)
-                kiln_msg_send (&hb, self->dealer, NULL, &herr);
+                kiln_client_send (self, &hb, 0, &herr);
             e.hb_at = now + self->heartbeat_ms;
         }
         int64_t wait = e.hb_at - now;

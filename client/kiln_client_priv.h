@@ -37,6 +37,8 @@ struct kiln_client {
     kiln_progress_fn *progress;      /* or NULL */
     void *progress_arg;
     int progress_ms;                 /* WHERE interval */
+    kiln_err_t refusal;              /* the broker refused our handshake (code 0: not);
+                                        ZeroMQ does not retry such a connection */
     kiln_client_stats_t stats;
 };
 
@@ -53,6 +55,13 @@ bool kiln_client_refused (kiln_client_t *self, kiln_err_t *err);
  * reconnect), and a send would then block for the whole send timeout:
  * the monitor's refusal is reported instead.  0, or -code with `err`. */
 int kiln_client_writable (kiln_client_t *self, int wait_ms, kiln_err_t *err);
+/* Send `msg` on the dealer, waiting at most wait_ms for room (0: not at
+ * all).  The dealer has a pipe from the moment it connects and loses it
+ * only when the broker refuses the handshake, which can happen between
+ * kiln_client_writable and this send: a send that cannot go out then
+ * reports the monitor's refusal when there is one.  0, or -code with
+ * `err`. */
+int kiln_client_send (kiln_client_t *self, kiln_msg_t **msg, int wait_ms, kiln_err_t *err);
 /* The farm's ERROR as our error: its code, its message, and as much of
  * the end of a compile log as fits. */
 void kiln_client_remote_error (const kiln_msg_t *msg, kiln_err_t *err);

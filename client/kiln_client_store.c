@@ -55,14 +55,14 @@ s_request (kiln_client_t *self, kiln_msg_t **msg, kiln_cmd_t want, int wait_ms,
     const char *name = kiln_cmd_name ((*msg)->cmd);
     uint64_t req_id = self->next_req++;
     (*msg)->req_id = req_id;
-    zsock_set_sndtimeo (self->dealer, wait);
     int ready = kiln_client_writable (self, wait, err);
     if (ready != 0) {
         kiln_msg_destroy (msg);
         return ready;
     }
-    if (kiln_msg_send (msg, self->dealer, NULL, err) != 0)
-        return kiln_error_prefix (err, "broker %s", self->endpoint);
+    if (kiln_client_send (self, msg, wait, err) != 0)
+        return self->refusal.code ? -err->code
+                                  : kiln_error_prefix (err, "broker %s", self->endpoint);
     int64_t deadline = zclock_mono () + wait;
     while (true) {
         int64_t left = deadline - zclock_mono ();
@@ -325,8 +325,9 @@ s_get_send (s_get_t *g, const char *why, kiln_err_t *err)
         kiln_msg_destroy (&msg);
         return rc;
     }
-    if (kiln_msg_send (&msg, self->dealer, NULL, err) != 0)
-        return kiln_error_prefix (err, "broker %s", self->endpoint);
+    if (kiln_client_send (self, &msg, (int) self->broker_timeout_ms, err) != 0)
+        return self->refusal.code ? -err->code
+                                  : kiln_error_prefix (err, "broker %s", self->endpoint);
     self->stats.requests++;
     return 0;
 }
@@ -342,7 +343,7 @@ s_get_credit (s_get_t *g)
     msg->req_id = g->req_id;
     msg->credit = g->owed;
     g->owed = 0;
-    if (kiln_msg_send (&msg, g->self->dealer, NULL, &err) != 0)
+    if (kiln_client_send (g->self, &msg, 0, &err) != 0)
         kiln_log_warn ("%s", err.msg);        /* the stall is noticed and the GET resent */
 }
 
@@ -447,7 +448,7 @@ s_get_receive (s_get_t *g, int wait_ms, kiln_err_t *err)
             kiln_msg_t *hb = kiln_msg_new (KILN_CMD_HEARTBEAT);
             kiln_err_t herr = { 0 };
             if (hb)
-                kiln_msg_send (&hb, self->dealer, NULL, &herr);
+                kiln_client_send (self, &hb, 0, &herr);
             hb_at = now + self->heartbeat_ms;
         }
         int64_t wait = hb_at - now;
@@ -538,7 +539,6 @@ kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_pa
     fchmod (g.fd, 0644);
     if (!self->dealer && (rc = kiln_client_connect (self, err)) != 0)
         goto done;
-    zsock_set_sndtimeo (self->dealer, 60000);
     if ((rc = s_get_receive (&g, wait_ms, err)) != 0)
         goto done;
     if (fsync (g.fd) != 0) {
@@ -600,8 +600,7 @@ done:
         kiln_err_t cerr = { 0 };
         if (cancel) {
             cancel->req_id = g.req_id;
-            zsock_set_sndtimeo (self->dealer, 0);
-            kiln_msg_send (&cancel, self->dealer, NULL, &cerr);
+            kiln_client_send (self, &cancel, 0, &cerr);
         }
     }
     kiln_artifact_destroy (&art);
