@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include <czmq.h>
 #include <jansson.h>
@@ -165,6 +166,18 @@ s_confirm (kiln_broker_t *self, const char *name)
     zhashx_update (self->confirmed, name, (void *) (s_confirmed (self, name) + 1));
 }
 
+/* True one time in n, drawn from the kernel's generator: a worker cannot
+ * predict which of its builds are checked (random() unseeded would repeat
+ * the same draws after every broker start). */
+static bool
+s_drawn (uint64_t n)
+{
+    uint64_t r = 0;
+    if (getrandom (&r, sizeof r, 0) != (ssize_t) sizeof r)
+        r = (uint64_t) random () ^ (uint64_t) zclock_mono ();
+    return r % n == 0;
+}
+
 bool
 broker_xcheck_wanted (kiln_broker_t *self, broker_job_t *job, const broker_worker_t *w)
 {
@@ -177,7 +190,7 @@ broker_xcheck_wanted (kiln_broker_t *self, broker_job_t *job, const broker_worke
             why = "the farm's policy is --cross-check off";
             break;
         case KILN_XCHECK_SAMPLE:
-            if (self->cfg.cross_check_n > 1 && random () % self->cfg.cross_check_n != 0)
+            if (self->cfg.cross_check_n > 1 && !s_drawn ((uint64_t) self->cfg.cross_check_n))
                 why = "not drawn in this farm's sample (--cross-check sample)";
             break;
         case KILN_XCHECK_NEW_WORKERS:
