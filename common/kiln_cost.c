@@ -67,6 +67,17 @@ kiln_cost_op (const kiln_program_t *p, int i)
     case KILN_K_CONV3D:
         c.flops = s_conv_flops (p, op);
         break;
+    case KILN_K_CONV_TRANSPOSE2D:
+    case KILN_K_CONV_TRANSPOSE3D: {
+        /* each input element meets M/group · kernel weights */
+        const kiln_shape_t *x = &p->tensors[op->inputs[0]].shape;
+        const kiln_shape_t *y = &p->tensors[op->outputs[0]].shape;
+        int64_t group = s_int (op, "group", 1);
+        if (x->rank >= 2 && y->rank >= 2)
+            c.flops = 2.0 * s_numel (x) * (double) y->dims[1] / (double) (group < 1 ? 1 : group)
+                      * s_ints_product (op, "kernel");
+        break;
+    }
     case KILN_K_RNN: {
         /* every step's input and recurrent products: 2·T·B·(|W| + |R|) */
         const kiln_shape_t *x = &p->tensors[op->inputs[0]].shape;

@@ -173,7 +173,8 @@
     X (TOPK,               "topk",               1, 1, 1)          \
     X (CONV3D,             "conv3d",             2, 4, 1)          \
     X (POOL3D,             "pool3d",             1, 1, 1)          \
-    X (GRID_SAMPLE,        "grid_sample",        2, 2, 1)
+    X (GRID_SAMPLE,        "grid_sample",        2, 2, 1)          \
+    X (CONV_TRANSPOSE3D,   "conv_transpose3d",   2, 3, 1)
 
 typedef enum {
 #define KILN_K_ENUM(id, name, min_in, max_in, n_out) KILN_K_##id,

@@ -1355,6 +1355,30 @@ s_folded_operand (kiln_cc_ctx_t *cx, int gt, const float *fold, const kiln_shape
     return 0;
 }
 
+/* kiln_cc_lower.h */
+int
+kiln_cc_emit_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, const kiln_cc_fusion_t *f,
+             kiln_kernel_t k, int packed, const float *wfold, const float *bfold, int64_t m,
+             int64_t per, kiln_err_t *err)
+{
+    int x = s_in (node, 0), wt = s_in (node, 1), b = s_in (node, 2), y = node->outputs[0];
+    int ins[4], n_in = 0, rc = 0;
+    if ((ins[n_in++] = s_operand (cx, x, err)) < 0)
+        return ins[0];
+    if (packed >= 0)
+        ins[n_in++] = packed;
+    else if ((rc = s_folded_operand (cx, wt, wfold, &s_gt (cx, wt)->shape, m * per, ins,
+                                     &n_in, err)))
+        return rc;
+    kiln_shape_t bs = { .rank = 1, .dims = { m } };
+    if ((bfold || b >= 0) && (rc = s_folded_operand (cx, b, bfold, &bs, m, ins, &n_in, err)))
+        return rc;
+    if (f)
+        return s_emit_fused (cx, f, y, k, ins, n_in, err);
+    int py = s_result (cx, y, err);
+    return py < 0 ? py : s_emit (cx, k, ins, n_in, &py, 1, err);
+}
+
 /* A 3-D Conv: conv3d (im2col of a group, then the matrix engine), with
  * a BatchNormalization folded into its weights and the fused epilogue. */
 static int
@@ -1398,19 +1422,9 @@ s_lower_conv3d (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_err_t *err)
                             b >= 0 ? kiln_cc_const_f32 (cx, b) : NULL, m, rows, &wfold, &bfold,
                             err)))
         return rc;
-    int ins[4], n_in = 0;
-    if ((ins[n_in++] = s_operand (cx, x, err)) < 0)
-        rc = ins[0];
-    kiln_shape_t bs = { .rank = 1, .dims = { m } };
-    if (!rc)
-        rc = s_folded_operand (cx, wt, wfold, sw, m * rows, ins, &n_in, err);
-    if (!rc && (bfold || b >= 0))
-        rc = s_folded_operand (cx, b, bfold, &bs, m, ins, &n_in, err);
+    int op = kiln_cc_emit_conv (cx, node, f, KILN_K_CONV3D, -1, wfold, bfold, m, rows, err);
     free (wfold);
     free (bfold);
-    if (rc)
-        return rc;
-    int op = s_emit_fused (cx, f, y, KILN_K_CONV3D, ins, n_in, err);
     if (op < 0)
         return op;
     if ((rc = s_set_ints (cx, op, "kernel", w.kernel, 3, err))
@@ -1520,10 +1534,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if (wfold)
         wdata = wfold;
 
-    int ins[4], n_in = 0;
-    if ((ins[n_in++] = s_operand (cx, x, err)) < 0)
-        rc = ins[0];
-    if (!rc && pack) {
+    int packed = -1;
+    if (pack) {
         int64_t elems = 0;
         float *pw;
         kiln_shape_t ps = { .rank = 1 };
@@ -1536,8 +1548,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
             || elems > KILN_MAX_TENSOR_ELEMS)
             rc = s_fail (cx, KILN_ELIMIT, err, "packed weights too large");
         ps.dims[0] = elems;
-        if (!rc && (ins[n_in++] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
-            rc = ins[n_in - 1];
+        if (!rc && (packed = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
+            rc = packed;
         if (!rc && wino && trans)
             kiln_pack_wino_t (wdata, m, c, tile, pw);
         else if (!rc && wino)
@@ -1547,18 +1559,10 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         else if (!rc)
             kiln_pack_conv (wdata, m, cg, w.kernel[0], w.ns > 1 ? w.kernel[1] : 1,
                             group, pw);
-    } else if (!rc) {
-        rc = s_folded_operand (cx, wt, wfold, &s_gt (cx, wt)->shape, m * per, ins, &n_in,
-                               err);
     }
-    kiln_shape_t bs = { .rank = 1, .dims = { m } };
-    if (!rc && (bfold || b >= 0))
-        rc = s_folded_operand (cx, b, bfold, &bs, m, ins, &n_in, err);
+    int op = rc ? rc : kiln_cc_emit_conv (cx, node, f, k, packed, wfold, bfold, m, per, err);
     free (wfold);
     free (bfold);
-    if (rc)
-        return rc;
-    int op = s_emit_fused (cx, f, y, k, ins, n_in, err);
     if (op < 0)
         return op;
     if ((rc = s_set_window (cx, op, &w, err))

@@ -147,6 +147,15 @@ int kiln_cc_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err);
 /* Emit an op (recording its reads for the planner); returns its index. */
 int kiln_cc_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins,
                   int n_in, const int *outs, int n_out, kiln_err_t *err);
+/* The operands and op of a convolution node (Conv or ConvTranspose):
+ * X, then W — the weight tensor `packed` the caller made, when >= 0,
+ * else W's values folded by the compiler (`wfold`, m·per floats) or W as
+ * it is — then the bias, folded (`bfold`, m floats) or as it is, if any;
+ * emitted as kernel k with the fusion f (NULL: none).  Returns the op. */
+int kiln_cc_emit_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node,
+                       const kiln_cc_fusion_t *f, kiln_kernel_t k, int packed,
+                       const float *wfold, const float *bfold, int64_t m, int64_t per,
+                       kiln_err_t *err);
 /* Give op `op` a float32 workspace of `elems` elements. */
 int kiln_cc_scratch (kiln_cc_ctx_t *cx, int op, uint64_t elems,
                      kiln_err_t *err);

@@ -592,38 +592,46 @@ int
 kiln_lower_shape_conv_transpose (kiln_cc_ctx_t *cx, const kiln_node_t *node,
                                  kiln_kernel_t k, kiln_err_t *err)
 {
-    int x = s_in (node, 0), wt = s_in (node, 1), b = s_in (node, 2), rc;
-    if (x < 0 || wt < 0)
-        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs X and W");
+    int x = s_in (node, 0), wt = s_in (node, 1), rc;
+    if (x < 0 || wt < 0 || node->n_outputs < 1)
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs X, W and an output");
     if ((rc = s_need_f32 (cx, node, err)))
         return rc;
     const kiln_shape_t *xs = &s_gt (cx, x)->shape, *ws = &s_gt (cx, wt)->shape;
-    if (xs->rank != 3 && xs->rank != 4)
+    if (xs->rank < 3 || xs->rank > 5)
         return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "%d-D transposed convolution (only "
-                             "1-D and 2-D are supported)", xs->rank - 2);
+                             "1-D, 2-D and 3-D are supported)", xs->rank - 2);
     kiln_window_t w;
     int64_t opad[KILN_MAX_RANK], group;
     kiln_shape_t y;
     if ((rc = kiln_convtr_params (node, xs, ws, &w, opad, &group, &y, err)))
         return s_prefixed (cx, rc, err);
-    int ins[3], n_in = b >= 0 ? 3 : 2;
-    if ((ins[0] = kiln_cc_operand (cx, x, err)) < 0)
-        return ins[0];
-    if ((ins[1] = kiln_cc_operand (cx, wt, err)) < 0)
-        return ins[1];
-    if (b >= 0 && (ins[2] = kiln_cc_operand (cx, b, err)) < 0)
-        return ins[2];
-    int py = s_result (cx, node, 0, &y, err);
-    if (py < 0)
-        return py;
-    int op = kiln_cc_emit (cx, KILN_K_CONV_TRANSPOSE2D, ins, n_in, &py, 1, err);
+    if ((rc = kiln_cc_expect_shape (cx, node->outputs[0], &y, err)))
+        return rc;
+    bool d3 = w.n == 3;
+    int64_t per = ws->dims[0];          /* weights per output channel (as W is laid out) */
+    for (int i = 0; i < w.n; i++)
+        per *= w.kernel[i];
+    per = per / group;
+    int op = kiln_cc_emit_conv (cx, node, NULL, d3 ? KILN_K_CONV_TRANSPOSE3D
+                                : KILN_K_CONV_TRANSPOSE2D, -1, NULL, NULL, y.dims[1], per, err);
     if (op < 0)
         return op;
-    int64_t op2[2] = { w.n == 1 ? 0 : opad[0], w.n == 1 ? opad[0] : opad[1] };
-    if ((rc = s_set_window (cx, op, &w, err))
-        || (rc = s_set_ints (cx, op, "output_padding", op2, 2, err))
-        || (rc = s_set_int (cx, op, "group", group, err)))
-        return rc;
+    if (d3) {
+        if ((rc = s_set_ints (cx, op, "kernel", w.kernel, 3, err))
+            || (rc = s_set_ints (cx, op, "strides", w.strides, 3, err))
+            || (rc = s_set_ints (cx, op, "dilations", w.dilations, 3, err))
+            || (rc = s_set_ints (cx, op, "pads", w.pads, 6, err))
+            || (rc = s_set_ints (cx, op, "output_padding", opad, 3, err))
+            || (rc = s_set_int (cx, op, "group", group, err)))
+            return rc;
+    } else {
+        int64_t op2[2] = { w.n == 1 ? 0 : opad[0], w.n == 1 ? opad[0] : opad[1] };
+        if ((rc = s_set_window (cx, op, &w, err))
+            || (rc = s_set_ints (cx, op, "output_padding", op2, 2, err))
+            || (rc = s_set_int (cx, op, "group", group, err)))
+            return rc;
+    }
     /* Workspace: one group's columns, [M/group * kernel, H * W]. */
     uint64_t elems = (uint64_t) (ws->dims[1]);
     for (int i = 0; i < w.n; i++)

@@ -1943,7 +1943,7 @@ KILN_KSHAPE_KERNELS (S_SHAPE_KERNEL)
 
 
 
-/* --- kernels of kiln_kernels_rnn.c, _index.c, _pool3d.c ------------------ */
+/* --- kernels of kiln_kernels_rnn.c, _index.c, _pool3d.c, _convtr3d.c ----- */
 
 /* Their prepare sets plan->run too. */
 #define S_DELEGATED(prepare, id)                                              \
@@ -1961,12 +1961,15 @@ KILN_KSHAPE_KERNELS (S_SHAPE_KERNEL)
 #define S_RNN_KERNEL(id) S_DELEGATED (kiln_krnn_prepare, id)
 #define S_INDEX_KERNEL(id) S_DELEGATED (kiln_kindex_prepare, id)
 #define S_POOL3D_KERNEL(id) S_DELEGATED (kiln_kpool3d_prepare, id)
+#define S_CONVTR3D_KERNEL(id) S_DELEGATED (kiln_kconvtr3d_prepare, id)
 KILN_KRNN_KERNELS (S_RNN_KERNEL)
 KILN_KINDEX_KERNELS (S_INDEX_KERNEL)
 KILN_KPOOL3D_KERNELS (S_POOL3D_KERNEL)
+KILN_KCONVTR3D_KERNELS (S_CONVTR3D_KERNEL)
 #undef S_RNN_KERNEL
 #undef S_INDEX_KERNEL
 #undef S_POOL3D_KERNEL
+#undef S_CONVTR3D_KERNEL
 #undef S_DELEGATED
 
 /* --- the table ------------------------------------------------------ */

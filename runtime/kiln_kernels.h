@@ -31,6 +31,7 @@
 
 #include "common/kiln_program.h"
 #include "runtime/kiln_gemm.h"
+#include "runtime/kiln_kernels_convtr3d.h"
 #include "runtime/kiln_kernels_index.h"
 #include "runtime/kiln_kernels_math.h"
 #include "runtime/kiln_kernels_pool3d.h"
@@ -134,6 +135,7 @@ typedef struct kiln_kplan {
         kiln_krnn_plan_t rnn;       /* kiln_kernels_rnn.h */
         kiln_kindex_plan_t index;   /* kiln_kernels_index.h */
         kiln_kpool3d_plan_t pool3d; /* kiln_kernels_pool3d.h */
+        kiln_kconvtr3d_plan_t convtr3d; /* kiln_kernels_convtr3d.h */
     } u;
 } kiln_kplan_t;
 

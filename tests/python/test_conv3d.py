@@ -22,6 +22,11 @@ def _close(got, want, what):
     assert err <= TOL * scale, f"{what}: max abs error {err} at scale {scale}"
 
 
+def _trace(net, x, opt):
+    return kiln.trace(net, x, compiler_args=["--optlevel", str(opt)], fallback=False,
+                      check_trace=False)
+
+
 class _Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -43,8 +48,7 @@ def test_conv3d_layers_match_torch(opt):
     torch.manual_seed(3)
     net = _randomize_batchnorm(_Net(), 3)
     x = torch.randn(2, 3, 5, 12, 10)
-    traced = kiln.trace(net, x, compiler_args=["--optlevel", str(opt)], fallback=False,
-                        check_trace=False)
+    traced = _trace(net, x, opt)
     for seed in range(2):
         torch.manual_seed(10 + seed)
         y = torch.randn_like(x)
@@ -87,9 +91,48 @@ def test_3d_pools_match_torch(opt):
     torch.manual_seed(5)
     net = _Pools().eval()
     x = torch.randn(2, 3, 5, 9, 8)
-    traced = kiln.trace(net, x, compiler_args=["--optlevel", str(opt)], fallback=False,
-                        check_trace=False)
+    traced = _trace(net, x, opt)
     y = torch.randn_like(x)
     for k, (g, w) in enumerate(zip(traced(y), net(y))):
         assert g.shape == w.shape, (k, g.shape, w.shape)
         _close(g, w, f"pool {k}, -O{opt}")
+
+
+class _Transposed(torch.nn.Module):
+    """ConvTranspose3d with stride, padding, output_padding, groups,
+    dilation and bias, then one without bias; and a 1-D one."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.ConvTranspose3d(4, 6, (3, 2, 3), stride=(2, 1, 2), padding=(1, 0, 1),
+                                          output_padding=(1, 0, 1), groups=2,
+                                          dilation=(1, 2, 1))
+        self.b = torch.nn.ConvTranspose3d(6, 3, 2, stride=2, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("opt", [0, 3])
+def test_conv_transpose3d_matches_torch(opt):
+    torch.manual_seed(7)
+    net = _Transposed().eval()
+    x = torch.randn(2, 4, 3, 5, 4)
+    traced = _trace(net, x, opt)
+    y = torch.randn_like(x)
+    with torch.no_grad():
+        want = net(y)
+    got = traced(y)
+    assert got.shape == want.shape == (2, 3, 12, 14, 16)
+    _close(got, want, f"ConvTranspose3d -O{opt}")
+
+
+def test_conv_transpose1d_matches_torch():
+    torch.manual_seed(8)
+    net = torch.nn.ConvTranspose1d(4, 6, 3, stride=3, padding=1, output_padding=2,
+                                   groups=2, dilation=2).eval()
+    x = torch.randn(2, 4, 9)
+    traced = kiln.trace(net, x, fallback=False, check_trace=False)
+    with torch.no_grad():
+        want = net(x)
+    _close(traced(x), want, "ConvTranspose1d")
