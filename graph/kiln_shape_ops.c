@@ -1320,9 +1320,11 @@ kiln_grid_sample_params (const kiln_node_t *node, const kiln_shape_t *x,
         *mode = 0;
     else if (!strcmp (m, "nearest"))
         *mode = 1;
+    else if (!strcmp (m, "bicubic") || !strcmp (m, "cubic"))
+        *mode = 2;
     else
-        return kiln_error (err, KILN_EUNSUPPORTED, "mode '%s' (kiln samples bilinear and "
-                           "nearest)", m);
+        return kiln_error (err, KILN_EUNSUPPORTED, "mode '%s' (kiln samples bilinear, "
+                           "nearest and bicubic)", m);
     if (!strcmp (pm, "zeros"))
         *pad = 0;
     else if (!strcmp (pm, "border"))
@@ -1337,7 +1339,7 @@ kiln_grid_sample_params (const kiln_node_t *node, const kiln_shape_t *x,
         kiln_shape_str (x, sx, sizeof sx);
         kiln_shape_str (grid, sg, sizeof sg);
         return kiln_error (err, KILN_EUNSUPPORTED, "X %s and grid %s: kiln samples X [N, C, "
-                           "H, W] at a grid [N, oh, ow, 2]", sx, sg);
+                           "H, W] at a grid [N, oh, ow, 2] (2-D only, not 1-D or 3-D)", sx, sg);
     }
     *out = (kiln_shape_t) { .rank = 4, .dims = { x->dims[0], x->dims[1], grid->dims[1],
                                                  grid->dims[2] } };

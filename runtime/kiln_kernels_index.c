@@ -406,6 +406,20 @@ s_prep_topk (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err
  * infinity, when reflecting) maps to -1, outside the axis: zeros, or the
  * border; values far outside are clamped to just outside, so that every
  * pixel index computed from the result fits in an int64. */
+/* x (finite) reflected into lo..hi until it lands there; 0 when the
+ * range is empty. */
+static double
+s_reflect (double x, double lo, double hi)
+{
+    double span = hi - lo;
+    if (span <= 0)
+        return 0;
+    double v = fabs (x - lo);
+    double flips = floor (v / span);
+    double extra = v - flips * span;
+    return fmod (flips, 2) == 0 ? lo + extra : hi - extra;
+}
+
 static double
 s_grid_coord (const kiln_kindex_plan_t *ip, double g, int64_t n)
 {
@@ -414,18 +428,8 @@ s_grid_coord (const kiln_kindex_plan_t *ip, double g, int64_t n)
         x = -1;
     if (ip->gpad != 2)
         x = x < -2 ? -2 : x > (double) n + 1 ? (double) n + 1 : x;
-    if (ip->gpad == 2) {                        /* reflection */
-        double lo = ip->galign ? 0 : -0.5, hi = ip->galign ? (double) (n - 1) : n - 0.5;
-        double span = hi - lo;
-        if (span <= 0)
-            x = 0;
-        else {
-            double v = fabs (x - lo);
-            double flips = floor (v / span);
-            double extra = v - flips * span;
-            x = fmod (flips, 2) == 0 ? lo + extra : hi - extra;
-        }
-    }
+    if (ip->gpad == 2)                          /* reflection */
+        x = s_reflect (x, ip->galign ? 0 : -0.5, ip->galign ? (double) (n - 1) : n - 0.5);
     if (ip->gpad >= 1)                          /* border, and reflection's ends */
         x = x < 0 ? 0 : x > (double) (n - 1) ? (double) (n - 1) : x;
     return x;
@@ -438,6 +442,75 @@ s_pixel (const float *plane, int64_t h, int64_t w, int64_t i, int64_t j)
     return i >= 0 && i < h && j >= 0 && j < w ? plane[i * w + j] : 0.0f;
 }
 
+/* Bicubic, as ONNX (and ONNX Runtime) do it: the grid value g to a pixel
+ * coordinate; one outside the sampled range (-0.5..n-0.5, or 0..n-1
+ * with align_corners) is clamped to the pixels (border) or reflected
+ * into the range (reflection), each axis on its own; with zeros padding
+ * it stays, clamped to where all four taps are outside anyway.  NaN and
+ * infinities map to -1 as in s_grid_coord. */
+static double
+s_cubic_coord (const kiln_kindex_plan_t *ip, double g, int64_t n)
+{
+    double x = ip->galign ? (g + 1) / 2 * (double) (n - 1) : ((g + 1) * (double) n - 1) / 2;
+    double lo = ip->galign ? 0 : -0.5, hi = ip->galign ? (double) (n - 1) : n - 0.5;
+    if (!isfinite (x))
+        x = -1;
+    if (x < lo || x > hi) {
+        if (ip->gpad == 1)
+            x = x < 0 ? 0 : x > (double) (n - 1) ? (double) (n - 1) : x;
+        else if (ip->gpad == 2)
+            x = s_reflect (x, lo, hi);
+    }
+    return x < -3 ? -3 : x > (double) n + 2 ? (double) n + 2 : x;
+}
+
+/* Tap i (an integer, |i| <= n + 4) of an axis of n pixels under the
+ * padding mode: -1 (zero) when outside with zeros padding. */
+static int64_t
+s_cubic_tap (const kiln_kindex_plan_t *ip, int64_t i, int64_t n)
+{
+    if (i >= 0 && i < n)
+        return i;
+    if (ip->gpad == 0)
+        return -1;
+    if (ip->gpad == 2)
+        i = (int64_t) s_reflect ((double) i, ip->galign ? 0 : -0.5,
+                                 ip->galign ? (double) (n - 1) : n - 0.5);
+    return i < 0 ? 0 : i > n - 1 ? n - 1 : i;
+}
+
+/* The cubic convolution weights (Keys, a = -0.75) of the four taps
+ * around a point t (0..1) past the second. */
+static void
+s_cubic_coeffs (double t, double c[4])
+{
+    const double a = -0.75;
+    double t1 = t + 1, t2 = 1 - t, t3 = 2 - t;
+    c[0] = ((a * t1 - 5 * a) * t1 + 8 * a) * t1 - 4 * a;
+    c[1] = ((a + 2) * t - (a + 3)) * t * t + 1;
+    c[2] = ((a + 2) * t2 - (a + 3)) * t2 * t2 + 1;
+    c[3] = ((a * t3 - 5 * a) * t3 + 8 * a) * t3 - 4 * a;
+}
+
+static float
+s_bicubic (const kiln_kindex_plan_t *ip, const float *plane, double gx, double gy)
+{
+    int64_t h = ip->gh, w = ip->gw, j0 = (int64_t) floor (gx) - 1, i0 = (int64_t) floor (gy) - 1;
+    double cx[4], cy[4], v = 0;
+    s_cubic_coeffs (gx - floor (gx), cx);
+    s_cubic_coeffs (gy - floor (gy), cy);
+    for (int a = 0; a < 4; a++) {
+        int64_t i = s_cubic_tap (ip, i0 + a, h);
+        double row = 0;
+        for (int b = 0; b < 4; b++) {
+            int64_t j = s_cubic_tap (ip, j0 + b, w);
+            row += cx[b] * (i < 0 || j < 0 ? 0.0 : (double) plane[i * w + j]);
+        }
+        v += cy[a] * row;
+    }
+    return (float) v;
+}
+
 static void
 s_run_grid_sample (const kiln_kplan_t *plan, void *const *data)
 {
@@ -448,11 +521,15 @@ s_run_grid_sample (const kiln_kplan_t *plan, void *const *data)
     for (int64_t n = 0; n < ip->gn; n++)
         for (int64_t p = 0; p < oh * ow; p++) {
             const float *g = grid + (n * oh * ow + p) * 2;
-            double gx = s_grid_coord (ip, g[0], w), gy = s_grid_coord (ip, g[1], h);
+            bool cubic = ip->gmode == 2;
+            double gx = cubic ? s_cubic_coord (ip, g[0], w) : s_grid_coord (ip, g[0], w);
+            double gy = cubic ? s_cubic_coord (ip, g[1], h) : s_grid_coord (ip, g[1], h);
             for (int64_t c = 0; c < ip->gc; c++) {
                 const float *plane = x + (n * ip->gc + c) * h * w;
                 float v;
-                if (ip->gmode == 1)
+                if (cubic)
+                    v = s_bicubic (ip, plane, gx, gy);
+                else if (ip->gmode == 1)
                     v = s_pixel (plane, h, w, (int64_t) nearbyint (gy), (int64_t) nearbyint (gx));
                 else {
                     double fx = floor (gx), fy = floor (gy), ax = gx - fx, ay = gy - fy;
@@ -480,8 +557,8 @@ s_prep_grid_sample (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         || (rc = kiln_prog_op_int (op, "padding_mode", &pad, err))
         || (rc = kiln_prog_op_int (op, "align_corners", &align, err)))
         return rc;
-    if (mode < 0 || mode > 1 || pad < 0 || pad > 2)
-        return kiln_error (err, KILN_EFORMAT, "mode must be 0..1 and padding_mode 0..2");
+    if (mode < 0 || mode > 2 || pad < 0 || pad > 2)
+        return kiln_error (err, KILN_EFORMAT, "mode must be 0..2 and padding_mode 0..2");
     if (x->dtype != KILN_DT_FLOAT32 || g->dtype != KILN_DT_FLOAT32 || y->dtype != KILN_DT_FLOAT32
         || x->shape.rank != 4 || g->shape.rank != 4 || y->shape.rank != 4
         || g->shape.dims[0] != x->shape.dims[0] || g->shape.dims[3] != 2
