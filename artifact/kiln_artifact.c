@@ -276,6 +276,18 @@ kiln_artifact_member_name (const kiln_artifact_t *self, int i)
     return i >= 0 && i < self->n_members ? self->members[i].name : NULL;
 }
 
+int
+kiln_artifact_member_span (const kiln_artifact_t *self, int i, uint64_t *offset,
+                           uint64_t *len, char sha256[KILN_HEX_LEN])
+{
+    if (!self || i < 0 || i >= self->n_members || self->members[i].file_offset == 0)
+        return -KILN_EINVAL;
+    *offset = self->members[i].file_offset;
+    *len = self->members[i].len;
+    memcpy (sha256, self->members[i].sha256, KILN_HEX_LEN);
+    return 0;
+}
+
 /* --- manifest and content hash --------------------------------------- */
 
 int
@@ -1075,6 +1087,7 @@ s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
         //  Where the header left the archive is where the data starts; a
         //  wrong offset could only map bytes whose digest then fails.
         int64_t data_at = archive_filter_bytes (a, 0);
+        m->file_offset = data_at > 0 && r->src_fd >= 0 ? (uint64_t) data_at : 0;
         if (r->skim) {
             //  KILN_ARTIFACT_SKIM: the size is checked, the bytes are not.
             if (archive_read_data_skip (a) != ARCHIVE_OK)

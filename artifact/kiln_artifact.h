@@ -278,6 +278,16 @@ kiln_artifact_t *kiln_artifact_read_fd (int fd, const char *path,
 bool kiln_artifact_member_mapped (const kiln_artifact_t *self,
                                   const char *name);
 
+/* Where payload member i's data lies in the archive file it was read
+ * from (kiln_artifact_read_fd, any flags): its byte offset in the file,
+ * its size and its SHA-256 in hex (as the manifest lists it).  For
+ * serving or reusing members by digest; the offset is where the reader
+ * found the data, so whoever relies on it still checks the bytes.
+ * -KILN_EINVAL when i is out of range or the artifact was not read from
+ * a file. */
+int kiln_artifact_member_span (const kiln_artifact_t *self, int i, uint64_t *offset,
+                               uint64_t *len, char sha256[KILN_HEX_LEN]);
+
 /* True when the key holds a private part (can sign). */
 bool kiln_key_has_private (const kiln_key_t *self);
 

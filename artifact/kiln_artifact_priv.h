@@ -39,6 +39,8 @@ typedef struct kiln_member {
     size_t len;                           /* bytes in data, or declared size */
     char sha256[KILN_HEX_LEN];            /* lower-case hex of the bytes */
     bool mapped;                          /* data is mmap'd (munmap), not malloc'd */
+    uint64_t file_offset;                 /* read from a file: where its data starts
+                                             there (0: not read from a file) */
 } kiln_member_t;
 
 struct kiln_key {

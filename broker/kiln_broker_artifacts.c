@@ -19,8 +19,10 @@ broker_on_get (kiln_broker_t *self, const broker_from_t *from, kiln_msg_t *msg)
     broker_client_t *c = from->client;
     kiln_err_t err = { 0 };
     if (kiln_downloads_start (self->downloads, c->key, rid, msg->req_id, msg->artifact,
-                              msg->credit, &err) == 0)
+                              msg->credit, &err) == 0) {
+        kiln_downloads_hold (self->downloads, c->key, msg->req_id, msg->have, msg->n_have);
         return;
+    }
     char text[KILN_ERR_MSG_MAX];
     if (err.code == KILN_ENOTFOUND) {
         broker_fmt (text, sizeof text, "the farm holds no artifact %s", msg->artifact);

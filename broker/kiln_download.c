@@ -12,12 +12,18 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "artifact/kiln_artifact.h"
 #include "common/kiln_hash.h"
 #include "common/kiln_limits.h"
 #include "common/kiln_log.h"
 #include "common/kiln_proto.h"
 
 #define S_DRAIN_MS 5000              /* destroy: wait this long for ZeroMQ's buffers */
+
+typedef struct {
+    uint64_t offset, len;            /* a member's data in the archive file */
+    char hex[KILN_HEX_LEN];          /* its SHA-256 */
+} s_held_t;
 
 typedef struct {
     char *peer;                      /* the client's routing id in hex, owned */
@@ -30,6 +36,12 @@ typedef struct {
     uint64_t credit;                 /* chunks it may send now, at most the window */
     kiln_sha256_t *sha;              /* of the bytes sent */
     int64_t last_credit;             /* zclock_mono of the GET or the last CREDIT */
+    /* Members the client holds (kiln_downloads_hold): sent as a PART
+     * that names the member, then read and hashed here without sending,
+     * so that the last PART's digest is still that of the whole file. */
+    s_held_t *held;                  /* owned, n_held, by offset */
+    size_t n_held, next_held;        /* the next held range at or after `sent` */
+    uint64_t hash_end;               /* > sent: hashing a held range up to here */
 } s_download_t;
 
 struct kiln_downloads {
@@ -42,6 +54,7 @@ struct kiln_downloads {
     atomic_int in_zmq;               /* chunk buffers ZeroMQ holds */
     int efd;                         /* eventfd: there is sending to do */
     uint64_t served, bytes;
+    uint64_t held_bytes;             /* bytes named by digest instead of sent */
 };
 
 static void
@@ -72,6 +85,7 @@ s_download_destroy (s_download_t **self_p)
     if (d->fd >= 0)
         close (d->fd);
     kiln_sha256_destroy (&d->sha);
+    free (d->held);
     zframe_destroy (&d->rid);
     free (d->peer);
     free (d);
@@ -205,6 +219,55 @@ kiln_downloads_start (kiln_downloads_t *self, const char *peer_key, zframe_t *ri
     return 0;
 }
 
+static int
+s_held_cmp (const void *a, const void *b)
+{
+    const s_held_t *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+uint64_t
+kiln_downloads_hold (kiln_downloads_t *self, const char *peer_key, uint64_t req_id,
+                     const kiln_blob_ref_t *have, size_t n_have)
+{
+    s_download_t *d = s_find (self, peer_key, req_id, NULL);
+    if (!d || n_have == 0 || d->sent > 0)
+        return 0;
+    /* the headers only (the store wrote and checked the bytes; the
+     * client checks every byte it ends up with) */
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_artifact_read_fd (d->fd, d->hex, KILN_ARTIFACT_SKIM, &err);
+    if (!art) {
+        kiln_log_warn ("GET %llu: sending artifact %.12s whole: %s",
+                       (unsigned long long) req_id, d->hex, err.msg);
+        return 0;
+    }
+    int n = kiln_artifact_member_count (art);
+    d->held = calloc ((size_t) (n > 0 ? n : 1), sizeof *d->held);
+    uint64_t bytes = 0;
+    for (int i = 0; d->held && i < n; i++) {
+        s_held_t h;
+        if (kiln_artifact_member_span (art, i, &h.offset, &h.len, h.hex) != 0 || h.len == 0
+            || h.offset % 512 != 0 || h.offset >= d->size || h.len >= d->size - h.offset)
+            continue;                      /* not a tar data range; the end is never one */
+        uint8_t digest[KILN_DIGEST_LEN];
+        kiln_unhex (h.hex, digest, KILN_DIGEST_LEN);
+        for (size_t k = 0; k < n_have; k++)
+            if (memcmp (have[k].digest, digest, KILN_DIGEST_LEN) == 0) {
+                d->held[d->n_held++] = h;
+                bytes += h.len;
+                break;
+            }
+    }
+    kiln_artifact_destroy (&art);
+    qsort (d->held, d->n_held, sizeof *d->held, s_held_cmp);
+    if (d->n_held)
+        kiln_log_info ("GET %llu: the client holds %zu member%s of artifact %.12s (%llu "
+                       "bytes): sent by digest", (unsigned long long) req_id, d->n_held,
+                       d->n_held == 1 ? "" : "s", d->hex, (unsigned long long) bytes);
+    return bytes;
+}
+
 bool
 kiln_downloads_credit (kiln_downloads_t *self, const char *peer_key, uint64_t req_id,
                        uint64_t credit)
@@ -255,7 +318,8 @@ kiln_downloads_expire (kiln_downloads_t *self, int64_t now)
 {
     for (size_t i = 0; i < self->n;) {
         s_download_t *d = self->all[i];
-        if (d->credit == 0 && now - d->last_credit > KILN_DOWNLOADS_IDLE_MS) {
+        if (d->credit == 0 && d->hash_end <= d->sent
+            && now - d->last_credit > KILN_DOWNLOADS_IDLE_MS) {
             kiln_log_warn ("GET %llu of artifact %.12s: no credit from its client for %d s; "
                            "dropped", (unsigned long long) d->req_id, d->hex,
                            KILN_DOWNLOADS_IDLE_MS / 1000);
@@ -292,16 +356,10 @@ s_fail (kiln_downloads_t *self, s_download_t *d, int code, const char *message)
 /* Send the next chunk of `d`.  True while the download goes on; false
  * when it is over (finished, or failed: the client was told when it
  * could be), and the caller removes it. */
+/* Read n bytes at d->sent into buf; false (the client told) on failure. */
 static bool
-s_send_next (kiln_downloads_t *self, s_download_t *d)
+s_read_at (kiln_downloads_t *self, s_download_t *d, uint8_t *buf, uint64_t n)
 {
-    kiln_err_t err = { 0 };
-    uint64_t n = d->size - d->sent < KILN_CHUNK_BYTES ? d->size - d->sent : KILN_CHUNK_BYTES;
-    uint8_t *buf = n ? malloc ((size_t) n) : NULL;
-    if (n && !buf) {
-        s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
-        return false;
-    }
     size_t got = 0;
     while (got < n) {
         ssize_t k = pread (d->fd, buf + got, (size_t) n - got, (off_t) (d->sent + got));
@@ -312,11 +370,79 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
             snprintf (text, sizeof text, "the broker could not read its stored copy at "
                       "offset %llu: %s", (unsigned long long) (d->sent + got),
                       k < 0 ? strerror (errno) : "the file is shorter than it was");
-            free (buf);
             s_fail (self, d, KILN_EIO, text);
             return false;
         }
         got += (size_t) k;
+    }
+    return true;
+}
+
+/* A held member: the PART that names it (one credit), then its bytes
+ * hashed, a chunk a turn, without sending them.  True while the
+ * download goes on. */
+static bool
+s_send_held (kiln_downloads_t *self, s_download_t *d)
+{
+    kiln_err_t err = { 0 };
+    if (d->hash_end > d->sent) {
+        uint64_t n = d->hash_end - d->sent < KILN_CHUNK_BYTES ? d->hash_end - d->sent
+                                                              : KILN_CHUNK_BYTES;
+        uint8_t *buf = malloc (KILN_CHUNK_BYTES);
+        if (!buf) {
+            s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
+            return false;
+        }
+        bool ok = s_read_at (self, d, buf, n);
+        if (ok)
+            kiln_sha256_update (d->sha, buf, (size_t) n);
+        free (buf);
+        d->sent += n;
+        if (d->sent == d->hash_end)
+            d->next_held++;
+        return ok;
+    }
+    const s_held_t *h = &d->held[d->next_held];
+    kiln_msg_t *part = kiln_msg_new (KILN_CMD_PART);
+    if (!part) {
+        s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
+        return false;
+    }
+    part->req_id = d->req_id;
+    memcpy (part->artifact, d->hex, KILN_HEX_LEN);
+    part->artifact_size = d->size;
+    part->offset = d->sent;
+    part->length = h->len;
+    memcpy (part->member, h->hex, KILN_HEX_LEN);
+    if (kiln_msg_send (&part, self->router, d->rid, &err) != 0) {
+        kiln_log_warn ("GET %llu of artifact %.12s: %s; dropped",
+                       (unsigned long long) d->req_id, d->hex, err.msg);
+        return false;
+    }
+    d->credit--;
+    d->hash_end = h->offset + h->len;
+    self->held_bytes += h->len;
+    return true;
+}
+
+static bool
+s_send_next (kiln_downloads_t *self, s_download_t *d)
+{
+    kiln_err_t err = { 0 };
+    if (d->next_held < d->n_held
+        && (d->hash_end > d->sent || d->held[d->next_held].offset == d->sent))
+        return s_send_held (self, d);
+    uint64_t n = d->size - d->sent < KILN_CHUNK_BYTES ? d->size - d->sent : KILN_CHUNK_BYTES;
+    if (d->next_held < d->n_held && d->held[d->next_held].offset - d->sent < n)
+        n = d->held[d->next_held].offset - d->sent;     /* up to the held member */
+    uint8_t *buf = n ? malloc ((size_t) n) : NULL;
+    if (n && !buf) {
+        s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
+        return false;
+    }
+    if (!s_read_at (self, d, buf, n)) {
+        free (buf);
+        return false;
     }
     kiln_msg_t *part = kiln_msg_new (KILN_CMD_PART);
     if (!part) {
@@ -328,6 +454,8 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
     memcpy (part->artifact, d->hex, KILN_HEX_LEN);
     part->artifact_size = d->size;
     part->offset = d->sent;
+    if (d->n_held)
+        part->length = n;                  /* offsets leave the 1 MiB grid */
     /* Hashed before it is sent: once sent, the buffer is ZeroMQ's. */
     kiln_sha256_update (d->sha, buf, (size_t) n);
     bool last = d->sent + n == d->size;
@@ -367,6 +495,13 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
     return true;
 }
 
+/* It has credit, or a held range to hash (which sends nothing). */
+static bool
+s_may_send (const s_download_t *d)
+{
+    return d->credit > 0 || d->hash_end > d->sent;
+}
+
 void
 kiln_downloads_pump (kiln_downloads_t *self, int max_chunks)
 {
@@ -378,7 +513,7 @@ kiln_downloads_pump (kiln_downloads_t *self, int max_chunks)
             return;                        /* s_chunk_free wakes us */
         /* the next download, from `turn` on, that has credit */
         size_t k = 0;
-        while (k < self->n && self->all[(self->turn + k) % self->n]->credit == 0)
+        while (k < self->n && !s_may_send (self->all[(self->turn + k) % self->n]))
             k++;
         if (k == self->n)
             return;                        /* nothing may go: a CREDIT wakes us */
@@ -390,7 +525,7 @@ kiln_downloads_pump (kiln_downloads_t *self, int max_chunks)
     }
     /* stopped by `max_chunks`: come back after the loop's other work */
     for (size_t i = 0; i < self->n; i++)
-        if (self->all[i]->credit > 0) {
+        if (s_may_send (self->all[i])) {
             s_kick (self);
             break;
         }
@@ -402,4 +537,5 @@ kiln_downloads_stats (const kiln_downloads_t *self, kiln_downloads_stats_t *out)
     out->in_progress = self->n;
     out->served = self->served;
     out->bytes = self->bytes;
+    out->held_bytes = self->held_bytes;
 }

@@ -34,6 +34,7 @@
 #include "broker/kiln_store.h"
 #include "common/kiln_error.h"
 #include "common/kiln_limits.h"
+#include "common/kiln_proto.h"
 
 typedef struct kiln_downloads kiln_downloads_t;
 
@@ -45,6 +46,7 @@ typedef struct kiln_downloads_stats {
     uint64_t in_progress;    /* downloads now */
     uint64_t served;         /* downloads completed since start */
     uint64_t bytes;          /* artifact bytes sent since start */
+    uint64_t held_bytes;     /* bytes of members the clients held, named instead */
 } kiln_downloads_stats_t;
 
 /* Serve downloads from `store` through `router` (both the caller's, and
@@ -64,6 +66,17 @@ void kiln_downloads_destroy (kiln_downloads_t **self_p);
  * artifact (err says so, naming it), KILN_ELIMIT when too many downloads
  * are in progress, KILN_EPROTO for a GET without credit.  On an error no
  * message was sent: the caller answers. */
+/* The client of download (peer_key, req_id), just started, holds the
+ * archive members with these digests (its GET's `have`): each payload
+ * member of the stored archive listed there goes as one PART naming it
+ * (offset, length, member) instead of its bytes, which the broker still
+ * reads and hashes for the last PART's digest of the whole file; the
+ * bytes around them go as PARTs with `length`.  Reads the archive's
+ * headers (not its payload).  Returns the bytes so held (0: sent whole,
+ * as when the headers cannot be read). */
+uint64_t kiln_downloads_hold (kiln_downloads_t *self, const char *peer_key, uint64_t req_id,
+                              const kiln_blob_ref_t *have, size_t n_have);
+
 int kiln_downloads_start (kiln_downloads_t *self, const char *peer_key, zframe_t *rid,
                           uint64_t req_id, const char *digest_hex, uint64_t credit,
                           kiln_err_t *err);

@@ -91,8 +91,13 @@ s_compile_remote (kiln_client_config_t *ccfg, kiln_graph_t *g, const kiln_compil
     /* A farm that is down would otherwise cost the client's whole broker
      * timeout (a minute) before the fallback: ask it first, briefly. */
     int rc = fallback ? kiln_client_ping (client, (int) fallback_ms, err) : 0;
-    if (rc == 0)
+    if (rc == 0) {
         rc = kiln_client_compile (client, g, copts, out, res, err);
+        kiln_client_stats_t st;
+        kiln_client_stats (client, &st);
+        res->received_bytes = st.downloaded_bytes;
+        res->reused_bytes = st.reused_bytes;
+    }
     kiln_client_destroy (&client);
     if (rc == 0 || !fallback || err->code != KILN_EUNREACHABLE)
         return rc;
@@ -219,7 +224,7 @@ cmd_compile (int argc, char **argv)
         broker = NULL;
 
     kiln_err_t err = { 0 };
-    kiln_compile_result_t res;
+    kiln_compile_result_t res = { 0 };
     memset (&res, 0, sizeof res);
     kiln_progress_t *prog = json || quiet ? NULL : kiln_progress_new (STDERR_FILENO, 1);
     char text[300];
@@ -274,6 +279,8 @@ cmd_compile (int argc, char **argv)
         printf (",\"fallback\":%s", fell_back ? "true" : "false");
         printf (",\"import_cache\":{\"hits\":%llu,\"misses\":%llu}",
                 (unsigned long long) cache_hits, (unsigned long long) cache_misses);
+        printf (",\"download\":{\"received_bytes\":%llu,\"reused_bytes\":%llu}",
+                (unsigned long long) res.received_bytes, (unsigned long long) res.reused_bytes);
         if (res.signer[0]) {
             printf (",\"signer\":");
             kiln_cmd_json_str (res.signer);

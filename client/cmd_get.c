@@ -22,7 +22,9 @@ static const char *s_usage =
     "  --wait SECONDS            give up after this long (default: as long as the\n"
     "                            broker answers)\n"
     "  --json                    print one JSON object: artifact, output, bytes,\n"
-    "                            sha256 (of the file), broker\n";
+    "                            received_bytes (over the wire), reused_bytes (from\n"
+    "                            the member cache), refetched, sha256 (of the\n"
+    "                            file), broker\n";
 
 /* What `kiln get` takes beside the farm options. */
 typedef struct {
@@ -87,13 +89,17 @@ cmd_get (int argc, char **argv)
         kiln_cmd_json_str (digest);
         printf (",\"output\":");
         kiln_cmd_json_str (out);
-        printf (",\"bytes\":%llu,\"sha256\":", (unsigned long long) res.bytes);
+        printf (",\"bytes\":%llu,\"received_bytes\":%llu,\"reused_bytes\":%llu,"
+                "\"refetched\":%s,\"sha256\":", (unsigned long long) res.bytes,
+                (unsigned long long) res.received_bytes, (unsigned long long) res.reused_bytes,
+                res.refetched ? "true" : "false");
         kiln_cmd_json_str (res.sha256);
         printf (",\"broker\":");
         kiln_cmd_json_str (broker);
         printf ("}\n");
     }
     else
-        printf ("%s %s (%llu bytes)\n", digest, out, (unsigned long long) res.bytes);
+        printf ("%s %s (%llu bytes, %llu of them from the member cache)\n", digest, out,
+                (unsigned long long) res.bytes, (unsigned long long) res.reused_bytes);
     return 0;
 }

@@ -67,6 +67,8 @@ typedef struct kiln_compile_result {
     bool cached;                     /* served from the action cache */
     char worker[128];                /* who built it; "" when cached or local */
     char signer[17];                 /* local builds: the key id that signed it */
+    uint64_t received_bytes;         /* artifact bytes fetched in PARTs (a large one) */
+    uint64_t reused_bytes;           /* of its bytes, taken from the member cache */
 } kiln_compile_result_t;
 
 /* How to reach the broker.  Zero fields take the defaults. */
@@ -138,6 +140,11 @@ typedef struct kiln_get_result {
     uint64_t bytes;                  /* the archive's size */
     char sha256[KILN_HEX_LEN];       /* SHA-256 of the archive file (not its content
                                         hash, which is the manifest's) */
+    uint64_t received_bytes;         /* artifact bytes that came over the wire (all
+                                        attempts) */
+    uint64_t reused_bytes;           /* bytes taken from the member cache instead */
+    bool refetched;                  /* a cached member did not check: fetched again
+                                        without the cache */
 } kiln_get_result_t;
 
 /* Fetch the artifact whose content hash is `digest_hex` (64 lower-case
@@ -152,7 +159,11 @@ typedef struct kiln_get_result {
  * what arrived is not that artifact; KILN_ETIMEOUT after `wait_ms` (0: as
  * long as the broker answers) or when the broker is silent for
  * broker_timeout_ms.  Blocks; SIGINT (zsys_interrupted) cancels.  `res`
- * may be NULL. */
+ * may be NULL.  Members the user's member cache holds
+ * (client/kiln_member_cache.h) are asked for by digest and copied from
+ * it into place, hashed with the rest; a cached member that does not
+ * check is dropped and the artifact fetched again without the cache.
+ * Large members of a fetched artifact are kept there. */
 int kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_path,
                      const char *keyring_dir, int wait_ms, kiln_get_result_t *res,
                      kiln_err_t *err);
@@ -190,6 +201,7 @@ typedef struct kiln_progress_event {
     kiln_phase_t phase;
     uint64_t sent_bytes, total_bytes;   /* UPLOAD: this call's blob bytes; DOWNLOAD: the
                                            artifact's bytes received, and its size */
+    uint64_t reused_bytes;       /* DOWNLOAD: of sent_bytes, taken from the member cache */
     uint64_t position;           /* QUEUED */
     uint64_t queued, running;    /* QUEUED, RUNNING: all our jobs on the farm */
     const char *worker;          /* RUNNING: who builds it (the event's, not to keep) */
@@ -220,6 +232,8 @@ typedef struct kiln_client_stats {
     uint64_t uploaded_blobs;     /* blobs the broker confirmed */
     uint64_t inline_bytes;       /* blob bytes sent inside COMPILE */
     uint64_t reconnects;         /* sockets opened again */
+    uint64_t downloaded_bytes;   /* artifact bytes received in PARTs (kiln_client_get) */
+    uint64_t reused_bytes;       /* artifact bytes taken from the member cache instead */
 } kiln_client_stats_t;
 void kiln_client_stats (const kiln_client_t *self, kiln_client_stats_t *out);
 

@@ -29,6 +29,8 @@
 #include <unistd.h>
 
 #include "artifact/kiln_artifact.h"
+#include "client/kiln_member_cache.h"
+#include "common/kiln_fs.h"
 #include "common/kiln_hash.h"
 #include "common/kiln_limits.h"
 #include "common/kiln_log.h"
@@ -36,6 +38,7 @@
 #define S_GET_WINDOW     32           /* chunks granted to the broker at once */
 #define S_GET_ATTEMPTS   5            /* GETs sent for one call (the first and resends) */
 #define S_HASH_RING      10           /* chunks waiting for the hasher, at most */
+#define S_FILL_STEP      16           /* chunks copied from the member cache per turn */
 
 /* --- one request, one reply ---------------------------------------------------- */
 
@@ -287,6 +290,18 @@ typedef struct {
     char file_sha[KILN_HEX_LEN];     /* its digest, once complete */
     bool complete;
     int64_t progress;                /* zclock_mono of the GET or the last PART */
+    /* the member cache (NULL: off), what this call says it holds */
+    kiln_mcache_t *cache;
+    bool use_cache;                  /* send `have` (false after a cached member failed) */
+    kiln_blob_ref_t have[KILN_PROTO_MAX_HAVE];
+    size_t n_have;
+    char used[KILN_MAX_MEMBERS][KILN_HEX_LEN];   /* entries taken this attempt */
+    size_t n_used;
+    int fill_fd;                     /* >= 0: copying a cached member into place */
+    uint64_t fill_start, fill_end;   /* its range of the file */
+    uint64_t wire;                   /* bytes received in PARTs, all attempts */
+    uint64_t reused;                 /* bytes taken from the cache, this attempt */
+    bool refetched;
 } s_get_t;
 
 /* Send GET from the start: a new request id (PARTs of an older one are
@@ -307,6 +322,11 @@ s_get_send (s_get_t *g, const char *why, kiln_err_t *err)
     g->have_size = g->complete = false;
     g->size = g->received = 0;
     g->owed = 0;
+    g->n_used = 0;
+    g->reused = 0;
+    if (g->fill_fd >= 0)
+        close (g->fill_fd);
+    g->fill_fd = -1;
     if (s_hasher_start (&g->hash, err) != 0)
         return -err->code;
     if (ftruncate (g->fd, 0) != 0)
@@ -319,6 +339,14 @@ s_get_send (s_get_t *g, const char *why, kiln_err_t *err)
     msg->req_id = g->req_id;
     memcpy (msg->artifact, g->digest, KILN_HEX_LEN);
     msg->credit = S_GET_WINDOW;
+    if (g->use_cache && g->n_have) {
+        if (!(msg->have = malloc (g->n_have * sizeof *msg->have))) {
+            kiln_msg_destroy (&msg);
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        }
+        memcpy (msg->have, g->have, g->n_have * sizeof *msg->have);
+        msg->n_have = (uint32_t) g->n_have;
+    }
     g->progress = zclock_mono ();
     int rc = kiln_client_writable (self, (int) self->broker_timeout_ms, err);
     if (rc != 0) {
@@ -347,6 +375,110 @@ s_get_credit (s_get_t *g)
         kiln_log_warn ("%s", err.msg);        /* the stall is noticed and the GET resent */
 }
 
+static void
+s_get_progress (s_get_t *g)
+{
+    g->progress = zclock_mono ();
+    if (g->self->progress) {
+        kiln_progress_event_t ev = { .index = SIZE_MAX, .phase = KILN_PHASE_DOWNLOAD,
+                                     .sent_bytes = g->received, .total_bytes = g->size,
+                                     .reused_bytes = g->reused };
+        g->self->progress (&ev, g->self->progress_arg);
+    }
+}
+
+/* Write `frame` at g->received and hand it to the hasher. */
+static int
+s_get_write (s_get_t *g, zframe_t **frame_p, kiln_err_t *err)
+{
+    zframe_t *frame = *frame_p;
+    const uint8_t *data = frame ? zframe_data (frame) : NULL;
+    size_t len = frame ? zframe_size (frame) : 0;
+    for (size_t done = 0; done < len;) {
+        ssize_t n = pwrite (g->fd, data + done, len - done, (off_t) (g->received + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = errno;
+            zframe_destroy (frame_p);
+            return kiln_error (err, KILN_EIO, "could not write '%s': %s", g->tmp,
+                               n < 0 ? strerror (e) : "short write");
+        }
+        done += (size_t) n;
+    }
+    if (frame)
+        s_hasher_push (&g->hash, frame_p);
+    g->received += len;
+    return 0;
+}
+
+/* A failure that a cached member may have caused: the caller asks again
+ * without the cache. */
+#define S_CACHE_FAULT (-1000)
+
+/* A PART naming a member we hold: copy it from the cache into place
+ * (s_get_fill, a few chunks a turn, the socket left alone meanwhile). */
+static int
+s_get_member (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
+{
+    uint8_t want[KILN_DIGEST_LEN];
+    kiln_unhex (msg->member, want, KILN_DIGEST_LEN);
+    bool asked = false;
+    for (size_t i = 0; g->use_cache && i < g->n_have && !asked; i++)
+        asked = memcmp (g->have[i].digest, want, KILN_DIGEST_LEN) == 0
+                && g->have[i].size == msg->length;
+    if (!asked)
+        return kiln_error (err, KILN_EPROTO, "the broker named member %.12s (%llu bytes) of "
+                           "artifact %.12s, which this GET did not say it holds", msg->member,
+                           (unsigned long long) msg->length, g->digest);
+    int fd = kiln_mcache_open_member (g->cache, msg->member, msg->length);
+    if (fd < 0 || g->n_used >= KILN_MAX_MEMBERS) {
+        if (fd >= 0)
+            close (fd);
+        kiln_error (err, KILN_ENOTFOUND, "member %.12s left the cache", msg->member);
+        return S_CACHE_FAULT;
+    }
+    memcpy (g->used[g->n_used++], msg->member, KILN_HEX_LEN);
+    g->fill_fd = fd;
+    g->fill_start = g->received;
+    g->fill_end = g->received + msg->length;
+    return 0;
+}
+
+/* Copy the next chunks of the cached member into place, hashed in order
+ * like bytes from the wire. */
+static int
+s_get_fill (s_get_t *g, kiln_err_t *err)
+{
+    for (int k = 0; k < S_FILL_STEP && g->received < g->fill_end; k++) {
+        uint64_t n = g->fill_end - g->received;
+        if (n > KILN_CHUNK_BYTES)
+            n = KILN_CHUNK_BYTES;
+        zframe_t *frame = zframe_new (NULL, (size_t) n);
+        if (!frame)
+            return kiln_error (err, KILN_ENOMEM, "out of memory");
+        if (kiln_pread_all (g->fill_fd, zframe_data (frame), n,
+                            g->received - g->fill_start) != (int64_t) n) {
+            zframe_destroy (&frame);
+            kiln_error (err, KILN_EIO, "a cached member of artifact %.12s could not be "
+                        "read", g->digest);
+            return S_CACHE_FAULT;
+        }
+        int rc = s_get_write (g, &frame, err);
+        if (rc != 0)
+            return rc;
+        g->reused += n;
+    }
+    if (g->received == g->fill_end) {
+        close (g->fill_fd);
+        g->fill_fd = -1;
+        if (++g->owed >= S_GET_WINDOW / 4)
+            s_get_credit (g);
+    }
+    s_get_progress (g);
+    return 0;
+}
+
 /* Take one PART: in order, the size it announced, written and hashed. */
 static int
 s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
@@ -364,30 +496,16 @@ s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
                            (unsigned long long) msg->offset,
                            (unsigned long long) msg->artifact_size,
                            (unsigned long long) g->received, (unsigned long long) g->size);
+    if (msg->member[0])
+        return s_get_member (g, msg, err);   /* credit given back once copied */
     zframe_t *frame = kiln_msg_take_chunk (msg);
-    const uint8_t *data = frame ? zframe_data (frame) : NULL;
     size_t len = frame ? zframe_size (frame) : 0;     /* the decoder checked it */
-    for (size_t done = 0; done < len;) {
-        ssize_t n = pwrite (g->fd, data + done, len - done, (off_t) (g->received + done));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int e = errno;
-            zframe_destroy (&frame);
-            return kiln_error (err, KILN_EIO, "could not write '%s': %s", g->tmp,
-                               n < 0 ? strerror (e) : "short write");
-        }
-        done += (size_t) n;
-    }
-    if (frame)
-        s_hasher_push (&g->hash, &frame);
-    g->received += len;
-    g->progress = zclock_mono ();
-    if (g->self->progress) {
-        kiln_progress_event_t ev = { .index = SIZE_MAX, .phase = KILN_PHASE_DOWNLOAD,
-                                     .sent_bytes = g->received, .total_bytes = g->size };
-        g->self->progress (&ev, g->self->progress_arg);
-    }
+    int wrc = s_get_write (g, &frame, err);
+    if (wrc != 0)
+        return wrc;
+    g->wire += len;
+    g->self->stats.downloaded_bytes += len;
+    s_get_progress (g);
     if (g->received < g->size) {
         if (++g->owed >= S_GET_WINDOW / 4)
             s_get_credit (g);
@@ -399,13 +517,31 @@ s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
     s_hasher_stop (&g->hash, false);
     kiln_sha256_final (&g->hash.sha, digest);
     kiln_hex (digest, KILN_DIGEST_LEN, g->file_sha);
-    if (strcmp (msg->digest, g->file_sha) != 0)
-        return kiln_error (err, KILN_EVERIFY, "artifact %.12s arrived damaged: its %llu bytes "
-                           "hash to %s, the broker sent bytes hashing to %s", g->digest,
-                           (unsigned long long) g->size, g->file_sha,
-                           msg->digest[0] ? msg->digest : "(none given)");
+    if (strcmp (msg->digest, g->file_sha) != 0) {
+        kiln_error (err, KILN_EVERIFY, "artifact %.12s arrived damaged: its %llu bytes "
+                    "hash to %s, the broker sent bytes hashing to %s", g->digest,
+                    (unsigned long long) g->size, g->file_sha,
+                    msg->digest[0] ? msg->digest : "(none given)");
+        return g->n_used ? S_CACHE_FAULT : -KILN_EVERIFY;
+    }
     g->complete = true;
     return 0;
+}
+
+/* A cached member failed (it did not hash to what the broker sent, or
+ * left the cache): drop the entries this attempt took and ask again
+ * without the cache.  `err` says what failed. */
+static int
+s_get_refetch (s_get_t *g, kiln_err_t *err)
+{
+    kiln_log_warn ("GET of artifact %.12s: %s; a cached member was at fault: fetching it "
+                   "again without the member cache", g->digest, err->msg);
+    for (size_t i = 0; i < g->n_used; i++)
+        kiln_mcache_drop (g->cache, g->used[i]);
+    g->use_cache = false;
+    g->refetched = true;
+    memset (err, 0, sizeof *err);
+    return s_get_send (g, "a cached member did not check", err);
 }
 
 /* Receive until the artifact is in the file, or fail. */
@@ -451,10 +587,19 @@ s_get_receive (s_get_t *g, int wait_ms, kiln_err_t *err)
                 kiln_client_send (self, &hb, 0, &herr);
             hb_at = now + self->heartbeat_ms;
         }
+        if (g->fill_fd >= 0) {
+            /* our own work: the broker is not silent meanwhile */
+            rc = s_get_fill (g, err);
+            heard = g->progress;
+            if (rc == S_CACHE_FAULT)
+                rc = s_get_refetch (g, err);
+            if (rc != 0)
+                break;
+        }
         int64_t wait = hb_at - now;
         if (wait > KILN_CLIENT_MAX_POLL_MS)
             wait = KILN_CLIENT_MAX_POLL_MS;
-        if (wait < 0)
+        if (wait < 0 || g->fill_fd >= 0)
             wait = 0;
         zmq_pollitem_t items[2] = {
             { zsock_resolve (self->dealer), 0, ZMQ_POLLIN, 0 },
@@ -467,7 +612,8 @@ s_get_receive (s_get_t *g, int wait_ms, kiln_err_t *err)
         if (got > 0 && self->monitor && (items[1].revents & ZMQ_POLLIN)
             && kiln_client_refused (self, err))
             return -err->code;
-        for (int k = 0; rc == 0 && got > 0 && k < 1024 && !g->complete; k++) {
+        for (int k = 0; rc == 0 && got > 0 && k < 1024 && !g->complete && g->fill_fd < 0;
+             k++) {
             if (!(zsock_events (self->dealer) & ZMQ_POLLIN))
                 break;
             kiln_err_t rerr = { 0 };
@@ -494,8 +640,9 @@ s_get_receive (s_get_t *g, int wait_ms, kiln_err_t *err)
                     kiln_error (err, KILN_ENOTFOUND, "the farm at %s holds no artifact %s",
                                 self->endpoint, g->digest);
             }
-            else if (msg->cmd == KILN_CMD_PART)
-                rc = s_get_part (g, msg, err);
+            else if (msg->cmd == KILN_CMD_PART
+                     && (rc = s_get_part (g, msg, err)) == S_CACHE_FAULT)
+                rc = s_get_refetch (g, err);
             kiln_msg_destroy (&msg);
         }
     }
@@ -515,7 +662,7 @@ kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_pa
     if (!digest_hex || !kiln_is_digest_hex (digest_hex))
         return kiln_error (err, KILN_EINVAL, "'%.80s' is not an artifact's content hash "
                            "(64 lower-case hex characters)", digest_hex ? digest_hex : "");
-    s_get_t g = { .self = self, .fd = -1 };
+    s_get_t g = { .self = self, .fd = -1, .fill_fd = -1 };
     memcpy (g.digest, digest_hex, KILN_HEX_LEN);
     pthread_mutex_init (&g.hash.mu, NULL);
     pthread_cond_init (&g.hash.work, NULL);
@@ -537,6 +684,10 @@ kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_pa
         return kiln_error (err, KILN_EIO, "could not create a file beside '%s': %s", out_path,
                            strerror (errno));
     fchmod (g.fd, 0644);
+    if ((g.cache = kiln_mcache_default ())) {
+        g.n_have = kiln_mcache_recent (g.cache, g.have, KILN_PROTO_MAX_HAVE);
+        g.use_cache = true;
+    }
     if (!self->dealer && (rc = kiln_client_connect (self, err)) != 0)
         goto done;
     if ((rc = s_get_receive (&g, wait_ms, err)) != 0)
@@ -575,6 +726,17 @@ kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_pa
         kiln_error_prefix (err, "artifact %.12s from the farm", g.digest);
         goto done;
     }
+    /* Keep its large members for the next fetch (the bytes just checked). */
+    for (int i = 0; g.cache && i < kiln_artifact_member_count (art); i++) {
+        uint64_t off, len;
+        char hex[KILN_HEX_LEN];
+        int cfd = kiln_artifact_member_span (art, i, &off, &len, hex) == 0
+                  && len >= KILN_MCACHE_MIN_BYTES ? open (g.tmp, O_RDONLY | O_CLOEXEC) : -1;
+        if (cfd >= 0) {
+            kiln_mcache_put (g.cache, cfd, off, len, hex);
+            close (cfd);
+        }
+    }
     kiln_artifact_destroy (&art);
     if (rename (g.tmp, out_path) != 0) {
         rc = kiln_error (err, KILN_EIO, "could not rename onto '%s': %s", out_path,
@@ -592,7 +754,11 @@ kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_pa
     if (res) {
         res->bytes = g.size;
         memcpy (res->sha256, g.file_sha, KILN_HEX_LEN);
+        res->received_bytes = g.wire;
+        res->reused_bytes = g.reused;
+        res->refetched = g.refetched;
     }
+    self->stats.reused_bytes += g.reused;
 done:
     if (rc != 0 && self->dealer && g.req_id && !g.complete) {
         /* the broker may stop sending now */
@@ -611,6 +777,9 @@ done:
     pthread_cond_destroy (&g.hash.room);
     if (g.fd >= 0)
         close (g.fd);
+    if (g.fill_fd >= 0)
+        close (g.fill_fd);
+    kiln_mcache_destroy (&g.cache);
     if (g.tmp[0])
         unlink (g.tmp);
     return rc;

@@ -395,6 +395,8 @@ s_whole_size (const kiln_msg_t *self)
 static uint64_t
 s_chunk_len (const kiln_msg_t *self)
 {
+    if (kiln_cmd_payload (self->cmd) == KILN_PAYLOAD_PART && self->length)
+        return self->member[0] ? 0 : self->length;   /* a held member: no bytes */
     uint64_t whole = s_whole_size (self);
     if (self->offset >= whole)
         return 0;
@@ -888,7 +890,9 @@ s_decode_blobs (kiln_msg_t *self, const s_field_t *fd, const msgpack_object *v,
             return kiln_error (err, KILN_EPROTO, "%s[%u] needs 'digest' and 'size'",
                                fd->name, i);
         if (s_decode_hex (d, "digest", hex, err) != 0
-            || s_decode_u64 (s, "size", KILN_MAX_BLOB_BYTES, &blobs[i].size, err) != 0)
+            || s_decode_u64 (s, "size", fd->offset == offsetof (kiln_msg_t, have)
+                                            ? KILN_MAX_MEMBER_BYTES : KILN_MAX_BLOB_BYTES,
+                             &blobs[i].size, err) != 0)
             return kiln_error_prefix (err, "%s[%u]", fd->name, i);
         kiln_unhex (hex, blobs[i].digest, KILN_DIGEST_LEN);
         const msgpack_object *in = kiln_mpk_get (e, "inline");
@@ -1112,7 +1116,19 @@ kiln_msg_decode (zmsg_t **raw_p, uint64_t *req_id, kiln_err_t *err)
         }
         msg->frames[msg->n_frames++] = f;
     }
-    if (s_is_chunk (spec->payload)
+    if (spec->payload == KILN_PAYLOAD_PART && (msg->length || msg->member[0])) {
+        /* a PART answering a GET with `have`: any range inside the
+         * artifact, at most a chunk of bytes unless it is a held member */
+        uint64_t whole = s_whole_size (msg);
+        if (msg->length == 0 || msg->offset >= whole || msg->length > whole - msg->offset
+            || (!msg->member[0] && msg->length > KILN_CHUNK_BYTES)) {
+            kiln_error (err, KILN_EPROTO, "%s: bytes %llu + %llu are not a part of a "
+                        "%llu-byte artifact", spec->name, (unsigned long long) msg->offset,
+                        (unsigned long long) msg->length, (unsigned long long) whole);
+            goto fail;
+        }
+    }
+    else if (s_is_chunk (spec->payload)
         && (msg->offset % KILN_CHUNK_BYTES != 0
             || (msg->offset >= s_whole_size (msg)
                 && !(msg->offset == 0 && s_whole_size (msg) == 0)))) {

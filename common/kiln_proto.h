@@ -54,6 +54,7 @@
 #define KILN_PROTO_MAX_CREDIT       256          /* chunks in flight on one connection */
 #define KILN_PROTO_MAX_REPORT       (1u << 20)   /* the STATUS report (JSON) */
 #define KILN_PROTO_MAX_PUBKEY       1024         /* a public key's PEM text */
+#define KILN_PROTO_MAX_HAVE         64           /* member digests one GET says it holds */
 /* A blob travels inside COMPILE / JOB ("inline") when it is at most
  * KILN_PROTO_INLINE_BLOB bytes and the message's inline blobs stay within
  * KILN_PROTO_INLINE_TOTAL; bigger ones move as CHUNKs with credit. */
@@ -75,7 +76,9 @@
  *             offset) of the blob `digest` (one frame; none for a blob of
  *             0 bytes); offset is a multiple of KILN_CHUNK_BYTES
  *   PART      the same for the artifact archive of artifact_size bytes
- *             that a GET asked for */
+ *             that a GET asked for; a PART with `length` covers offset ..
+ *             offset + length instead (any offset: the answer to a GET
+ *             with `have`), and one with `member` too carries no frame */
 #define KILN_PAYLOADS(X)                                                   \
     X (NONE,     "none")                                                   \
     X (GRAPH,    "graph structure, then each blob marked inline")          \
@@ -137,6 +140,9 @@ typedef enum {
     X (message,          STR,   KILN_ERR_MSG_MAX - 1,       "human-readable error message")                     \
     X (log,              STR,   KILN_MAX_LOG_BYTES,         "compiler output (stdout and stderr)")              \
     X (pending,          U64,   UINT64_MAX,                 "requests the broker holds for this connection")    \
+    X (have,             BLOBS, KILN_PROTO_MAX_HAVE,        "archive members the client holds by digest (GET): {digest, size}") \
+    X (member,           HEX,   64,                         "a PART without bytes: its `length` bytes are the data of the member with this SHA-256, which the client holds") \
+    X (length,           U64,   KILN_MAX_ARTIFACT_BYTES,    "bytes a PART covers when not the rest of its 1 MiB (a GET with `have`)") \
     X (epoch,            U64,   UINT64_MAX,                 "the broker's instance (random at start): a change means it restarted") \
     X (session,          U64,   UINT64_MAX,                 "a worker's registration: JOBs of an older one are dropped") \
     X (report,           STR,   KILN_PROTO_MAX_REPORT,      "the broker's state as JSON (docs/operations.md)")  \
@@ -221,10 +227,11 @@ typedef enum {
        REQ (req_id) REQ (public_key) REQ (key_id) OPT (curve_public))                 \
     C (GET,     KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
        "fetch a stored artifact by its content hash; answered by PARTs, `credit` at a time, or ERROR ENOTFOUND", \
-       REQ (req_id) REQ (artifact) REQ (credit))                                      \
+       REQ (req_id) REQ (artifact) REQ (credit) OPT (have))                           \
     C (PART,    KILN_PEER_BROKER, KILN_PEER_CLIENT, PART,                             \
        "one chunk of the artifact a GET asked for, in order; the last carries `digest`", \
-       REQ (req_id) REQ (artifact) REQ (artifact_size) REQ (offset) OPT (digest))     \
+       REQ (req_id) REQ (artifact) REQ (artifact_size) REQ (offset) OPT (digest)      \
+       OPT (length) OPT (member))                                                     \
     C (PIN,     KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
        "keep a stored artifact: eviction never removes it; answered by PINNED",       \
        REQ (req_id) REQ (artifact))                                                   \
