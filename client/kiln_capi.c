@@ -362,6 +362,9 @@ s_progress_json (const kiln_progress_event_t *ev, void *arg)
     if (ev->phase == KILN_PHASE_UPLOAD || ev->phase == KILN_PHASE_DOWNLOAD) {
         json_object_set_new (obj, "sent_bytes", json_integer ((json_int_t) ev->sent_bytes));
         json_object_set_new (obj, "total_bytes", json_integer ((json_int_t) ev->total_bytes));
+        if (ev->phase == KILN_PHASE_DOWNLOAD)
+            json_object_set_new (obj, "reused_bytes",
+                                 json_integer ((json_int_t) ev->reused_bytes));
     }
     if (ev->phase == KILN_PHASE_QUEUED || ev->phase == KILN_PHASE_RUNNING) {
         json_object_set_new (obj, "position", json_integer ((json_int_t) ev->position));

@@ -181,14 +181,14 @@ s_transfer (kiln_progress_t *self, const kiln_progress_event_t *ev, const char *
         c[0] = '\0';
     double pct = ev->total_bytes ? 100.0 * (double) ev->sent_bytes / (double) ev->total_bytes
                                  : 100.0;
-    char reused[64] = "";
+    char reused[64] = "", d[32];
     if (ev->reused_bytes)
-        snprintf (reused, sizeof reused, ", %s from the member cache",
-                  kiln_progress_bytes (r, sizeof r, (double) ev->reused_bytes));
+        snprintf (reused, sizeof reused, ", %s of it from the member cache",
+                  kiln_progress_bytes (d, sizeof d, (double) ev->reused_bytes));
     s_draw (self, ev->sent_bytes >= ev->total_bytes ? done_phase : (int) ev->phase,
-            "kiln: %s %s of %s (%.0f%%%s)%s", what,
+            "kiln: %s %s of %s (%.0f%%)%s%s", what,
             kiln_progress_bytes (a, sizeof a, (double) ev->sent_bytes),
-            kiln_progress_bytes (b, sizeof b, (double) ev->total_bytes), pct, reused, c);
+            kiln_progress_bytes (b, sizeof b, (double) ev->total_bytes), pct, c, reused);
 }
 
 /* A compile's line for `ev`. */
