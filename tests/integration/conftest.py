@@ -37,6 +37,14 @@ def run(args, timeout=120, check=False, env=None, **kw):
     return proc
 
 
+@pytest.fixture(autouse=True)
+def _private_cache_dir(tmp_path, monkeypatch):
+    """Each test's client caches (import digests, members by digest) in a
+    directory of its own, never ~/.cache: what one test fetched must not
+    change what another sends or receives."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kiln-cache"))
+
+
 @pytest.fixture
 def kiln_run():
     return run
