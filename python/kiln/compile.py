@@ -137,7 +137,7 @@ class Graph:
                 raise errors.UnsupportedOperatorError(
                     f"kiln cannot compile this model: {err.message}", err.code,
                     ops=_ops_from_message(err.message) if "unsupported ops" in err.message
-                    else {}, reasons=[err.message])
+                    else None, reasons=[err.message])
             raise _lib.error_from(err, prefix="importing the traced model")
         self._ptr = ptr
 

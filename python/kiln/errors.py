@@ -7,6 +7,8 @@ past `compiler_timeout` raises the standard `subprocess.TimeoutExpired`,
 as seed 000 says, not a kiln error.
 """
 
+import re
+
 # Codes from common/kiln_error.h (published codes never change).
 EINVAL = 1
 ENOMEM = 2
@@ -59,7 +61,11 @@ class UnsupportedOperatorError(KilnError):
 
     def __init__(self, message, code=EUNSUPPORTED, ops=None, reasons=None):
         super().__init__(message, code)
-        self.ops = dict(ops or {})
+        if ops is None:
+            # An op kiln knows, refused in one setting: "node 'name' (Op): ..."
+            m = re.search(r"node (?:'[^']*'|#\d+) \(([A-Za-z_][\w.:]*)\): ", str(message))
+            ops = {m.group(1): 1} if m else {}
+        self.ops = dict(ops)
         self.reasons = list(reasons) if reasons else [message]
 
 

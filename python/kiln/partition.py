@@ -7,8 +7,9 @@ model's calls with the nested inputs and outputs intact, and
 supported nodes into maximal partitions that do not create cycles and
 fuses each into a submodule.  kiln decides only which node is supported:
 the node alone is exported to ONNX with the shapes it sees on the example
-inputs and handed to kiln's importer, the same check the whole model
-failed; the answer is cached per op and shapes.  Each partition is then
+inputs, imported and compiled by kiln in-process, the same check the
+whole model failed (so a setting kiln refuses, not only an op it lacks,
+keeps the node in torch); the answer is cached per op and shapes.  Each partition is then
 exported, compiled (locally or on the farm, its own artifact and cache
 key) and put in the graph in place of its submodule; a partition whose
 compile fails stays in torch.
@@ -27,6 +28,7 @@ import operator
 import os
 import shutil
 import sys
+import tempfile
 import warnings
 
 import torch
@@ -224,12 +226,26 @@ class _Baked(torch.nn.Module):
 
 
 def _import_check(onnx_bytes, base_dir):
+    """kiln imports the node and compiles it (in-process, into a file
+    thrown away): an op kiln knows but refuses in this setting (an
+    attribute value, a rank, a dtype its lowering does not take) stays in
+    torch like an op kiln lacks, rather than failing its whole partition.
+    A failure that is not about the node (no signing key here, say) leaves
+    the answer to the partition's own compile."""
     from . import compile as _compile
     try:
         g = _compile.Graph(onnx_bytes, base_dir)
     except errors.KilnError:
         return False
-    g.close()
+    try:
+        with tempfile.TemporaryDirectory(prefix="kiln-node-") as d:
+            _compile.compile_graph(g, None, os.path.join(d, "node.kart"), args=[])
+    except (errors.UnsupportedOperatorError, errors.CompileError, errors.InputError):
+        return False
+    except errors.KilnError:
+        return True
+    finally:
+        g.close()
     return True
 
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -357,3 +358,51 @@ def test_onnx_external_data_is_read_from_the_model_directory_only(tmp_path):
     other.mkdir()
     with pytest.raises(kiln.KilnError, match="m.weights"):
         kc.Graph(data, str(other))
+
+
+def test_an_op_kiln_refuses_in_one_setting_runs_on_the_cpu(kiln_env):
+    """GridSample of a 5-D input (3-D sampling): an op kiln compiles, in a
+    setting it refuses.  The error names the op; kiln.trace keeps that node
+    alone in torch, as it does an op kiln lacks."""
+    class Sampler(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+
+        def forward(self, x, grid):
+            h = torch.relu(self.a(x)).reshape(1, 2, 2, 2, 2)
+            return torch.relu(nn.functional.grid_sample(h, grid, align_corners=False)) * 2
+
+    torch.manual_seed(6)
+    model = Sampler().eval()
+    x, grid = torch.randn(2, 8), torch.rand(1, 3, 3, 3, 3) * 2 - 1
+    with pytest.raises(kiln.UnsupportedOperatorError) as e:
+        kiln.trace(model, (x, grid), fallback=False)
+    assert e.value.ops == {"GridSample": 1}, e.value.ops
+    with pytest.warns(UserWarning, match=r"run on the CPU: grid_sample \(1\)"):
+        traced = kiln.trace(model, (x, grid))
+    assert traced.cpu_ops == {"grid_sample": 1}
+    y = torch.randn(2, 8)
+    assert torch.allclose(traced(y, grid), model(y, grid).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_cpu_partition_check_compiles_the_node(kiln_env):
+    """A node kiln imports but its compiler refuses (a ConvTranspose over
+    four spatial axes) is not taken for kiln's: the partitioner's check
+    compiles it, where importing alone would have passed it."""
+    import onnx
+    import onnx.helper as oh
+    import onnx.numpy_helper
+    from kiln import partition
+
+    def model(rank):
+        x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2] + [3] * rank)
+        y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+        w = onnx.numpy_helper.from_array(np.ones([2, 2] + [2] * rank, np.float32), "w")
+        g = oh.make_graph([oh.make_node("ConvTranspose", ["x", "w"], ["y"])], "g", [x], [y],
+                          [w])
+        return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]).SerializeToString()
+
+    kiln.compile.Graph(model(4), None).close()          # imports
+    assert partition._import_check(model(3), None)
+    assert not partition._import_check(model(4), None)
