@@ -104,7 +104,7 @@ s_status_json (kiln_broker_t *self)
     json_t *doc = json_pack (
         "{s:s, s:s, s:i, s:b, s:I, s:o, s:{s:I, s:I, s:o}, "
         "s:{s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
-        "s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I}}",
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I, s:I}}",
         "broker", self->name, "endpoint", self->endpoint, "protocol", KILN_PROTO_VERSION,
         "authenticated", self->curve, "up_ms", (json_int_t) (now - self->started),
         "workers", workers ? workers : json_array (),
@@ -128,7 +128,8 @@ s_status_json (kiln_broker_t *self)
         (json_int_t) self->uploads, "max_uploads", self->cfg.max_uploads,
         "upload_reserved_bytes", (json_int_t) st.reserved_bytes, "fetched_bytes", (json_int_t) self->stats.fetched_bytes,
         "downloads_in_progress", (json_int_t) dl.in_progress, "downloaded_artifacts",
-        (json_int_t) dl.served, "downloaded_bytes", (json_int_t) dl.bytes);
+        (json_int_t) dl.served, "downloaded_bytes", (json_int_t) dl.bytes,
+        "held_bytes", (json_int_t) dl.held_bytes);
     if (doc) {
         /* The cross-check (docs/operations.md): its policy, its counts, and
          * every worker quarantined in this broker's life, connected or not. */

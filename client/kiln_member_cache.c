@@ -12,11 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/kiln_fs.h"
 #include "common/kiln_limits.h"
 #include "common/kiln_log.h"
+
+#define S_STALE_TMP_S 3600           /* an unfinished copy older than this is removed */
 
 struct kiln_mcache {
     char dir[PATH_MAX];
@@ -120,8 +123,16 @@ s_scan (kiln_mcache_t *self, size_t *n)
         return NULL;
     s_entry_t *all = calloc (KILN_MCACHE_MAX_SCAN, sizeof *all);
     struct dirent *de;
+    time_t now = time (NULL);
     while (all && *n < KILN_MCACHE_MAX_SCAN && (de = readdir (d))) {
         struct stat st;
+        /* a copy a process left unfinished (it died): gone after an hour */
+        if (strncmp (de->d_name, ".tmp-", 5) == 0
+            && fstatat (dirfd (d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0
+            && S_ISREG (st.st_mode) && now - st.st_mtime > S_STALE_TMP_S) {
+            unlinkat (dirfd (d), de->d_name, 0);
+            continue;
+        }
         if (!s_name_ok (de->d_name)
             || fstatat (dirfd (d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0
             || !S_ISREG (st.st_mode) || !s_private (&st))

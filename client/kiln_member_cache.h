@@ -15,7 +15,8 @@
  * (K, M, G suffixes; default KILN_MCACHE_DEFAULT_MAX), and
  * $KILN_MEMBER_CACHE=off (or 0, or a maximum of 0) turns it off.  Two
  * processes at once: entries are written to a temporary name and
- * renamed, so a reader sees a whole file or none.
+ * renamed, so a reader sees a whole file or none; a temporary file left
+ * by a process that died is removed after an hour.
  */
 #ifndef KILN_MEMBER_CACHE_H
 #define KILN_MEMBER_CACHE_H

@@ -88,6 +88,7 @@ def test_get_reuses_the_cached_weights_and_writes_the_same_file(farm, tmp_path, 
     assert out["reused_bytes"] == size and not out["refetched"]
     assert out["received_bytes"] == len(data) - size < MiB
     assert out["bytes"] == len(data) and out["sha256"] == hashlib.sha256(data).hexdigest()
+    assert farm.status()["transfer"]["held_bytes"] >= size
 
     # a second compile (an action cache hit) reuses it too
     again = compile_json(farm, str(tmp_path / "m.onnx"), tmp_path / "c.kar")

@@ -148,6 +148,15 @@ START_TEST (test_entries_others_may_write_and_links_are_not_used)
     ck_assert_int_eq (symlink (s_path, q), 0);
     ck_assert_int_eq (kiln_mcache_open_member (c, b, 4 * MiB), -1);
     ck_assert_uint_eq (kiln_mcache_recent (c, have, 4), 0);
+    /* an unfinished copy of a process that died goes after an hour */
+    snprintf (p, sizeof p, "%s/.tmp-old", dir);
+    snprintf (q, sizeof q, "%s/.tmp-new", dir);
+    close (open (p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+    close (open (q, O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+    s_age (dir, ".tmp-old", 7200);
+    kiln_mcache_bytes (c);
+    ck_assert (!kiln_file_exists (p));
+    ck_assert (kiln_file_exists (q));
     kiln_mcache_destroy (&c);
     /* a cache directory others may write is not used at all */
     ck_assert_int_eq (chmod (dir, 0777), 0);
