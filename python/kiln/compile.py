@@ -234,8 +234,10 @@ def describe_progress(ev):
     if phase == "local":
         return "compiling locally"
     if phase == "download":
+        reused = (f", {ev['reused_bytes'] / 2**20:.1f} MiB of it from the member cache"
+                  if ev.get("reused_bytes") else "")
         return (f"downloading the artifact: {ev['sent_bytes'] / 2**20:.1f} of "
-                f"{ev['total_bytes'] / 2**20:.1f} MiB")
+                f"{ev['total_bytes'] / 2**20:.1f} MiB{reused}")
     return "done"
 
 
