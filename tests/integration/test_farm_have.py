@@ -177,3 +177,13 @@ def test_get_by_hand_with_and_without_have(farm, tmp_path, cache):
     assert bytes(rebuilt) == data
     assert parts[-1][0]["digest"] == hashlib.sha256(data).hexdigest()
     assert sum(len(p[0]) for h, p in parts if "member" not in h) == len(data) - size
+
+    # more than 64 entries: refused, naming the bound; the broker goes on
+    with RawDealer(farm.port) as d:
+        d.send({"v": 2, "cmd": "GET", "frames": 0, "req_id": 3,
+                "artifact": built["artifact"], "credit": 4,
+                "have": [{"digest": f"{i:064x}", "size": MiB} for i in range(65)]})
+        h, _ = d.recv()
+    assert h["cmd"] == "ERROR" and h["req_id"] == 3 and "64" in h["message"], h
+    assert fetch(4, [{"digest": digest, "size": size}])[-1][0]["digest"] == \
+        hashlib.sha256(data).hexdigest()
