@@ -671,6 +671,24 @@ s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
         f->out = cur;
 }
 
+/* A BatchNormalization left on its own (not folded into a product: a
+ * pre-activation block's, as in DenseNet) takes the activation that reads
+ * it, so that the two are one pass over the tensor. */
+static void
+s_plan_bn_act (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
+{
+    const kiln_node_t *bn = &cx->g->nodes[i];
+    if (!s_is (bn, "BatchNormalization") || bn->n_outputs != 1 || bn->n_inputs != 5
+        || bn->inputs[0] < 0 || !s_f32 (cx, bn->inputs[0]) || !s_f32 (cx, bn->outputs[0]))
+        return;
+    kiln_cc_fusion_t *f = &cx->fusion[i];
+    int n = s_act (cx, u, bn->outputs[0], f);
+    if (n < 0)
+        return;
+    cx->skip[n] = 1;
+    f->out = cx->g->nodes[n].outputs[0];
+}
+
 /* A constant float32 holding one value. */
 static bool
 s_scalar (const kiln_cc_ctx_t *cx, int t, double *v)
@@ -888,8 +906,10 @@ kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
                 s_plan_transpose (cx, &u, i);
     if (cx->opts.optlevel >= 2)
         for (int i = 0; i < g->n_nodes; i++)
-            if (!cx->skip[i])
+            if (!cx->skip[i]) {
                 s_plan_layer_norm (cx, &u, i);
+                s_plan_bn_act (cx, &u, i);
+            }
     free (u.uses);
     free (u.consumer);
     free (u.is_output);

@@ -750,9 +750,9 @@ s_fused_operands (kiln_cc_ctx_t *cx, const kiln_cc_fusion_t *f, int *ins,
 }
 
 /* The parameters of the fused epilogue (docs/program-format.md). */
-static int
-s_fused_params (kiln_cc_ctx_t *cx, int op, const kiln_cc_fusion_t *f,
-                kiln_err_t *err)
+int
+kiln_cc_fused_params (kiln_cc_ctx_t *cx, int op, const kiln_cc_fusion_t *f,
+                      kiln_err_t *err)
 {
     kiln_prog_op_t *o = &cx->prog->ops[op];
     int rc;
@@ -1036,7 +1036,7 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if (op < 0)
         return op;
     if ((pack && (rc = s_set_int (cx, op, "packed_b", 1, err)))
-        || (rc = s_fused_params (cx, op, f, err)))
+        || (rc = kiln_cc_fused_params (cx, op, f, err)))
         return rc;
     int64_t pa[KILN_MAX_RANK], pb[KILN_MAX_RANK];
     s_pad_dims (&ba, batch.rank, pa);
@@ -1185,7 +1185,7 @@ s_lower_gemm (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if ((rc = kiln_prog_op_set_int (o, "trans_a", ta ? 1 : 0, err))
         || (rc = kiln_prog_op_set_int (o, "trans_b", tb && !pack ? 1 : 0, err))
         || (pack && (rc = kiln_prog_op_set_int (o, "packed_b", 1, err)))
-        || (rc = s_fused_params (cx, op, f, err))
+        || (rc = kiln_cc_fused_params (cx, op, f, err))
         || (rc = kiln_prog_op_set_int (o, "m", m, err))
         || (rc = kiln_prog_op_set_int (o, "k", kk, err))
         || (rc = kiln_prog_op_set_int (o, "n", n, err))
@@ -1333,7 +1333,7 @@ s_emit_fused (kiln_cc_ctx_t *cx, const kiln_cc_fusion_t *f, int y, kiln_kernel_t
     int op = s_emit (cx, k, ins, n_in, &py, 1, err);
     if (op < 0)
         return op;
-    if ((rc = s_fused_params (cx, op, f, err)))
+    if ((rc = kiln_cc_fused_params (cx, op, f, err)))
         return rc;
     return op;
 }

@@ -144,6 +144,10 @@ const char *kiln_cc_tname (const kiln_cc_ctx_t *cx, int gt);
 int kiln_cc_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err);
 /* A new arena tensor for graph tensor gt, written by the next op. */
 int kiln_cc_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err);
+/* The fused epilogue's parameters (residual, activation) of op `op`
+ * from fusion `f` (docs/program-format.md). */
+int kiln_cc_fused_params (kiln_cc_ctx_t *cx, int op, const kiln_cc_fusion_t *f,
+                          kiln_err_t *err);
 /* Emit an op (recording its reads for the planner); returns its index. */
 int kiln_cc_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins,
                   int n_in, const int *outs, int n_out, kiln_err_t *err);

@@ -466,9 +466,18 @@ kiln_lower_math_norm (kiln_cc_ctx_t *cx, const kiln_node_t *node,
     }
     if (node->n_outputs > 1)
         return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "more than one output");
-    int op = s_emit (cx, k, gin, n_in, &y, 1, NULL, err);
+    /* A BatchNormalization may write the activation that read it
+     * (kiln_cc_fuse.c): its output is then the activation's. */
+    const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
+    if (k == KILN_K_BATCH_NORM && f->out >= 0
+        && (rc = kiln_cc_expect_shape (cx, f->out, sx, err)))
+        return rc;
+    int yo = k == KILN_K_BATCH_NORM && f->out >= 0 ? f->out : y;
+    int op = s_emit (cx, k, gin, n_in, &yo, 1, NULL, err);
     if (op < 0)
         return op;
+    if (k == KILN_K_BATCH_NORM && (rc = kiln_cc_fused_params (cx, op, f, err)))
+        return rc;
     if (k == KILN_K_LRN) {
         int64_t size = kiln_node_attr_int (node, "size", 0);
         if ((rc = s_set_i (cx, op, "size", size, err))

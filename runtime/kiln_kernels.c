@@ -273,11 +273,12 @@ s_get_mnk (kiln_prog_op_t *op, int64_t *m, int64_t *n, int64_t *k,
     return 0;
 }
 
-/* The fused epilogue of conv2d, gemm and matmul: `activation` (with
- * `act_alpha`, `act_beta`) applied last, and `residual` (1: the last
- * operand, shaped like the output, is added before the activation). */
-static int
-s_get_epilogue (const kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+/* The fused epilogue of conv2d, gemm and matmul (and batch_norm's
+ * activation): `activation` (with `act_alpha`, `act_beta`) applied last,
+ * and `residual` (1: the last operand, shaped like the output, is added
+ * before the activation). */
+int
+kiln_kernel_epilogue (const kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                 kiln_err_t *err)
 {
     int64_t v;
@@ -462,7 +463,7 @@ s_prepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     int64_t m, n, k;
     int rc;
     if ((rc = s_get_mnk (op, &m, &n, &k, err))
-        || (rc = s_get_epilogue (p, op, plan, err))
+        || (rc = kiln_kernel_epilogue (p, op, plan, err))
         || (rc = s_get_packed (op, "packed_b", &plan->u.mm.packed_b, err))
         || (rc = s_need_f32_packed_b (p, plan, plan->u.mm.packed_b,
                                       &plan->u.mm.b_half, err)))
@@ -711,7 +712,7 @@ s_prepare_GEMM (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         || (rc = kiln_prog_op_int (op, "trans_a", &ta, err))
         || (rc = kiln_prog_op_int (op, "trans_b", &tb, err))
         || (rc = kiln_prog_op_float (op, "alpha", &alpha, err))
-        || (rc = s_get_epilogue (p, op, plan, err))
+        || (rc = kiln_kernel_epilogue (p, op, plan, err))
         || (rc = s_get_packed (op, "packed_b", &plan->u.gemm.packed_b, err))
         || (rc = s_need_f32_packed_b (p, plan, plan->u.gemm.packed_b,
                                       &plan->u.gemm.b_half, err)))
@@ -903,7 +904,7 @@ s_prepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     bool packed, trans;
     if ((rc = s_get_window (op, &w, err))
         || (rc = kiln_prog_op_int (op, "group", &group, err))
-        || (rc = s_get_epilogue (p, op, plan, err))
+        || (rc = kiln_kernel_epilogue (p, op, plan, err))
         || (rc = s_get_packed (op, "packed", &packed, err))
         || (rc = s_get_packed (op, "transposed", &trans, err))
         || (kiln_prog_op_has (op, "winograd")
@@ -1756,7 +1757,7 @@ s_prepare_CONV3D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         || (rc = kiln_prog_op_ints (op, "dilations", 3, dl, err))
         || (rc = kiln_prog_op_ints (op, "pads", 6, pads, err))
         || (rc = kiln_prog_op_int (op, "group", &group, err))
-        || (rc = s_get_epilogue (p, op, plan, err)))
+        || (rc = kiln_kernel_epilogue (p, op, plan, err)))
         return rc;
     const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *tw = s_t (p, plan->in[1]);
     const kiln_prog_tensor_t *ty = s_t (p, plan->out);

@@ -144,6 +144,11 @@ typedef struct kiln_kplan {
 int kiln_kernel_prepare (kiln_program_t *p, int i, kiln_kplan_t *plan,
                          kiln_err_t *err);
 
+/* The fused epilogue's parameters of op `op` into plan->epi
+ * (kiln_kernels.c; docs/program-format.md). */
+int kiln_kernel_epilogue (const kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                          kiln_err_t *err);
+
 /* Run a prepared op; `data[t]` is the address of tensor t. */
 void kiln_kernel_run (const kiln_kplan_t *plan, void *const *data);
 

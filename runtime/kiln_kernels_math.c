@@ -1252,7 +1252,41 @@ static const s_tab_t s_tab_softmax = { [S_F32] = (s_fn_t) s_softmax_f32,
 /* --- normalisations -------------------------------------------------- */
 
 /* BatchNormalization (inference): per channel c of X [N, C, ...],
- * y = (x - mean) / sqrt(var + eps) * scale + b, folded to x * a + b'. */
+ * y = (x - mean) / sqrt(var + eps) * scale + b, folded to x * a + b'.
+ * float32 may carry the activation that followed it (a pre-activation
+ * block's BatchNormalization -> Relu, fused by the compiler): relu in the
+ * same pass, the others over the plane just written (in L1). */
+static void
+s_run_bn_f32 (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kmath_plan_t *mp = &plan->u.math;
+    const float *x = data[plan->in[0]], *sc = data[plan->in[1]];
+    const float *bi = data[plan->in[2]], *mu = data[plan->in[3]];
+    const float *var = data[plan->in[4]];
+    float *y = data[plan->out];
+    int64_t ch = mp->len, sp = mp->post;
+    kiln_act_t act = plan->epi.act;
+    for (int64_t n = 0; n < mp->pre; n++)
+        for (int64_t c = 0; c < ch; c++) {
+            double a = (double) sc[c] / sqrt ((double) var[c] + mp->f[0]);
+            float ta = (float) a, tb = (float) ((double) bi[c] - (double) mu[c] * a);
+            const float *restrict xp = x + (n * ch + c) * sp;
+            float *restrict yp = y + (n * ch + c) * sp;
+            if (act == KILN_ACT_RELU) {
+                /* v < 0 is false for NaN and -0, which pass (as relu) */
+                for (int64_t i = 0; i < sp; i++) {
+                    float v = xp[i] * ta + tb;
+                    yp[i] = v < 0.0f ? 0.0f : v;
+                }
+                continue;
+            }
+            for (int64_t i = 0; i < sp; i++)
+                yp[i] = xp[i] * ta + tb;
+            if (act != KILN_ACT_NONE)
+                kiln_act_apply (yp, sp, act, plan->epi.a, plan->epi.b);
+        }
+}
+
 #define S_BN(TN, T)                                                           \
     static void                                                               \
     s_run_bn_##TN (const kiln_kplan_t *plan, void *const *data)               \
@@ -1273,8 +1307,8 @@ static const s_tab_t s_tab_softmax = { [S_F32] = (s_fn_t) s_softmax_f32,
                     yp[i] = xp[i] * ta + tb;                                  \
             }                                                                 \
     }
-S_BN (f32, float)
 S_BN (f64, double)
+#undef S_BN
 
 /* Mean and variance (population) of n elements `stride` apart, in
  * double, two passes. */
@@ -2179,8 +2213,13 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_IS_INF: return s_prep_isinf (p, op, plan, err);
     case KILN_K_BATCH_NORM:
         if ((rc = s_prep_channels (p, plan, 1, err))
-            || (rc = s_float_param (op, "epsilon", &mp->f[0], err)))
+            || (rc = s_float_param (op, "epsilon", &mp->f[0], err))
+            || (rc = kiln_kernel_epilogue (p, op, plan, err)))
             return rc;
+        if (plan->epi.residual >= 0)
+            return kiln_error (err, KILN_EFORMAT, "batch_norm takes no residual");
+        if (plan->epi.act != KILN_ACT_NONE && mp->dt != KILN_DT_FLOAT32)
+            return kiln_error (err, KILN_EFORMAT, "an activation needs float32");
         plan->run = mp->dt == KILN_DT_FLOAT32 ? s_run_bn_f32 : s_run_bn_f64;
         return 0;
     case KILN_K_INSTANCE_NORM:

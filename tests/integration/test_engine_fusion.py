@@ -2,7 +2,8 @@
 torch: SiLU (Sigmoid, Mul), Sigmoid, HardSwish, HardSigmoid, Tanh and
 the erf GELU after a Conv (direct, depthwise, Winograd) or a Linear, and
 the squeeze-and-excitation block around them (global average pool, two
-small convolutions, the gate's Mul).  Each small model is exported with
+small convolutions, the gate's Mul), and a BatchNormalization that no
+product absorbs taking the Relu or SiLU after it (densenet's layers).  Each small model is exported with
 torch.onnx.export (opset 14), compiled at --optlevel 0 (op by op, the
 reference) and 3, and run on every micro-kernel this CPU has
 (KILN_RT_ISA avx512, avx2, generic) and with 2 threads; every output
@@ -53,6 +54,24 @@ class SqueezeExcite(torch.nn.Module):
         return self.project(y * s) + x
 
 
+class PreActivation(torch.nn.Module):
+    """densenet's layer: BatchNorm -> Relu (or SiLU) -> Conv on a
+    concatenation; the BatchNorm cannot fold into a product, so it takes
+    the activation."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.bn1 = torch.nn.BatchNorm2d(c)
+        self.conv1 = torch.nn.Conv2d(c, c, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(2 * c)
+        self.conv2 = torch.nn.Conv2d(2 * c, c, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        y = self.conv1(torch.relu(self.bn1(x)))
+        z = torch.cat([x, y], 1)
+        return self.conv2(torch.nn.functional.silu(self.bn2(z)))
+
+
 class LinearGelu(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -72,9 +91,10 @@ MODELS = {
     "depthwise_silu": (lambda: ConvAct(torch.nn.SiLU(), 32, 32, 5, groups=32), (1, 32, 14, 14)),
     "squeeze_excite": (SqueezeExcite, (1, 24, 28, 28)),
     "linear_gelu": (LinearGelu, (1, 40, 64)),
+    "preact_bn_relu": (PreActivation, (1, 16, 12, 12)),
 }
 
-FUSED_AWAY = ("sigmoid", "mul", "erf", "tanh", "hard_swish", "hard_sigmoid")
+FUSED_AWAY = ("sigmoid", "mul", "erf", "tanh", "hard_swish", "hard_sigmoid", "relu")
 
 
 @pytest.fixture(scope="module")
