@@ -46,6 +46,8 @@
 #include "common/kiln_dtype.h"
 #include "common/kiln_error.h"
 #include "common/kiln_limits.h"
+#include "common/kiln_ops_binary.h"
+#include "common/kiln_ops_reduce.h"
 #include "common/kiln_ops_unary.h"
 
 #define KILN_PROGRAM_FORMAT       "kiln-program"
@@ -118,24 +120,7 @@
     X (MIN,                "min",                1, 8, 1)          \
     X (SUM,                "sum",                1, 8, 1)          \
     X (MEAN,               "mean",               1, 8, 1)          \
-    X (EQUAL,              "equal",              2, 2, 1)          \
-    X (LESS,               "less",               2, 2, 1)          \
-    X (GREATER,            "greater",            2, 2, 1)          \
-    X (LESS_EQUAL,         "less_equal",         2, 2, 1)          \
-    X (GREATER_EQUAL,      "greater_equal",      2, 2, 1)          \
-    X (AND,                "and",                2, 2, 1)          \
-    X (OR,                 "or",                 2, 2, 1)          \
-    X (XOR,                "xor",                2, 2, 1)          \
     X (WHERE,              "where",              3, 3, 1)          \
-    X (REDUCE_SUM,         "reduce_sum",         1, 1, 1)          \
-    X (REDUCE_MEAN,        "reduce_mean",        1, 1, 1)          \
-    X (REDUCE_MAX,         "reduce_max",         1, 1, 1)          \
-    X (REDUCE_MIN,         "reduce_min",         1, 1, 1)          \
-    X (REDUCE_PROD,        "reduce_prod",        1, 1, 1)          \
-    X (REDUCE_L1,          "reduce_l1",          1, 1, 1)          \
-    X (REDUCE_L2,          "reduce_l2",          1, 1, 1)          \
-    X (REDUCE_SUM_SQUARE,  "reduce_sum_square",  1, 1, 1)          \
-    X (REDUCE_LOG_SUM,     "reduce_log_sum",     1, 1, 1)          \
     X (REDUCE_LOG_SUM_EXP, "reduce_log_sum_exp", 1, 1, 1)          \
     X (ARGMAX,             "argmax",             1, 1, 1)          \
     X (ARGMIN,             "argmin",             1, 1, 1)          \
@@ -149,7 +134,9 @@
     X (NLL_LOSS,           "nll_loss",           2, 3, 1)          \
     X (HARDMAX,            "hardmax",            1, 1, 1)          \
     X (IS_INF,             "is_inf",             1, 1, 1)          \
-    KILN_UNARY_OPS (KILN_UNARY_KERNEL_ROW, X)
+    KILN_UNARY_OPS (KILN_UNARY_KERNEL_ROW, X)                     \
+    KILN_BINARY_OPS (KILN_BINARY_KERNEL_ROW, X)                   \
+    KILN_REDUCE_OPS (KILN_REDUCE_KERNEL_ROW, X)
 
 /* The data-movement, resize and window kernels
  * (runtime/kiln_kernels_shape.c). */

@@ -1736,26 +1736,9 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "Min",               kiln_lower_math_broadcast, KILN_K_MIN, true },
     { "Sum",               kiln_lower_math_broadcast, KILN_K_SUM, false },
     { "Mean",              kiln_lower_math_broadcast, KILN_K_MEAN, false },
-    { "Equal",             kiln_lower_math_broadcast, KILN_K_EQUAL, false },
-    { "Less",              kiln_lower_math_broadcast, KILN_K_LESS, false },
-    { "Greater",           kiln_lower_math_broadcast, KILN_K_GREATER, false },
-    { "LessOrEqual",       kiln_lower_math_broadcast, KILN_K_LESS_EQUAL, false },
-    { "GreaterOrEqual",    kiln_lower_math_broadcast, KILN_K_GREATER_EQUAL, false },
-    { "And",               kiln_lower_math_broadcast, KILN_K_AND, false },
-    { "Or",                kiln_lower_math_broadcast, KILN_K_OR, false },
-    { "Xor",               kiln_lower_math_broadcast, KILN_K_XOR, false },
     { "Where",             kiln_lower_math_broadcast, KILN_K_WHERE, true },
     { "Softmax",           kiln_lower_math_softmax, KILN_K_SOFTMAX, false },
     { "LogSoftmax",        kiln_lower_math_softmax, KILN_K_LOG_SOFTMAX, false },
-    { "ReduceSum",         kiln_lower_math_reduce, KILN_K_REDUCE_SUM, false },
-    { "ReduceMean",        kiln_lower_math_reduce, KILN_K_REDUCE_MEAN, false },
-    { "ReduceMax",         kiln_lower_math_reduce, KILN_K_REDUCE_MAX, true },
-    { "ReduceMin",         kiln_lower_math_reduce, KILN_K_REDUCE_MIN, true },
-    { "ReduceProd",        kiln_lower_math_reduce, KILN_K_REDUCE_PROD, false },
-    { "ReduceL1",          kiln_lower_math_reduce, KILN_K_REDUCE_L1, false },
-    { "ReduceL2",          kiln_lower_math_reduce, KILN_K_REDUCE_L2, false },
-    { "ReduceSumSquare",   kiln_lower_math_reduce, KILN_K_REDUCE_SUM_SQUARE, false },
-    { "ReduceLogSum",      kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM, false },
     { "ReduceLogSumExp",   kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM_EXP, false },
     { "ArgMax",            kiln_lower_math_arg, KILN_K_ARGMAX, false },
     { "ArgMin",            kiln_lower_math_arg, KILN_K_ARGMIN, false },
@@ -1807,6 +1790,15 @@ static const kiln_cc_lowering_t s_lowerings[] = {
 #define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
     { onnx, kiln_lower_math_unary, KILN_K_##id, false },
     KILN_UNARY_OPS (S_ROW, _)
+#undef S_ROW
+    /* the ops of common/kiln_ops_binary.h and kiln_ops_reduce.h */
+#define S_ROW(X_, id, name, onnx, kind, expr) \
+    { onnx, kiln_lower_math_broadcast, KILN_K_##id, false },
+    KILN_BINARY_OPS (S_ROW, _)
+#undef S_ROW
+#define S_ROW(X_, id, name, onnx, ex, i0, s0, f0, ints, i1, s1, f1) \
+    { onnx, kiln_lower_math_reduce, KILN_K_##id, ex },
+    KILN_REDUCE_OPS (S_ROW, _)
 #undef S_ROW
 };
 

@@ -14,6 +14,8 @@
  * writes its outputs through s_out.  Semantics follow the ONNX operator
  * specification.
  */
+#include "common/kiln_ops_binary.h"
+#include "common/kiln_ops_reduce.h"
 #include "common/kiln_ops_unary.h"
 #include "graph/kiln_graph.h"
 #include "graph/kiln_infer.h"
@@ -786,7 +788,6 @@ static const s_op_t s_ops[] = {
     /* op                   in      out   infer */
     { "Abs",               1, 1,   1, 1, kiln_infer_neg_abs },
     { "Add",                2, 2,   1, 1, kiln_infer_arith },
-    { "And",               2, 2,   1, 1, kiln_infer_logical },
     { "ArgMax",            1, 1,   1, 1, kiln_infer_arg },
     { "ArgMin",            1, 1,   1, 1, kiln_infer_arg },
     { "AveragePool",        1, 1,   1, 1, s_infer_maxpool },
@@ -804,7 +805,6 @@ static const s_op_t s_ops[] = {
     { "Div",                2, 2,   1, 1, kiln_infer_arith },
     { "Einsum",             1, KILN_MAX_NODE_IO, 1, 1, kiln_infer_einsum },
     { "Elu",               1, 1,   1, 1, kiln_infer_float_unary },
-    { "Equal",             2, 2,   1, 1, kiln_infer_compare },
     { "Erf",               1, 1,   1, 1, kiln_infer_float_unary },
     { "Exp",               1, 1,   1, 1, kiln_infer_float_unary },
     { "Expand",             2, 2,   1, 1, kiln_infer_expand },
@@ -818,8 +818,6 @@ static const s_op_t s_ops[] = {
     { "Gemm",               2, 3,   1, 1, s_infer_gemm },
     { "GlobalAveragePool",  1, 1,   1, 1, s_infer_global_pool },
     { "GlobalMaxPool",      1, 1,   1, 1, s_infer_global_pool },
-    { "Greater",           2, 2,   1, 1, kiln_infer_compare },
-    { "GreaterOrEqual",    2, 2,   1, 1, kiln_infer_compare },
     { "GridSample",         2, 2,   1, 1, kiln_infer_grid_sample },
     { "HardSigmoid",       1, 1,   1, 1, kiln_infer_float_unary },
     { "HardSwish",         1, 1,   1, 1, kiln_infer_float_unary },
@@ -831,8 +829,6 @@ static const s_op_t s_ops[] = {
     { "LSTM",               3, 8,   1, 3, kiln_infer_rnn },
     { "LayerNormalization", 2, 3,   1, 3, kiln_infer_layer_norm },
     { "LeakyRelu",         1, 1,   1, 1, kiln_infer_float_unary },
-    { "Less",              2, 2,   1, 1, kiln_infer_compare },
-    { "LessOrEqual",       2, 2,   1, 1, kiln_infer_compare },
     { "Log",               1, 1,   1, 1, kiln_infer_float_unary },
     { "LogSoftmax",        1, 1,   1, 1, kiln_infer_softmax },
     { "MatMul",             2, 2,   1, 1, s_infer_matmul },
@@ -845,22 +841,12 @@ static const s_op_t s_ops[] = {
     { "Neg",               1, 1,   1, 1, kiln_infer_neg_abs },
     { "NegativeLogLikelihoodLoss", 2, 3, 1, 1, kiln_infer_nll },
     { "Not",               1, 1,   1, 1, kiln_infer_not },
-    { "Or",                2, 2,   1, 1, kiln_infer_logical },
     { "PRelu",             2, 2,   1, 1, kiln_infer_prelu },
     { "Pad",                1, 4,   1, 1, kiln_infer_pad },
     { "Pow",               2, 2,   1, 1, kiln_infer_pow },
     { "RNN",                3, 6,   1, 2, kiln_infer_rnn },
     { "Reciprocal",        1, 1,   1, 1, kiln_infer_float_unary },
-    { "ReduceL1",          1, 2,   1, 1, kiln_infer_reduce },
-    { "ReduceL2",          1, 2,   1, 1, kiln_infer_reduce },
-    { "ReduceLogSum",      1, 2,   1, 1, kiln_infer_reduce },
     { "ReduceLogSumExp",   1, 2,   1, 1, kiln_infer_reduce },
-    { "ReduceMax",         1, 2,   1, 1, kiln_infer_reduce },
-    { "ReduceMean",        1, 2,   1, 1, kiln_infer_reduce },
-    { "ReduceMin",         1, 2,   1, 1, kiln_infer_reduce },
-    { "ReduceProd",        1, 2,   1, 1, kiln_infer_reduce },
-    { "ReduceSum",         1, 2,   1, 1, kiln_infer_reduce },
-    { "ReduceSumSquare",   1, 2,   1, 1, kiln_infer_reduce },
     { "Relu",               1, 1,   1, 1, s_infer_relu },
     { "Reshape",            2, 2,   1, 1, s_infer_reshape },
     { "Resize",             1, 4,   1, 1, kiln_infer_resize },
@@ -887,7 +873,6 @@ static const s_op_t s_ops[] = {
     { "Trilu",              1, 2,   1, 1, kiln_infer_trilu },
     { "Unsqueeze",          1, 2,   1, 1, kiln_infer_unsqueeze },
     { "Where",             3, 3,   1, 1, kiln_infer_where },
-    { "Xor",               2, 2,   1, 1, kiln_infer_logical },
 };
 #define S_N_OPS ((int) (sizeof s_ops / sizeof s_ops[0]))
 
@@ -897,11 +882,19 @@ s_op_cmp (const void *key, const void *elem)
     return strcmp ((const char *) key, ((const s_op_t *) elem)->op);
 }
 
-/* The float unary ops of common/kiln_ops_unary.h, one row each there. */
-static const s_op_t s_unary_ops[] = {
+/* The ops of common/kiln_ops_unary.h, _binary.h and _reduce.h, one row
+ * each there. */
+static const s_op_t s_row_ops[] = {
 #define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
     { onnx, 1, 1, 1, 1, kiln_infer_float_unary },
     KILN_UNARY_OPS (S_ROW, _)
+#undef S_ROW
+#define S_ROW(X_, id, name, onnx, kind, expr) { onnx, 2, 2, 1, 1, kiln_infer_##kind },
+    KILN_BINARY_OPS (S_ROW, _)
+#undef S_ROW
+#define S_ROW(X_, id, name, onnx, ex, i0, s0, f0, ints, i1, s1, f1) \
+    { onnx, 1, 2, 1, 1, kiln_infer_reduce },
+    KILN_REDUCE_OPS (S_ROW, _)
 #undef S_ROW
 };
 
@@ -911,9 +904,9 @@ s_op_find (const char *op)
     if (!op)
         return NULL;
     const s_op_t *o = bsearch (op, s_ops, S_N_OPS, sizeof s_ops[0], s_op_cmp);
-    for (size_t i = 0; !o && i < sizeof s_unary_ops / sizeof s_unary_ops[0]; i++)
-        if (strcmp (op, s_unary_ops[i].op) == 0)
-            o = &s_unary_ops[i];
+    for (size_t i = 0; !o && i < sizeof s_row_ops / sizeof s_row_ops[0]; i++)
+        if (strcmp (op, s_row_ops[i].op) == 0)
+            o = &s_row_ops[i];
     return o;
 }
 

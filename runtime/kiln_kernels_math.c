@@ -619,34 +619,36 @@ s_walk2 (const kiln_kmath_plan_t *mp, s_binary_fn fn, const void *a, int ra,
 S_FLOOR_MOD (float)
 S_FLOOR_MOD (double)
 
-#define S_BINARY(OP, TN, T, R)                                                \
+#define S_BINARY(OP, TN, T, R) S_BINARY_E (OP, TN, T, R, S_B_##OP (T, a, b))
+/* The loop itself: EXPR computes one result from the elements a and b. */
+#define S_BINARY_E(OP, TN, T, R, EXPR)                                        \
     static void                                                               \
     s_##OP##_##TN (int64_t n, const void *a_, int64_t ia, const void *b_,     \
                    int64_t ib, void *y_)                                      \
     {                                                                         \
-        const T *a = a_, *b = b_;                                             \
+        const T *pa = a_, *pb = b_;                                           \
         R *y = y_;                                                            \
         if (ia == 1 && ib == 1)                                               \
             for (int64_t j = 0; j < n; j++) {                                 \
-                T x0 = a[j], x1 = b[j];                                       \
-                y[j] = (R) (S_B_##OP (T, x0, x1));                            \
+                T a = pa[j], b = pb[j];                                       \
+                y[j] = (R) (EXPR);                                            \
             }                                                                 \
         else if (ia == 1 && ib == 0) {                                        \
-            T x1 = b[0];                                                      \
+            T b = pb[0];                                                      \
             for (int64_t j = 0; j < n; j++) {                                 \
-                T x0 = a[j];                                                  \
-                y[j] = (R) (S_B_##OP (T, x0, x1));                            \
+                T a = pa[j];                                                  \
+                y[j] = (R) (EXPR);                                            \
             }                                                                 \
         } else if (ia == 0 && ib == 1) {                                      \
-            T x0 = a[0];                                                      \
+            T a = pa[0];                                                      \
             for (int64_t j = 0; j < n; j++) {                                 \
-                T x1 = b[j];                                                  \
-                y[j] = (R) (S_B_##OP (T, x0, x1));                            \
+                T b = pb[j];                                                  \
+                y[j] = (R) (EXPR);                                            \
             }                                                                 \
         } else                                                                \
             for (int64_t j = 0; j < n; j++) {                                 \
-                T x0 = a[j * ia], x1 = b[j * ib];                             \
-                y[j] = (R) (S_B_##OP (T, x0, x1));                            \
+                T a = pa[j * ia], b = pb[j * ib];                             \
+                y[j] = (R) (EXPR);                                            \
             }                                                                 \
     }
 
@@ -677,15 +679,6 @@ S_FLOOR_MOD (double)
 #define S_B_minf(T, a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
 #define S_B_maxi(T, a, b) ((a) > (b) ? (a) : (b))
 #define S_B_mini(T, a, b) ((a) < (b) ? (a) : (b))
-#define S_B_equal(T, a, b) ((a) == (b))
-#define S_B_less(T, a, b) ((a) < (b))
-#define S_B_greater(T, a, b) ((a) > (b))
-#define S_B_less_equal(T, a, b) ((a) <= (b))
-#define S_B_greater_equal(T, a, b) ((a) >= (b))
-#define S_B_and(T, a, b) (((a) != 0) & ((b) != 0))
-#define S_B_or(T, a, b) (((a) != 0) | ((b) != 0))
-#define S_B_xor(T, a, b) (((a) != 0) ^ ((b) != 0))
-
 S_FLOATS (S_BIN_SAME, addf)
 S_FLOATS (S_BIN_SAME, subf)
 S_FLOATS (S_BIN_SAME, mulf)
@@ -706,22 +699,24 @@ S_INTS (S_BIN_SAME, divi)
 S_INTS (S_BIN_SAME, maxi)
 S_INTS (S_BIN_SAME, mini)
 
-#define S_CMP(OP)                                                             \
-    S_FLOATS (S_BIN_BOOL, OP) S_INTS (S_BIN_BOOL, OP)                          \
-    S_BIN_BOOL (OP, b, uint8_t)                                               \
-    static const s_tab_t s_tab_##OP = { S_TAB_FLOATS (OP), S_TAB_INTS (OP),   \
-                                        [S_BOOL] = (s_fn_t) s_##OP##_b };
-S_CMP (equal)
-S_CMP (less)
-S_CMP (greater)
-S_CMP (less_equal)
-S_CMP (greater_equal)
-S_BIN_BOOL (and, b, uint8_t)
-S_BIN_BOOL (or, b, uint8_t)
-S_BIN_BOOL (xor, b, uint8_t)
-static const s_tab_t s_tab_and = { [S_BOOL] = (s_fn_t) s_and_b };
-static const s_tab_t s_tab_or = { [S_BOOL] = (s_fn_t) s_or_b };
-static const s_tab_t s_tab_xor = { [S_BOOL] = (s_fn_t) s_xor_b };
+/* The rows of KILN_BINARY_OPS (common/kiln_ops_binary.h): the loops of
+ * their kind's dtypes and their table. */
+#define S_BROW(X_, id, name, onnx, kind, expr) S_BROW_##kind (id, expr)
+#define S_BROW_compare(id, expr)                                              \
+    S_BINARY_E (id, f32, float, uint8_t, expr)                                \
+    S_BINARY_E (id, f64, double, uint8_t, expr)                               \
+    S_BINARY_E (id, i8, int8_t, uint8_t, expr)                                \
+    S_BINARY_E (id, u8, uint8_t, uint8_t, expr)                               \
+    S_BINARY_E (id, i32, int32_t, uint8_t, expr)                              \
+    S_BINARY_E (id, i64, int64_t, uint8_t, expr)                              \
+    S_BINARY_E (id, b, uint8_t, uint8_t, expr)                                \
+    static const s_tab_t s_tab_b_##id = { S_TAB_FLOATS (id), S_TAB_INTS (id), \
+                                          [S_BOOL] = (s_fn_t) s_##id##_b };
+#define S_BROW_logical(id, expr)                                              \
+    S_BINARY_E (id, b, uint8_t, uint8_t, expr)                                \
+    static const s_tab_t s_tab_b_##id = { [S_BOOL] = (s_fn_t) s_##id##_b };
+KILN_BINARY_OPS (S_BROW, _)
+#undef S_BROW
 
 /* add/sub/mul/div for float64 and integers (float32 is kiln_kernels.c's) */
 static const s_tab_t s_tab_add = { S_TAB_FLOATS (addf), S_TAB_INTS (addi) };
@@ -951,10 +946,10 @@ s_run_where (const kiln_kplan_t *plan, void *const *data)
         if (mp->block && mp->post == 1) {                                     \
             for (int64_t o = 0; o < mp->pre; o++) {                           \
                 const T *xp = x + o * mp->len;                                \
-                AC acc = S_RI_##OP (AC);                                      \
+                AC acc = s_ri_##OP##_##TN ();                                      \
                 for (int64_t r = 0; r < mp->len; r++)                         \
-                    S_RS_##OP (AC, acc, xp[r]);                               \
-                y[o] = S_RF_##OP (T, AC, acc, mp->len);                       \
+                    acc = s_rs_##OP##_##TN (acc, xp[r]);                               \
+                y[o] = s_rf_##OP##_##TN (acc, mp->len);                       \
             }                                                                 \
         } else if (mp->block) {                                               \
             AC acc[S_R_CHUNK];                                                \
@@ -963,25 +958,25 @@ s_run_where (const kiln_kplan_t *plan, void *const *data)
                     int64_t w = mp->post - c0 < S_R_CHUNK ? mp->post - c0     \
                                                           : S_R_CHUNK;        \
                     for (int64_t i = 0; i < w; i++)                           \
-                        acc[i] = S_RI_##OP (AC);                              \
+                        acc[i] = s_ri_##OP##_##TN ();                              \
                     for (int64_t r = 0; r < mp->len; r++) {                   \
                         const T *xr = x + (o * mp->len + r) * mp->post + c0;  \
                         for (int64_t i = 0; i < w; i++)                       \
-                            S_RS_##OP (AC, acc[i], xr[i]);                    \
+                            acc[i] = s_rs_##OP##_##TN (acc[i], xr[i]);                    \
                     }                                                         \
                     for (int64_t i = 0; i < w; i++)                           \
                         y[o * mp->post + c0 + i]                              \
-                            = S_RF_##OP (T, AC, acc[i], mp->len);             \
+                            = s_rf_##OP##_##TN (acc[i], mp->len);             \
                 }                                                             \
         } else {                                                              \
             int64_t nout = s_prod (mp->kd, 0, mp->nk);                        \
             int64_t cnt = s_prod (mp->rd, 0, mp->nr);                         \
             int64_t kidx[KILN_MAX_RANK] = { 0 }, base = 0;                    \
             for (int64_t o = 0; o < nout; o++) {                              \
-                AC acc = S_RI_##OP (AC);                                      \
+                AC acc = s_ri_##OP##_##TN ();                                      \
                 int64_t ridx[KILN_MAX_RANK] = { 0 }, off = 0;                 \
                 for (int64_t e = 0; e < cnt; e++) {                           \
-                    S_RS_##OP (AC, acc, x[base + off]);                       \
+                    acc = s_rs_##OP##_##TN (acc, x[base + off]);                       \
                     for (int i = mp->nr - 1; i >= 0; i--) {                   \
                         off += mp->rs[i];                                     \
                         if (++ridx[i] < mp->rd[i])                            \
@@ -990,7 +985,7 @@ s_run_where (const kiln_kplan_t *plan, void *const *data)
                         ridx[i] = 0;                                          \
                     }                                                         \
                 }                                                             \
-                y[o] = S_RF_##OP (T, AC, acc, cnt);                           \
+                y[o] = s_rf_##OP##_##TN (acc, cnt);                           \
                 for (int i = mp->nk - 1; i >= 0; i--) {                       \
                     base += mp->ks[i];                                        \
                     if (++kidx[i] < mp->kd[i])                                \
@@ -1002,79 +997,53 @@ s_run_where (const kiln_kplan_t *plan, void *const *data)
         }                                                                     \
     }
 
-/* Float accumulators (double). */
-#define S_RI_sum(AC) ((AC) 0)
-#define S_RS_sum(AC, acc, v) ((acc) += (AC) (v))
-#define S_RF_sum(T, AC, acc, n) ((T) (acc))
-#define S_RI_mean(AC) ((AC) 0)
-#define S_RS_mean(AC, acc, v) ((acc) += (AC) (v))
-#define S_RF_mean(T, AC, acc, n) ((T) ((acc) / (AC) (n)))
-#define S_RI_prod(AC) ((AC) 1)
-#define S_RS_prod(AC, acc, v) ((acc) *= (AC) (v))
-#define S_RF_prod(T, AC, acc, n) ((T) (acc))
-#define S_RI_max(AC) ((AC) -INFINITY)
-#define S_RS_max(AC, acc, v) ((acc) = ((v) > (acc) || (v) != (v)) ? (AC) (v) : (acc))
-#define S_RF_max(T, AC, acc, n) ((T) (acc))
-#define S_RI_min(AC) ((AC) INFINITY)
-#define S_RS_min(AC, acc, v) ((acc) = ((v) < (acc) || (v) != (v)) ? (AC) (v) : (acc))
-#define S_RF_min(T, AC, acc, n) ((T) (acc))
-#define S_RI_l1(AC) ((AC) 0)
-#define S_RS_l1(AC, acc, v) ((acc) += fabs ((AC) (v)))
-#define S_RF_l1(T, AC, acc, n) ((T) (acc))
-#define S_RI_l2(AC) ((AC) 0)
-#define S_RS_l2(AC, acc, v) ((acc) += (AC) (v) * (AC) (v))
-#define S_RF_l2(T, AC, acc, n) ((T) sqrt (acc))
-#define S_RI_sumsq(AC) ((AC) 0)
-#define S_RS_sumsq(AC, acc, v) ((acc) += (AC) (v) * (AC) (v))
-#define S_RF_sumsq(T, AC, acc, n) ((T) (acc))
-#define S_RI_logsum(AC) ((AC) 0)
-#define S_RS_logsum(AC, acc, v) ((acc) += (AC) (v))
-#define S_RF_logsum(T, AC, acc, n) ((T) log (acc))
-/* Integer accumulators (int64, wrapping through uint64). */
-#define S_RI_isum(AC) ((AC) 0)
-#define S_RS_isum(AC, acc, v) ((acc) = (AC) ((uint64_t) (acc) + (uint64_t) (v)))
-#define S_RF_isum(T, AC, acc, n) ((T) (acc))
-#define S_RI_imean(AC) ((AC) 0)
-#define S_RS_imean(AC, acc, v) ((acc) = (AC) ((uint64_t) (acc) + (uint64_t) (v)))
-#define S_RF_imean(T, AC, acc, n) ((T) ((n) ? (acc) / (n) : 0))
-#define S_RI_iprod(AC) ((AC) 1)
-#define S_RS_iprod(AC, acc, v) ((acc) = (AC) ((uint64_t) (acc) * (uint64_t) (v)))
-#define S_RF_iprod(T, AC, acc, n) ((T) (acc))
-#define S_RI_imax(AC) INT64_MIN
-#define S_RS_imax(AC, acc, v) ((acc) = (v) > (acc) ? (AC) (v) : (acc))
-#define S_RF_imax(T, AC, acc, n) ((T) (acc))
-#define S_RI_imin(AC) INT64_MAX
-#define S_RS_imin(AC, acc, v) ((acc) = (v) < (acc) ? (AC) (v) : (acc))
-#define S_RF_imin(T, AC, acc, n) ((T) (acc))
+/* An accumulator's init, step and result (the row's expressions). */
+#define S_RFNS(id, TN, T_, AC_, init, step, fini)                              \
+    static inline AC_                                                         \
+    s_ri_##id##_##TN (void)                                                   \
+    {                                                                         \
+        typedef AC_ AC __attribute__ ((unused));                              \
+        return (AC_) (init);                                                  \
+    }                                                                         \
+    static inline AC_                                                         \
+    s_rs_##id##_##TN (AC_ acc, T_ v)                                          \
+    {                                                                         \
+        typedef AC_ AC __attribute__ ((unused));                              \
+        step;                                                                 \
+        return acc;                                                           \
+    }                                                                         \
+    static inline T_                                                          \
+    s_rf_##id##_##TN (AC_ acc, int64_t n)                                     \
+    {                                                                         \
+        typedef T_ T __attribute__ ((unused));                                \
+        typedef AC_ AC __attribute__ ((unused));                              \
+        (void) n;                                                             \
+        return fini;                                                          \
+    }
 
-#define S_RED_F(OP) S_REDUCE (OP, f32, float, double) S_REDUCE (OP, f64, double, double)
-#define S_RED_I(OP) S_REDUCE (OP, i32, int32_t, int64_t) S_REDUCE (OP, i64, int64_t, int64_t)
-S_RED_F (sum)
-S_RED_F (mean)
-S_RED_F (prod)
-S_RED_F (max)
-S_RED_F (min)
-S_RED_F (l1)
-S_RED_F (l2)
-S_RED_F (sumsq)
-S_RED_F (logsum)
-S_RED_I (isum)
-S_RED_I (imean)
-S_RED_I (iprod)
-S_RED_I (imax)
-S_RED_I (imin)
-
-#define S_RTAB_F(OP) [S_F32] = (s_fn_t) s_red_##OP##_f32, [S_F64] = (s_fn_t) s_red_##OP##_f64
-#define S_RTAB_I(OP) [S_I32] = (s_fn_t) s_red_##OP##_i32, [S_I64] = (s_fn_t) s_red_##OP##_i64
-static const s_tab_t s_tab_rsum = { S_RTAB_F (sum), S_RTAB_I (isum) };
-static const s_tab_t s_tab_rmean = { S_RTAB_F (mean), S_RTAB_I (imean) };
-static const s_tab_t s_tab_rprod = { S_RTAB_F (prod), S_RTAB_I (iprod) };
-static const s_tab_t s_tab_rmax = { S_RTAB_F (max), S_RTAB_I (imax) };
-static const s_tab_t s_tab_rmin = { S_RTAB_F (min), S_RTAB_I (imin) };
-static const s_tab_t s_tab_rl1 = { S_RTAB_F (l1) };
-static const s_tab_t s_tab_rl2 = { S_RTAB_F (l2) };
-static const s_tab_t s_tab_rsumsq = { S_RTAB_F (sumsq) };
-static const s_tab_t s_tab_rlogsum = { S_RTAB_F (logsum) };
+/* The rows of KILN_REDUCE_OPS (common/kiln_ops_reduce.h): float32 and
+ * float64 loops (double accumulator), int32 and int64 ones (int64) when
+ * the row has them, and their table. */
+#define S_RROW(X_, id, name, onnx, ex, i0, s0, f0, ints, i1, s1, f1)           \
+    S_RFNS (id, f32, float, double, i0, s0, f0)                               \
+    S_RFNS (id, f64, double, double, i0, s0, f0)                              \
+    S_REDUCE (id, f32, float, double)                                         \
+    S_REDUCE (id, f64, double, double)                                        \
+    S_RROW_INTS_##ints (id, i1, s1, f1)                                       \
+    static const s_tab_t s_tab_r_##id = {                                     \
+        [S_F32] = (s_fn_t) s_red_##id##_f32, [S_F64] = (s_fn_t) s_red_##id##_f64, \
+        S_RTAB_INTS_##ints (id) };
+#define S_RROW_INTS_0(id, i1, s1, f1)
+#define S_RROW_INTS_1(id, i1, s1, f1)                                         \
+    S_RFNS (id, i32, int32_t, int64_t, i1, s1, f1)                            \
+    S_RFNS (id, i64, int64_t, int64_t, i1, s1, f1)                            \
+    S_REDUCE (id, i32, int32_t, int64_t)                                      \
+    S_REDUCE (id, i64, int64_t, int64_t)
+#define S_RTAB_INTS_0(id)
+#define S_RTAB_INTS_1(id)                                                     \
+    [S_I32] = (s_fn_t) s_red_##id##_i32, [S_I64] = (s_fn_t) s_red_##id##_i64
+KILN_REDUCE_OPS (S_RROW, _)
+#undef S_RROW
 
 /* log(sum(exp(x))) = m + log(sum(exp(x - m))) with m the maximum, so
  * that large values do not overflow; infinities and NaN give m itself. */
@@ -2185,24 +2154,15 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                                s_dtn (s_t (p, plan->in[0])->dtype));
         return s_prep_binary (p, plan, plan->n_in == 1 ? s_tab_max : s_tab_add,
                               false, err);
-    case KILN_K_EQUAL: return s_prep_binary (p, plan, s_tab_equal, true, err);
-    case KILN_K_LESS: return s_prep_binary (p, plan, s_tab_less, true, err);
-    case KILN_K_GREATER: return s_prep_binary (p, plan, s_tab_greater, true, err);
-    case KILN_K_LESS_EQUAL: return s_prep_binary (p, plan, s_tab_less_equal, true, err);
-    case KILN_K_GREATER_EQUAL: return s_prep_binary (p, plan, s_tab_greater_equal, true, err);
-    case KILN_K_AND: return s_prep_binary (p, plan, s_tab_and, true, err);
-    case KILN_K_OR: return s_prep_binary (p, plan, s_tab_or, true, err);
-    case KILN_K_XOR: return s_prep_binary (p, plan, s_tab_xor, true, err);
     case KILN_K_WHERE: return s_prep_where (p, plan, err);
-    case KILN_K_REDUCE_SUM: return s_prep_reduce (p, op, plan, s_tab_rsum, err);
-    case KILN_K_REDUCE_MEAN: return s_prep_reduce (p, op, plan, s_tab_rmean, err);
-    case KILN_K_REDUCE_MAX: return s_prep_reduce (p, op, plan, s_tab_rmax, err);
-    case KILN_K_REDUCE_MIN: return s_prep_reduce (p, op, plan, s_tab_rmin, err);
-    case KILN_K_REDUCE_PROD: return s_prep_reduce (p, op, plan, s_tab_rprod, err);
-    case KILN_K_REDUCE_L1: return s_prep_reduce (p, op, plan, s_tab_rl1, err);
-    case KILN_K_REDUCE_L2: return s_prep_reduce (p, op, plan, s_tab_rl2, err);
-    case KILN_K_REDUCE_SUM_SQUARE: return s_prep_reduce (p, op, plan, s_tab_rsumsq, err);
-    case KILN_K_REDUCE_LOG_SUM: return s_prep_reduce (p, op, plan, s_tab_rlogsum, err);
+#define S_ROW_CASE(X_, id, name, onnx, kind, expr) \
+    case KILN_K_##id: return s_prep_binary (p, plan, s_tab_b_##id, true, err);
+    KILN_BINARY_OPS (S_ROW_CASE, _)
+#undef S_ROW_CASE
+#define S_ROW_CASE(X_, id, name, onnx, ex, i0, s0, f0, ints, i1, s1, f1) \
+    case KILN_K_##id: return s_prep_reduce (p, op, plan, s_tab_r_##id, err);
+    KILN_REDUCE_OPS (S_ROW_CASE, _)
+#undef S_ROW_CASE
     case KILN_K_REDUCE_LOG_SUM_EXP: return s_prep_reduce (p, op, plan, s_tab_rlse, err);
     case KILN_K_ARGMAX:
     case KILN_K_ARGMIN: return s_prep_arg (p, op, plan, err);

@@ -45,14 +45,13 @@ struct kiln_kplan;
     X (HARD_SIGMOID) X (CLIP) X (NOT) X (CAST) X (ROUND_HALF) X (POW)     \
     X (PRELU) X (MOD) X (FMOD)                                             \
     X (MAX) X (MIN)                                                        \
-    X (SUM) X (MEAN) X (EQUAL) X (LESS) X (GREATER) X (LESS_EQUAL)         \
-    X (GREATER_EQUAL) X (AND) X (OR) X (XOR) X (WHERE)                     \
-    X (REDUCE_SUM) X (REDUCE_MEAN) X (REDUCE_MAX) X (REDUCE_MIN)           \
-    X (REDUCE_PROD) X (REDUCE_L1) X (REDUCE_L2) X (REDUCE_SUM_SQUARE)      \
-    X (REDUCE_LOG_SUM) X (REDUCE_LOG_SUM_EXP) X (ARGMAX) X (ARGMIN)        \
+    X (SUM) X (MEAN) X (WHERE)                                             \
+    X (REDUCE_LOG_SUM_EXP) X (ARGMAX) X (ARGMIN)                           \
     X (SOFTMAX) X (LOG_SOFTMAX) X (BATCH_NORM) X (INSTANCE_NORM)           \
     X (LAYER_NORM) X (LAYER_NORM_STATS) X (LRN) X (NLL_LOSS) X (HARDMAX) X (IS_INF) \
-    KILN_UNARY_OPS (KILN_UNARY_ID_ROW, X)
+    KILN_UNARY_OPS (KILN_UNARY_ID_ROW, X)                                  \
+    KILN_BINARY_OPS (KILN_BINARY_ID_ROW, X)                                \
+    KILN_REDUCE_OPS (KILN_REDUCE_ID_ROW, X)
 
 /* What a math kernel's prepare step works out; lives in kiln_kplan_t. */
 typedef struct kiln_kmath_plan {
