@@ -105,7 +105,7 @@ SO_TORCH := $(LIB)/libkiln_torch.so
 
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
-.PHONY: bench-farm bench-serve bench-large bench-pipeline
+.PHONY: bench-farm bench-serve bench-large bench-pipeline bench-upload
 .PHONY: dist ansible-test
 .PHONY: all deps test unit-test integration-test demo clean install memcheck \
 	python-test conformance bench-runtime bench-deps
@@ -328,6 +328,11 @@ BENCH_LARGE_GIB ?= 6
 bench-large: all $(BUILD)/bench/bench_farm $(BUILD)/bench/bench_large
 	$(PYTHON) bench/bench_large.py --bin $(abspath $(BIN)) --bench-farm $(abspath $(BUILD)/bench/bench_farm) \
 	  --gib $(BENCH_LARGE_GIB)
+
+# The upload alone (bench/bench_upload.py): MiB/s to a fresh broker beside
+# SHA-256 on one core and raw ZeroMQ, and CPU per GiB of broker and client.
+bench-upload: $(BIN)/kiln $(BIN)/kiln-broker $(BUILD)/bench/bench_farm
+	$(PYTHON) bench/bench_upload.py --bin $(abspath $(BIN)) --bench-farm $(abspath $(BUILD)/bench/bench_farm)
 
 # kiln against PyTorch on the CPU, side by side (bench/bench_runtime.py):
 # prints the README's table; asserts nothing about time.

@@ -27,6 +27,8 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -143,13 +145,22 @@ s_raw (int mib)
     zstr_send (d, "hello");
     zclock_sleep (300);
     size_t size = 1u << 20;
-    char *buf = malloc (size);
-    memset (buf, 7, size);
+    /* KILN_BENCH_RAW_SPREAD=1: each message from its own MiB of a buffer
+     * as large as the whole transfer (as an upload sends), not one MiB
+     * sent again and again from the cache */
+    const char *spread_env = getenv ("KILN_BENCH_RAW_SPREAD");
+    size_t span = spread_env && *spread_env == '1' ? size * (size_t) mib : size;
+    char *buf = malloc (span);
+    if (getenv ("KILN_BENCH_RAW_HUGE"))
+        madvise ((void *) (((uintptr_t) buf + 4095) & ~(uintptr_t) 4095), span - 4096,
+                 MADV_HUGEPAGE);
+    memset (buf, 7, span);
     void *h = zsock_resolve (d);
     int64_t t0 = zclock_usecs ();
     for (int i = 0; i < mib; i++) {
         zmq_msg_t m;
-        zmq_msg_init_data (&m, buf, size, s_nofree, NULL);
+        zmq_msg_init_data (&m, buf + (span > size ? (size_t) i * size : 0), size, s_nofree,
+                           NULL);
         zmq_msg_send (&m, h, 0);
     }
     char ok[8];
@@ -167,6 +178,12 @@ s_raw (int mib)
     return 0;
 }
 
+static double
+s_tv (const struct timeval *tv)
+{
+    return (double) tv->tv_sec + (double) tv->tv_usec / 1e6;
+}
+
 static int
 s_upload (const char *ep, int mib, int blobs)
 {
@@ -178,18 +195,25 @@ s_upload (const char *ep, int mib, int blobs)
     kiln_client_t *c = kiln_client_new (ep, &err);
     if (!c)
         return s_die ("client", &err);
-    double seconds[2];
+    double seconds[2], user = 0, sys = 0;
     uint64_t sent[2];
     for (int i = 0; i < 2; i++) {
+        struct rusage r0, r1;
+        getrusage (RUSAGE_SELF, &r0);
         int64_t t0 = zclock_usecs ();
         if (kiln_client_upload (c, g, 600000, &sent[i], &err) != 0)
             return s_die ("upload", &err);
         seconds[i] = (double) (zclock_usecs () - t0) / 1e6;
+        getrusage (RUSAGE_SELF, &r1);
+        if (i == 0) {                /* the first upload's CPU, all threads */
+            user = s_tv (&r1.ru_utime) - s_tv (&r0.ru_utime);
+            sys = s_tv (&r1.ru_stime) - s_tv (&r0.ru_stime);
+        }
     }
     printf ("{\"bench\":\"upload\",\"mib\":%d,\"blobs\":%d,\"seconds\":%.4f,\"mib_per_s\":%.1f,"
-            "\"sent_bytes\":%llu,\"second_seconds\":%.4f,\"second_sent_bytes\":%llu}\n", mib,
-            blobs, seconds[0], mib / seconds[0], (unsigned long long) sent[0], seconds[1],
-            (unsigned long long) sent[1]);
+            "\"sent_bytes\":%llu,\"second_seconds\":%.4f,\"second_sent_bytes\":%llu,"
+            "\"user_s\":%.3f,\"sys_s\":%.3f}\n", mib, blobs, seconds[0], mib / seconds[0],
+            (unsigned long long) sent[0], seconds[1], (unsigned long long) sent[1], user, sys);
     kiln_client_destroy (&c);
     kiln_graph_destroy (&g);
     return 0;

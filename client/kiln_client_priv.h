@@ -12,6 +12,7 @@
 #ifndef KILN_CLIENT_PRIV_H
 #define KILN_CLIENT_PRIV_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -34,6 +35,12 @@ struct kiln_client {
     uint32_t credit;                 /* chunks the broker lets us send */
     uint64_t epoch;                  /* the broker instance we talk to, 0 = not known */
     atomic_int in_zmq;               /* chunk frames ZeroMQ still holds */
+    /* Upload chunks are copied into these 1 MiB buffers, used again and
+     * again, and sent from them (kiln_client.c, s_send_chunk): under
+     * stage_mu, since ZeroMQ's I/O thread gives them back. */
+    pthread_mutex_t stage_mu;
+    void **stage_free;               /* buffers not in use */
+    int n_stage_free, stage_cap;
     kiln_progress_fn *progress;      /* or NULL */
     void *progress_arg;
     int progress_ms;                 /* WHERE interval */
