@@ -278,6 +278,17 @@ s_stage_put (kiln_client_t *self, void *buf)
     free (buf);
 }
 
+/* Free the stage buffers not in use: an upload's, once it is over. */
+static void
+s_stage_trim (kiln_client_t *self)
+{
+    pthread_mutex_lock (&self->stage_mu);
+    for (int i = 0; i < self->n_stage_free; i++)
+        free (self->stage_free[i]);
+    self->n_stage_free = 0;
+    pthread_mutex_unlock (&self->stage_mu);
+}
+
 /* ZeroMQ let go of a chunk (on its I/O thread): its stage buffer serves
  * the next one. */
 static void
@@ -387,8 +398,7 @@ kiln_client_destroy (kiln_client_t **self_p)
         zsock_set_linger (self->dealer, 100);     /* let DISCONNECT leave */
         kiln_client_disconnect (self);
     }
-    for (int i = 0; i < self->n_stage_free; i++)     /* ZeroMQ holds none now */
-        free (self->stage_free[i]);
+    s_stage_trim (self);             /* ZeroMQ holds none now */
     free (self->stage_free);
     pthread_mutex_destroy (&self->stage_mu);
     free (self->endpoint);
@@ -1323,6 +1333,7 @@ done:
         kiln_client_disconnect (self);
         self->stats.reconnects++;
     }
+    s_stage_trim (self);
     for (size_t i = 0; e.reqs && i < n; i++)
         s_req_destroy (&e.reqs[i]);
     free (e.reqs);
