@@ -80,7 +80,7 @@ def upload_round(a, work):
         raise SystemExit(f"bench_upload: sent {up['sent_bytes']} bytes, not {a.mib} MiB")
     return {"mib_per_s": up["mib_per_s"], "seconds": up["seconds"],
             "broker_user": b1[0] - b0[0], "broker_sys": b1[1] - b0[1],
-            "client_user": up["user_s"], "client_sys": up["sys_s"], "broker_hwm_kib": hwm}
+            "client_user": up.get("user_s", 0.0), "client_sys": up.get("sys_s", 0.0), "broker_hwm_kib": hwm}
 
 
 def main():
