@@ -36,12 +36,11 @@ typedef struct {
     uint64_t credit;                 /* chunks it may send now, at most the window */
     kiln_sha256_t *sha;              /* of the bytes sent */
     int64_t last_credit;             /* zclock_mono of the GET or the last CREDIT */
-    /* Members the client holds (kiln_downloads_hold): sent as a PART
-     * that names the member, then read and hashed here without sending,
-     * so that the last PART's digest is still that of the whole file. */
+    /* Members the client holds (kiln_downloads_hold): each sent as one
+     * PART that names the member, its bytes neither read nor hashed; such
+     * a GET's last PART carries no file digest. */
     s_held_t *held;                  /* owned, n_held, by offset */
     size_t n_held, next_held;        /* the next held range at or after `sent` */
-    uint64_t hash_end;               /* > sent: hashing a held range up to here */
 } s_download_t;
 
 struct kiln_downloads {
@@ -318,8 +317,7 @@ kiln_downloads_expire (kiln_downloads_t *self, int64_t now)
 {
     for (size_t i = 0; i < self->n;) {
         s_download_t *d = self->all[i];
-        if (d->credit == 0 && d->hash_end <= d->sent
-            && now - d->last_credit > KILN_DOWNLOADS_IDLE_MS) {
+        if (d->credit == 0 && now - d->last_credit > KILN_DOWNLOADS_IDLE_MS) {
             kiln_log_warn ("GET %llu of artifact %.12s: no credit from its client for %d s; "
                            "dropped", (unsigned long long) d->req_id, d->hex,
                            KILN_DOWNLOADS_IDLE_MS / 1000);
@@ -378,30 +376,13 @@ s_read_at (kiln_downloads_t *self, s_download_t *d, uint8_t *buf, uint64_t n)
     return true;
 }
 
-/* A held member: the PART that names it (one credit), then its bytes
- * hashed, a chunk a turn, without sending them.  True while the
- * download goes on. */
+/* A held member: one PART that names it (one credit), and nothing of
+ * its bytes: they are neither read nor sent.  True while the download
+ * goes on. */
 static bool
 s_send_held (kiln_downloads_t *self, s_download_t *d)
 {
     kiln_err_t err = { 0 };
-    if (d->hash_end > d->sent) {
-        uint64_t n = d->hash_end - d->sent < KILN_CHUNK_BYTES ? d->hash_end - d->sent
-                                                              : KILN_CHUNK_BYTES;
-        uint8_t *buf = malloc (KILN_CHUNK_BYTES);
-        if (!buf) {
-            s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
-            return false;
-        }
-        bool ok = s_read_at (self, d, buf, n);
-        if (ok)
-            kiln_sha256_update (d->sha, buf, (size_t) n);
-        free (buf);
-        d->sent += n;
-        if (d->sent == d->hash_end)
-            d->next_held++;
-        return ok;
-    }
     const s_held_t *h = &d->held[d->next_held];
     kiln_msg_t *part = kiln_msg_new (KILN_CMD_PART);
     if (!part) {
@@ -420,7 +401,8 @@ s_send_held (kiln_downloads_t *self, s_download_t *d)
         return false;
     }
     d->credit--;
-    d->hash_end = h->offset + h->len;
+    d->sent += h->len;
+    d->next_held++;
     self->held_bytes += h->len;
     return true;
 }
@@ -429,8 +411,7 @@ static bool
 s_send_next (kiln_downloads_t *self, s_download_t *d)
 {
     kiln_err_t err = { 0 };
-    if (d->next_held < d->n_held
-        && (d->hash_end > d->sent || d->held[d->next_held].offset == d->sent))
+    if (d->next_held < d->n_held && d->held[d->next_held].offset == d->sent)
         return s_send_held (self, d);
     uint64_t n = d->size - d->sent < KILN_CHUNK_BYTES ? d->size - d->sent : KILN_CHUNK_BYTES;
     if (d->next_held < d->n_held && d->held[d->next_held].offset - d->sent < n)
@@ -456,10 +437,13 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
     part->offset = d->sent;
     if (d->n_held)
         part->length = n;                  /* offsets leave the 1 MiB grid */
-    /* Hashed before it is sent: once sent, the buffer is ZeroMQ's. */
-    kiln_sha256_update (d->sha, buf, (size_t) n);
+    /* Hashed before it is sent: once sent, the buffer is ZeroMQ's.  A
+     * GET that holds members gets no file digest (the held bytes are not
+     * read): its client checks every member against the manifest. */
+    if (!d->n_held)
+        kiln_sha256_update (d->sha, buf, (size_t) n);
     bool last = d->sent + n == d->size;
-    if (last) {
+    if (last && !d->n_held) {
         uint8_t digest[KILN_DIGEST_LEN];
         kiln_sha256_final (&d->sha, digest);
         kiln_hex (digest, KILN_DIGEST_LEN, part->digest);
@@ -495,11 +479,10 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
     return true;
 }
 
-/* It has credit, or a held range to hash (which sends nothing). */
 static bool
 s_may_send (const s_download_t *d)
 {
-    return d->credit > 0 || d->hash_end > d->sent;
+    return d->credit > 0;
 }
 
 void

@@ -24,7 +24,8 @@ static const char *s_usage =
     "  --json                    print one JSON object: artifact, output, bytes,\n"
     "                            received_bytes (over the wire), reused_bytes (from\n"
     "                            the member cache), refetched, sha256 (of the\n"
-    "                            file), broker\n";
+    "                            file; null when members came from the cache:\n"
+    "                            not taken, every member was checked), broker\n";
 
 /* What `kiln get` takes beside the farm options. */
 typedef struct {
@@ -93,7 +94,10 @@ cmd_get (int argc, char **argv)
                 "\"refetched\":%s,\"sha256\":", (unsigned long long) res.bytes,
                 (unsigned long long) res.received_bytes, (unsigned long long) res.reused_bytes,
                 res.refetched ? "true" : "false");
-        kiln_cmd_json_str (res.sha256);
+        if (res.sha256[0])
+            kiln_cmd_json_str (res.sha256);
+        else
+            printf ("null");
         printf (",\"broker\":");
         kiln_cmd_json_str (broker);
         printf ("}\n");

@@ -139,7 +139,9 @@ int kiln_client_status (kiln_client_t *self, int wait_ms, char **json, kiln_err_
 typedef struct kiln_get_result {
     uint64_t bytes;                  /* the archive's size */
     char sha256[KILN_HEX_LEN];       /* SHA-256 of the archive file (not its content
-                                        hash, which is the manifest's) */
+                                        hash, which is the manifest's); "" when
+                                        members came from the member cache (not
+                                        taken: every member was checked instead) */
     uint64_t received_bytes;         /* artifact bytes that came over the wire (all
                                         attempts) */
     uint64_t reused_bytes;           /* bytes taken from the member cache instead */

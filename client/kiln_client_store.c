@@ -287,7 +287,9 @@ typedef struct {
     uint64_t received;               /* bytes written, all in order */
     uint32_t owed;                   /* chunks taken, credit not given back yet */
     s_hasher_t hash;                 /* of the bytes written */
-    char file_sha[KILN_HEX_LEN];     /* its digest, once complete */
+    char file_sha[KILN_HEX_LEN];     /* its digest, once complete ("" when members
+                                        came from the cache: not taken) */
+    bool no_digest;                  /* a cached member is in: no file digest */
     bool complete;
     int64_t progress;                /* zclock_mono of the GET or the last PART */
     /* the member cache (NULL: off), what this call says it holds */
@@ -324,6 +326,8 @@ s_get_send (s_get_t *g, const char *why, kiln_err_t *err)
     g->owed = 0;
     g->n_used = 0;
     g->reused = 0;
+    g->no_digest = false;
+    g->file_sha[0] = '\0';
     if (g->fill_fd >= 0)
         close (g->fill_fd);
     g->fill_fd = -1;
@@ -406,8 +410,9 @@ s_get_write (s_get_t *g, zframe_t **frame_p, kiln_err_t *err)
         }
         done += (size_t) n;
     }
-    if (frame)
+    if (frame && !g->no_digest)
         s_hasher_push (&g->hash, frame_p);
+    zframe_destroy (frame_p);
     g->received += len;
     return 0;
 }
@@ -439,14 +444,18 @@ s_get_member (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
         return S_CACHE_FAULT;
     }
     memcpy (g->used[g->n_used++], msg->member, KILN_HEX_LEN);
+    /* No file digest for this attempt (the broker sends none when members
+     * are held): the artifact check after the transfer hashes every
+     * member, the cached ones included, against the manifest. */
+    g->no_digest = true;
+    s_hasher_stop (&g->hash, true);
     g->fill_fd = fd;
     g->fill_start = g->received;
     g->fill_end = g->received + msg->length;
     return 0;
 }
 
-/* Copy the next chunks of the cached member into place, hashed in order
- * like bytes from the wire. */
+/* Copy the next chunks of the cached member into place. */
 static int
 s_get_fill (s_get_t *g, kiln_err_t *err)
 {
@@ -512,7 +521,11 @@ s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
         return 0;
     }
     /* The last part: the broker's digest of what it read is ours of
-     * what we wrote. */
+     * what we wrote (with cached members in, the artifact check does it). */
+    if (g->no_digest) {
+        g->complete = true;
+        return 0;
+    }
     uint8_t digest[KILN_DIGEST_LEN];
     s_hasher_stop (&g->hash, false);
     kiln_sha256_final (&g->hash.sha, digest);
@@ -531,8 +544,8 @@ s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
 /* A cached member failed (it did not hash to what the broker sent, or
  * left the cache): drop the entries this attempt took and ask again
  * without the cache.  `err` says what failed. */
-static int
-s_get_refetch (s_get_t *g, kiln_err_t *err)
+static void
+s_get_forget (s_get_t *g, kiln_err_t *err)
 {
     kiln_log_warn ("GET of artifact %.12s: %s; a cached member was at fault: fetching it "
                    "again without the member cache", g->digest, err->msg);
@@ -541,6 +554,12 @@ s_get_refetch (s_get_t *g, kiln_err_t *err)
     g->use_cache = false;
     g->refetched = true;
     memset (err, 0, sizeof *err);
+}
+
+static int
+s_get_refetch (s_get_t *g, kiln_err_t *err)
+{
+    s_get_forget (g, err);
     return s_get_send (g, "a cached member did not check", err);
 }
 
@@ -690,38 +709,42 @@ kiln_client_get (kiln_client_t *self, const char *digest_hex, const char *out_pa
     }
     if (!self->dealer && (rc = kiln_client_connect (self, err)) != 0)
         goto done;
-    if ((rc = s_get_receive (&g, wait_ms, err)) != 0)
-        goto done;
-    if (fsync (g.fd) != 0) {
-        rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", g.tmp, strerror (errno));
-        goto done;
+    while (true) {
+        if ((rc = s_get_receive (&g, wait_ms, err)) != 0)
+            goto done;
+        if (fsync (g.fd) != 0) {
+            rc = kiln_error (err, KILN_EIO, "could not write '%s': %s", g.tmp,
+                             strerror (errno));
+            goto done;
+        }
+        /* What arrived must be the artifact asked for: every member as its
+         * manifest says, the manifest with that content hash, and (when a
+         * keyring is given) signed by a key in it.  Mapped, not read: every
+         * member is hashed with its pages given back, so that checking a
+         * 10 GB artifact costs no more memory than a small one.  With
+         * members from the cache (no file digest was taken), this is the
+         * check of their bytes: a failure asks again without the cache. */
+        char got[KILN_HEX_LEN];
+        int vfd = open (g.tmp, O_RDONLY | O_CLOEXEC);
+        art = vfd >= 0 ? kiln_artifact_read_fd (vfd, g.tmp, KILN_ARTIFACT_MAP, err) : NULL;
+        if (vfd < 0)
+            kiln_error (err, KILN_EIO, "could not open '%s': %s", g.tmp, strerror (errno));
+        else
+            close (vfd);
+        if (!art)
+            rc = kiln_error_prefix (err, "artifact %.12s from the farm", g.digest);
+        else if ((rc = kiln_artifact_digest (art, got, err)) == 0 && strcmp (got, g.digest) != 0)
+            rc = kiln_error (err, KILN_EVERIFY, "the farm at %s sent an artifact with content "
+                             "hash %s for %s", self->endpoint, got, g.digest);
+        if (rc == 0)
+            break;
+        if (!g.no_digest || rc == -KILN_ENOMEM)
+            goto done;
+        kiln_artifact_destroy (&art);
+        s_get_forget (&g, err);
     }
     close (g.fd);
     g.fd = -1;
-    /* What arrived must be the artifact asked for: every member as its
-     * manifest says, the manifest with that content hash, and (when a
-     * keyring is given) signed by a key in it. */
-    char got[KILN_HEX_LEN];
-    /* Mapped, not read: every member is hashed with its pages given back,
-     * so that checking a 10 GB artifact costs no more memory than a small
-     * one. */
-    int vfd = open (g.tmp, O_RDONLY | O_CLOEXEC);
-    art = vfd >= 0 ? kiln_artifact_read_fd (vfd, g.tmp, KILN_ARTIFACT_MAP, err) : NULL;
-    if (vfd < 0)
-        kiln_error (err, KILN_EIO, "could not open '%s': %s", g.tmp, strerror (errno));
-    else
-        close (vfd);
-    if (!art) {
-        rc = kiln_error_prefix (err, "artifact %.12s from the farm", g.digest);
-        goto done;
-    }
-    if ((rc = kiln_artifact_digest (art, got, err)) != 0)
-        goto done;
-    if (strcmp (got, g.digest) != 0) {
-        rc = kiln_error (err, KILN_EVERIFY, "the farm at %s sent an artifact with content "
-                         "hash %s for %s", self->endpoint, got, g.digest);
-        goto done;
-    }
     if (keyring_dir && (rc = kiln_artifact_verify (art, keyring_dir, err)) != 0) {
         kiln_error_prefix (err, "artifact %.12s from the farm", g.digest);
         goto done;
