@@ -229,7 +229,8 @@ typedef enum {
        "fetch a stored artifact by its content hash; answered by PARTs, `credit` at a time, or ERROR ENOTFOUND", \
        REQ (req_id) REQ (artifact) REQ (credit) OPT (have))                           \
     C (PART,    KILN_PEER_BROKER, KILN_PEER_CLIENT, PART,                             \
-       "one chunk of the artifact a GET asked for, in order; the last carries `digest`", \
+       "one chunk of the artifact a GET asked for, in order; the last carries `digest` "  \
+       "(not when the GET held members)",                                               \
        REQ (req_id) REQ (artifact) REQ (artifact_size) REQ (offset) OPT (digest)      \
        OPT (length) OPT (member))                                                     \
     C (PIN,     KILN_PEER_CLIENT, KILN_PEER_BROKER, NONE,                             \
