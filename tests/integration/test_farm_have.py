@@ -190,3 +190,19 @@ def test_get_by_hand_with_and_without_have(farm, tmp_path, cache):
         h, _ = d.recv()
     assert h["cmd"] == "ERROR" and h["req_id"] == 3 and "64" in h["message"], h
     assert any("member" in h for h, _ in fetch(4, [{"digest": digest, "size": size}]))
+
+    # the broker does not read the held bytes: with its stored copy of
+    # them damaged, a GET naming them still gives the artifact
+    stored = [os.path.join(r, f) for r, _, fs in os.walk(farm.state) for f in fs
+              if f == built["artifact"]]
+    assert len(stored) == 1, stored
+    with open(stored[0], "r+b") as f:
+        f.seek(off + size // 2)
+        b = f.read(1)
+        f.seek(off + size // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    # (before, the broker hashed them: the file digest did not match, and
+    # the refetch without the cache got the damaged bytes)
+    out, _ = get_json(farm, built["artifact"], tmp_path / "d.kar")
+    assert out["reused_bytes"] == size and not out["refetched"]
+    assert (tmp_path / "d.kar").read_bytes() == data
