@@ -144,14 +144,15 @@ class Farm:
              "w1", "--cache", os.path.join(self.workdir, "cache")] + self.worker_args,
             stdout=self.wlog, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TMPDIR=self.workdir))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             st = subprocess.run([os.path.join(self.bindir, "kiln"), "status", "--broker",
                                  self.endpoint, "--json"], capture_output=True, text=True)
             if st.returncode == 0 and json.loads(st.stdout)["workers"]:
                 return
             time.sleep(0.2)
-        raise TimeoutError("the worker did not register")
+        raise TimeoutError("the worker did not register within 120 s (see worker.log; "
+                           "--workdir DIR --keep keeps it)")
 
     def peaks(self):
         out = {"broker": vmhwm_kib(self.broker.pid)}
