@@ -351,9 +351,6 @@ s_fail (kiln_downloads_t *self, s_download_t *d, int code, const char *message)
     }
 }
 
-/* Send the next chunk of `d`.  True while the download goes on; false
- * when it is over (finished, or failed: the client was told when it
- * could be), and the caller removes it. */
 /* Read n bytes at d->sent into buf; false (the client told) on failure. */
 static bool
 s_read_at (kiln_downloads_t *self, s_download_t *d, uint8_t *buf, uint64_t n)
@@ -376,30 +373,51 @@ s_read_at (kiln_downloads_t *self, s_download_t *d, uint8_t *buf, uint64_t n)
     return true;
 }
 
+/* The PART of `d` at d->sent, or NULL (the client told). */
+static kiln_msg_t *
+s_part_new (kiln_downloads_t *self, s_download_t *d)
+{
+    kiln_msg_t *part = kiln_msg_new (KILN_CMD_PART);
+    if (!part) {
+        s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
+        return NULL;
+    }
+    part->req_id = d->req_id;
+    memcpy (part->artifact, d->hex, KILN_HEX_LEN);
+    part->artifact_size = d->size;
+    part->offset = d->sent;
+    return part;
+}
+
+/* Send `part` to d's client.  A send fails only when the client is gone
+ * or its queue holds 100000 messages: either way this download is over
+ * (a client that is still there and hears nothing more asks again). */
+static bool
+s_part_send (kiln_downloads_t *self, s_download_t *d, kiln_msg_t **part)
+{
+    kiln_err_t err = { 0 };
+    if (kiln_msg_send (part, self->router, d->rid, &err) != 0) {
+        kiln_log_warn ("GET %llu of artifact %.12s: %s; dropped",
+                       (unsigned long long) d->req_id, d->hex, err.msg);
+        return false;
+    }
+    return true;
+}
+
 /* A held member: one PART that names it (one credit), and nothing of
  * its bytes: they are neither read nor sent.  True while the download
  * goes on. */
 static bool
 s_send_held (kiln_downloads_t *self, s_download_t *d)
 {
-    kiln_err_t err = { 0 };
     const s_held_t *h = &d->held[d->next_held];
-    kiln_msg_t *part = kiln_msg_new (KILN_CMD_PART);
-    if (!part) {
-        s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
+    kiln_msg_t *part = s_part_new (self, d);
+    if (!part)
         return false;
-    }
-    part->req_id = d->req_id;
-    memcpy (part->artifact, d->hex, KILN_HEX_LEN);
-    part->artifact_size = d->size;
-    part->offset = d->sent;
     part->length = h->len;
     memcpy (part->member, h->hex, KILN_HEX_LEN);
-    if (kiln_msg_send (&part, self->router, d->rid, &err) != 0) {
-        kiln_log_warn ("GET %llu of artifact %.12s: %s; dropped",
-                       (unsigned long long) d->req_id, d->hex, err.msg);
+    if (!s_part_send (self, d, &part))
         return false;
-    }
     d->credit--;
     d->sent += h->len;
     d->next_held++;
@@ -407,6 +425,9 @@ s_send_held (kiln_downloads_t *self, s_download_t *d)
     return true;
 }
 
+/* Send the next chunk of `d`.  True while the download goes on; false
+ * when it is over (finished, or failed: the client was told when it
+ * could be), and the caller removes it. */
 static bool
 s_send_next (kiln_downloads_t *self, s_download_t *d)
 {
@@ -425,16 +446,11 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
         free (buf);
         return false;
     }
-    kiln_msg_t *part = kiln_msg_new (KILN_CMD_PART);
+    kiln_msg_t *part = s_part_new (self, d);
     if (!part) {
         free (buf);
-        s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
         return false;
     }
-    part->req_id = d->req_id;
-    memcpy (part->artifact, d->hex, KILN_HEX_LEN);
-    part->artifact_size = d->size;
-    part->offset = d->sent;
     if (d->n_held)
         part->length = n;                  /* offsets leave the 1 MiB grid */
     /* Hashed before it is sent: once sent, the buffer is ZeroMQ's.  A
@@ -458,15 +474,9 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
             return false;
         }
     }
-    /* The message (then ZeroMQ) owns buf now; s_chunk_free releases it.
-     * A send fails only when the client is gone or its queue holds
-     * 100000 messages: either way this download is over (a client that
-     * is still there and hears nothing more asks again). */
-    if (kiln_msg_send (&part, self->router, d->rid, &err) != 0) {
-        kiln_log_warn ("GET %llu of artifact %.12s: %s; dropped",
-                       (unsigned long long) d->req_id, d->hex, err.msg);
+    /* The message (then ZeroMQ) owns buf now; s_chunk_free releases it. */
+    if (!s_part_send (self, d, &part))
         return false;
-    }
     d->sent += n;
     d->credit--;
     self->bytes += n;
@@ -477,12 +487,6 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
         return false;
     }
     return true;
-}
-
-static bool
-s_may_send (const s_download_t *d)
-{
-    return d->credit > 0;
 }
 
 void
@@ -496,7 +500,7 @@ kiln_downloads_pump (kiln_downloads_t *self, int max_chunks)
             return;                        /* s_chunk_free wakes us */
         /* the next download, from `turn` on, that has credit */
         size_t k = 0;
-        while (k < self->n && !s_may_send (self->all[(self->turn + k) % self->n]))
+        while (k < self->n && self->all[(self->turn + k) % self->n]->credit == 0)
             k++;
         if (k == self->n)
             return;                        /* nothing may go: a CREDIT wakes us */
@@ -508,7 +512,7 @@ kiln_downloads_pump (kiln_downloads_t *self, int max_chunks)
     }
     /* stopped by `max_chunks`: come back after the loop's other work */
     for (size_t i = 0; i < self->n; i++)
-        if (s_may_send (self->all[i])) {
+        if (self->all[i]->credit > 0) {
             s_kick (self);
             break;
         }

@@ -535,7 +535,7 @@ s_get_part (s_get_t *g, kiln_msg_t *msg, kiln_err_t *err)
                     "hash to %s, the broker sent bytes hashing to %s", g->digest,
                     (unsigned long long) g->size, g->file_sha,
                     msg->digest[0] ? msg->digest : "(none given)");
-        return g->n_used ? S_CACHE_FAULT : -KILN_EVERIFY;
+        return -KILN_EVERIFY;           /* no cached member is in (no_digest) */
     }
     g->complete = true;
     return 0;
