@@ -228,9 +228,11 @@ kiln_client_send (kiln_client_t *self, kiln_msg_t **msg, int wait_ms, kiln_err_t
         else if (left <= 0)
             break;
     }
-    if (self->refusal.code)
+    if (self->refusal.code) {
         *err = self->refusal;
-    return -err->code;
+        return -err->code;
+    }
+    return kiln_error_prefix (err, "broker %s", self->endpoint);
 }
 
 /* A chunk ZeroMQ holds: which bytes, and whose. */
@@ -265,15 +267,7 @@ static void
 s_stage_put (kiln_client_t *self, void *buf)
 {
     pthread_mutex_lock (&self->stage_mu);
-    if (self->n_stage_free == self->stage_cap && self->stage_cap < KILN_PROTO_MAX_CREDIT) {
-        int cap = self->stage_cap ? self->stage_cap * 2 : 16;
-        void **grown = realloc (self->stage_free, (size_t) cap * sizeof *grown);
-        if (grown) {
-            self->stage_free = grown;
-            self->stage_cap = cap;
-        }
-    }
-    if (self->n_stage_free < self->stage_cap) {
+    if (self->n_stage_free < KILN_PROTO_MAX_CREDIT) {
         self->stage_free[self->n_stage_free++] = buf;
         buf = NULL;
     }
@@ -406,7 +400,6 @@ kiln_client_destroy (kiln_client_t **self_p)
         kiln_client_disconnect (self);
     }
     s_stage_trim (self);             /* ZeroMQ holds none now */
-    free (self->stage_free);
     pthread_mutex_destroy (&self->stage_mu);
     free (self->endpoint);
     free (self->cert);
@@ -680,7 +673,7 @@ s_send_find (s_engine_t *e, s_req_t *r, kiln_err_t *err)
         return rc;
     }
     if ((rc = kiln_client_send (self, &msg, (int) self->broker_timeout_ms, err)) != 0)
-        return self->refusal.code ? rc : kiln_error_prefix (err, "broker %s", self->endpoint);
+        return rc;
     r->state = R_SENT;
     return 0;
 }
@@ -731,7 +724,7 @@ s_send_compile (s_engine_t *e, s_req_t *r, kiln_err_t *err)
         return rc;
     }
     if ((rc = kiln_client_send (self, &msg, (int) self->broker_timeout_ms, err)) != 0)
-        return self->refusal.code ? rc : kiln_error_prefix (err, "broker %s", self->endpoint);
+        return rc;
     r->state = R_SENT;
     self->stats.requests++;
     return 0;

@@ -39,8 +39,8 @@ struct kiln_client {
      * again, and sent from them (kiln_client.c, s_send_chunk): under
      * stage_mu, since ZeroMQ's I/O thread gives them back. */
     pthread_mutex_t stage_mu;
-    void **stage_free;               /* buffers not in use */
-    int n_stage_free, stage_cap;
+    void *stage_free[KILN_PROTO_MAX_CREDIT];     /* buffers not in use */
+    int n_stage_free;
     kiln_progress_fn *progress;      /* or NULL */
     void *progress_arg;
     int progress_ms;                 /* WHERE interval */
@@ -66,8 +66,8 @@ int kiln_client_writable (kiln_client_t *self, int wait_ms, kiln_err_t *err);
  * all).  The dealer has a pipe from the moment it connects and loses it
  * only when the broker refuses the handshake, which can happen between
  * kiln_client_writable and this send: a send that cannot go out then
- * reports the monitor's refusal when there is one.  0, or -code with
- * `err`. */
+ * reports the monitor's refusal when there is one, and other failures
+ * as the broker's ("broker ENDPOINT: ...").  0, or -code with `err`. */
 int kiln_client_send (kiln_client_t *self, kiln_msg_t **msg, int wait_ms, kiln_err_t *err);
 /* The farm's ERROR as our error: its code, its message, and as much of
  * the end of a compile log as fits. */

@@ -64,8 +64,7 @@ s_request (kiln_client_t *self, kiln_msg_t **msg, kiln_cmd_t want, int wait_ms,
         return ready;
     }
     if (kiln_client_send (self, msg, wait, err) != 0)
-        return self->refusal.code ? -err->code
-                                  : kiln_error_prefix (err, "broker %s", self->endpoint);
+        return -err->code;
     int64_t deadline = zclock_mono () + wait;
     while (true) {
         int64_t left = deadline - zclock_mono ();
@@ -358,8 +357,7 @@ s_get_send (s_get_t *g, const char *why, kiln_err_t *err)
         return rc;
     }
     if (kiln_client_send (self, &msg, (int) self->broker_timeout_ms, err) != 0)
-        return self->refusal.code ? -err->code
-                                  : kiln_error_prefix (err, "broker %s", self->endpoint);
+        return -err->code;
     self->stats.requests++;
     return 0;
 }
