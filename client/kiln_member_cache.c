@@ -33,12 +33,6 @@ typedef struct {
 } s_entry_t;
 
 /* This user's alone: owned by the effective user, nobody else may write. */
-static bool
-s_private (const struct stat *st)
-{
-    return st->st_uid == geteuid () && !(st->st_mode & (S_IWGRP | S_IWOTH));
-}
-
 kiln_mcache_t *
 kiln_mcache_open (const char *dir, uint64_t max_bytes)
 {
@@ -46,7 +40,7 @@ kiln_mcache_open (const char *dir, uint64_t max_bytes)
     if (max_bytes == 0 || kiln_mkdir_p (dir, 0700, &err) != 0)
         return NULL;
     struct stat st;
-    if (lstat (dir, &st) != 0 || !S_ISDIR (st.st_mode) || !s_private (&st)) {
+    if (lstat (dir, &st) != 0 || !S_ISDIR (st.st_mode) || !kiln_stat_private (&st)) {
         kiln_log_warn ("ignoring the member cache '%s': not a directory of this user's "
                        "that only it may write", dir);
         return NULL;
@@ -135,7 +129,7 @@ s_scan (kiln_mcache_t *self, size_t *n)
         }
         if (!s_name_ok (de->d_name)
             || fstatat (dirfd (d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0
-            || !S_ISREG (st.st_mode) || !s_private (&st))
+            || !S_ISREG (st.st_mode) || !kiln_stat_private (&st))
             continue;
         s_entry_t *e = &all[(*n)++];
         memcpy (e->hex, de->d_name, KILN_HEX_LEN);
@@ -195,7 +189,7 @@ kiln_mcache_open_member (kiln_mcache_t *self, const char *hex, uint64_t size)
     struct stat st;
     if (fd < 0)
         return -1;
-    if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode) || !s_private (&st)
+    if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode) || !kiln_stat_private (&st)
         || (uint64_t) st.st_size != size) {
         close (fd);
         return -1;

@@ -310,6 +310,12 @@ kiln_file_exists (const char *path)
 }
 
 bool
+kiln_stat_private (const struct stat *st)
+{
+    return st->st_uid == geteuid () && !(st->st_mode & (S_IWGRP | S_IWOTH));
+}
+
+bool
 kiln_file_unchanged (const struct stat *a, const struct stat *b)
 {
     return a->st_dev == b->st_dev && a->st_ino == b->st_ino

@@ -85,6 +85,10 @@ bool kiln_file_exists (const char *path);
  * ctime all equal (any write or truncation moves ctime). */
 bool kiln_file_unchanged (const struct stat *a, const struct stat *b);
 
+/* True when `st` is this user's and no one else may write it: what a
+ * cache must be before kiln believes what it says. */
+bool kiln_stat_private (const struct stat *st);
+
 /* The user's kiln config directory: $KILN_CONFIG_DIR, else
  * $XDG_CONFIG_HOME/kiln, else $HOME/.config/kiln.  Written into buf. */
 int kiln_config_dir (char *buf, size_t size, kiln_err_t *err);

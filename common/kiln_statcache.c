@@ -104,7 +104,7 @@ kiln_statcache_load (const char *path)
     struct stat st;
     if (lstat (path, &st) != 0)
         return self;
-    if (!S_ISREG (st.st_mode) || st.st_uid != geteuid () || (st.st_mode & 022)) {
+    if (!S_ISREG (st.st_mode) || !kiln_stat_private (&st)) {
         kiln_log_warn ("ignoring the import cache '%s': not a regular file of ours that "
                        "only we can write", path);
         return self;
