@@ -116,6 +116,7 @@ s_storage_new (kiln_cc_ctx_t *cx, bool weight, int graph_weight, uint64_t size,
     s->size = size;
     s->def = def;
     s->last = def;
+    s->parent = -1;
     return cx->n_st++;
 }
 
@@ -277,6 +278,17 @@ s_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
     return pt;
 }
 
+int
+kiln_cc_root (const kiln_cc_ctx_t *cx, int s, uint64_t *off)
+{
+    uint64_t at = 0;
+    for (; cx->st[s].parent >= 0; s = cx->st[s].parent)
+        at += cx->st[s].sub;
+    if (off)
+        *off = at;
+    return s;
+}
+
 /* Emit an op; records the reads for the planner.  Returns its index. */
 static int
 s_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins, int n_in,
@@ -286,7 +298,7 @@ s_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins, int n_in,
     if (op < 0)
         return op;
     for (int i = 0; i < n_in; i++) {
-        kiln_cc_storage_t *s = &cx->st[cx->storage_of[ins[i]]];
+        kiln_cc_storage_t *s = &cx->st[kiln_cc_root (cx, cx->storage_of[ins[i]], NULL)];
         if (!s->weight && s->last < op)
             s->last = op;
     }
@@ -1957,7 +1969,7 @@ kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err)
             t->kind = KILN_TK_OUTPUT;
             t->io = i;
         }
-        kiln_cc_storage_t *s = &cx->st[cx->storage_of[pt]];
+        kiln_cc_storage_t *s = &cx->st[kiln_cc_root (cx, cx->storage_of[pt], NULL)];
         if (!s->weight)
             s->last = KILN_CC_END;
         if ((rc = kiln_program_add_io (cx->prog, true, pt, err)) < 0)

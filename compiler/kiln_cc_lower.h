@@ -32,7 +32,11 @@
  *     one (an input, a weight read as stored, an output), else -1;
  *   - storage_of[t] is the storage of program tensor t;
  *   - an arena storage has def <= last; def is -1 for graph inputs and
- *     last is KILN_CC_END for graph outputs.
+ *     last is KILN_CC_END for graph outputs;
+ *   - a storage with a parent (kiln_cc_plan_concat) lies wholly inside it,
+ *     at a multiple of KILN_PROG_ALIGN; its lifetime is counted in its
+ *     root's (the storage at the top of the chain of parents): def and
+ *     last are kept on the root only.
  */
 #ifndef KILN_CC_LOWER_H
 #define KILN_CC_LOWER_H
@@ -57,6 +61,10 @@ typedef struct kiln_cc_storage {
     int def;                /* first op writing it; -1 before the first op */
     int last;               /* last op reading it; KILN_CC_END for outputs */
     uint64_t offset;        /* chosen by the planner */
+    int parent;             /* the storage this one lies inside (a Concat's
+                             * output that its producers write into), or -1;
+                             * the planner places only storages without one */
+    uint64_t sub;           /* its byte offset in `parent` */
 } kiln_cc_storage_t;
 
 /* What the fusion pass (kiln_cc_fuse.h) decided for one Conv, Gemm or
@@ -148,6 +156,9 @@ int kiln_cc_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err);
  * from fusion `f` (docs/program-format.md). */
 int kiln_cc_fused_params (kiln_cc_ctx_t *cx, int op, const kiln_cc_fusion_t *f,
                           kiln_err_t *err);
+/* The storage at the top of storage s's chain of parents; *off (when
+ * not NULL) gets s's byte offset inside it. */
+int kiln_cc_root (const kiln_cc_ctx_t *cx, int s, uint64_t *off);
 /* Emit an op (recording its reads for the planner); returns its index. */
 int kiln_cc_emit (kiln_cc_ctx_t *cx, kiln_kernel_t k, const int *ins,
                   int n_in, const int *outs, int n_out, kiln_err_t *err);

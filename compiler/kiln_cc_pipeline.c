@@ -90,7 +90,8 @@ s_handoff (const kiln_cc_ctx_t *cx, int cut, kiln_prog_stage_t *st,
     int n = 0;
     for (int i = 0; i < cx->n_st; i++) {
         const kiln_cc_storage_t *s = &cx->st[i];
-        n += !s->weight && s->size > 0 && s->def < cut && s->last >= cut;
+        n += !s->weight && s->parent < 0 && s->size > 0 && s->def < cut
+             && s->last >= cut;
     }
     if (n == 0)
         return 0;
@@ -100,7 +101,8 @@ s_handoff (const kiln_cc_ctx_t *cx, int cut, kiln_prog_stage_t *st,
     n = 0;
     for (int i = 0; i < cx->n_st; i++) {
         const kiln_cc_storage_t *s = &cx->st[i];
-        if (!s->weight && s->size > 0 && s->def < cut && s->last >= cut)
+        if (!s->weight && s->parent < 0 && s->size > 0 && s->def < cut
+            && s->last >= cut)
             r[n++] = (kiln_prog_range_t) { s->offset, s->size };
     }
     /* Insertion sort by offset: a cut holds few live storages. */
@@ -197,7 +199,7 @@ kiln_cc_pipeline_cut (kiln_cc_ctx_t *cx, int n, kiln_stage_info_t *info,
     }
     for (int i = 0; i < cx->n_st; i++) {
         const kiln_cc_storage_t *s = &cx->st[i];
-        if (s->weight || s->size == 0)
+        if (s->weight || s->parent >= 0 || s->size == 0)
             continue;
         int from = s->def + 1, to = s->last >= p->n_ops ? p->n_ops : s->last + 1;
         if (from < 1)

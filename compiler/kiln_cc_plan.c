@@ -48,7 +48,7 @@ s_plan_arena (kiln_cc_ctx_t *cx, uint64_t *arena_end, kiln_err_t *err)
         return kiln_error (err, KILN_ENOMEM, "out of memory planning memory");
     }
     for (int i = 0; i < cx->n_st; i++)
-        if (!cx->st[i].weight)
+        if (!cx->st[i].weight && cx->st[i].parent < 0)
             order[n++] = (s_order_t) { cx->st[i].def, i };
     qsort (order, (size_t) n, sizeof *order, s_order_cmp);
 
@@ -198,6 +198,81 @@ s_pack_weights (kiln_cc_ctx_t *cx, int spill_fd, uint8_t **out, size_t *out_len,
 }
 
 int
+kiln_cc_plan_concat (kiln_cc_ctx_t *cx, const kiln_node_t *node, int axis,
+                     kiln_err_t *err)
+{
+    int n = node->n_inputs, y = node->outputs[0];
+    const kiln_shape_t *ys = &cx->g->tensors[y].shape;
+    if (cx->opts.optlevel < 1 || n > KILN_MAX_NODE_IO)
+        return 0;
+    for (int d = 0; d < axis; d++)
+        if (ys->dims[d] != 1)
+            return 0;           /* each input is several runs of the output */
+    kiln_dtype_t dt = kiln_cc_dtype (cx, y);
+    int roots[KILN_MAX_NODE_IO], n_roots = 0;
+    uint64_t base[KILN_MAX_NODE_IO], at = 0;
+    for (int i = 0; i < n; i++) {
+        int pt = kiln_cc_operand (cx, node->inputs[i], err);
+        if (pt < 0)
+            return pt;
+        const kiln_prog_tensor_t *t = &cx->prog->tensors[pt];
+        uint64_t in_root;
+        int root = kiln_cc_root (cx, cx->storage_of[pt], &in_root);
+        const kiln_cc_storage_t *rs = &cx->st[root];
+        /* A weight, a graph input (or a view of one: def -1) stays where
+         * it is; an input must start at an aligned offset of the output,
+         * and where its root starts (below it) must be inside the output. */
+        if (t->kind != KILN_TK_TEMP || t->dtype != dt || rs->weight || rs->def < 0
+            || at % KILN_PROG_ALIGN != 0 || in_root > at)
+            return 0;
+        uint64_t b = at - in_root;
+        int j = 0;
+        while (j < n_roots && roots[j] != root)
+            j++;
+        if (j < n_roots) {
+            if (base[j] != b)
+                return 0;       /* one tensor, or one buffer, in two places */
+        } else {
+            roots[n_roots] = root;
+            base[n_roots++] = b;
+        }
+        at += t->size;
+    }
+    /* Each root's bytes must fit inside the output and overlap no other
+     * root's: a root's bytes outside this Concat's inputs would otherwise
+     * be overwritten by another input's producer. */
+    for (int j = 0; j < n_roots; j++) {
+        uint64_t e = base[j] + cx->st[roots[j]].size;
+        if (e > at)
+            return 0;
+        for (int k = 0; k < j; k++)
+            if (base[k] < e && base[j] < base[k] + cx->st[roots[k]].size)
+                return 0;
+    }
+    int py = kiln_cc_result (cx, y, err);
+    if (py < 0)
+        return py;
+    int out = cx->storage_of[py];
+    kiln_cc_storage_t *os = &cx->st[out];
+    if (os->size != at)
+        return kiln_error (err, KILN_ECOMPILE, "internal error: concat '%s' of %llu "
+                           "bytes from inputs of %llu", kiln_cc_tname (cx, y),
+                           (unsigned long long) os->size, (unsigned long long) at);
+    os->def = cx->st[roots[0]].def;
+    os->last = cx->st[roots[0]].last;
+    for (int j = 0; j < n_roots; j++) {
+        kiln_cc_storage_t *rs = &cx->st[roots[j]];
+        rs->parent = out;
+        rs->sub = base[j];
+        if (rs->def < os->def)
+            os->def = rs->def;
+        if (rs->last > os->last)
+            os->last = rs->last;
+    }
+    return 1;
+}
+
+int
 kiln_cc_plan (kiln_cc_ctx_t *cx, int spill_fd, uint8_t **weights, size_t *weights_len,
               kiln_cc_stats_t *stats, kiln_err_t *err)
 {
@@ -212,12 +287,20 @@ kiln_cc_plan (kiln_cc_ctx_t *cx, int spill_fd, uint8_t **weights, size_t *weight
     uint64_t naive = 0;
     for (int t = 0; t < p->n_tensors; t++) {
         kiln_prog_tensor_t *pt = &p->tensors[t];
-        pt->offset = cx->st[cx->storage_of[t]].offset;
+        uint64_t sub;
+        int root = kiln_cc_root (cx, cx->storage_of[t], &sub);
+        pt->offset = cx->st[root].offset + sub;
         if (pt->kind != KILN_TK_WEIGHT) {
             uint64_t sz;
             if (kiln_prog_align_up (pt->size, &sz))
                 naive += sz;
         }
+    }
+    for (int i = 0; i < cx->n_st; i++) {
+        uint64_t sub;
+        int root = kiln_cc_root (cx, i, &sub);
+        if (root != i)
+            cx->st[i].offset = cx->st[root].offset + sub;
     }
     p->arena_size = end;    /* a sum of aligned sizes: already aligned */
     if (stats) {

@@ -21,6 +21,19 @@
 
 #include "compiler/kiln_cc_lower.h"
 
+/* Lower Concat `node` along `axis` with no copy when it can be (from -O1):
+ * when the output's dimensions before the axis are all 1, each input is
+ * one contiguous range of the output, so the storage of each input (its
+ * root's, if it already lies in another Concat's output) is made to lie
+ * inside the output's, and the producers write there.  It cannot be, and
+ * 0 is returned for the caller to copy, when an input is a weight or a
+ * graph input (or a view of one), would start at an offset that is not a
+ * multiple of KILN_PROG_ALIGN, or would need a buffer it already lies in
+ * in two places or overlapping another input's.  Returns 1 when done
+ * (the output's program tensor is made), a negative code on error. */
+int kiln_cc_plan_concat (kiln_cc_ctx_t *cx, const kiln_node_t *node, int axis,
+                         kiln_err_t *err);
+
 /* Place every storage of `cx`, set the offset of every program tensor and
  * the arena size, and build weights.bin: in memory (caller owns *weights,
  * free()) when `spill_fd` is -1, else written into the empty file

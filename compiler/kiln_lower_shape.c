@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/kiln_pack.h"
+#include "compiler/kiln_cc_plan.h"
 #include "graph/kiln_shape_ops.h"
 
 /* --- helpers ---------------------------------------------------------- */
@@ -297,6 +298,8 @@ kiln_lower_shape_concat (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel
         return s_prefixed (cx, rc, err);
     if ((rc = kiln_cc_expect_shape (cx, node->outputs[0], &y, err)))
         return rc;
+    if ((rc = kiln_cc_plan_concat (cx, node, axis, err)))
+        return rc < 0 ? rc : 0;
     kiln_dtype_t dt = kiln_cc_dtype (cx, node->inputs[0]);
     /* At most KILN_PROG_MAX_OP_IO operands per op: each op after the first
      * takes the previous partial result and the next inputs. */

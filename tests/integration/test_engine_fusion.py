@@ -12,14 +12,12 @@ activation must have gone into the product (KILN_RT_PROFILE names no
 sigmoid, mul, erf or tanh kernel).
 """
 
-import os
-import subprocess
-
 import numpy as np
 import pytest
 import torch
 
-from conftest import run
+from engine_helpers import (compile_kar, export, kernel_ops, run_kar, seeded_model,
+                            signing_dir)
 
 TOLERANCE = 1e-4
 
@@ -99,13 +97,7 @@ FUSED_AWAY = ("sigmoid", "mul", "erf", "tanh", "hard_swish", "hard_sigmoid", "re
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fusion")
-    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(d / "key.pem")],
-                   check=True, capture_output=True)
-    (d / "keyring").mkdir()
-    subprocess.run(["openssl", "pkey", "-in", str(d / "key.pem"), "-pubout", "-out",
-                    str(d / "keyring" / "k.pub")], check=True, capture_output=True)
-    return d
+    return signing_dir(tmp_path_factory, "fusion")
 
 
 def _isas():
@@ -118,55 +110,23 @@ def _isas():
     return isas
 
 
-def _kernels(stderr):
-    """Kernel names of a KILN_RT_PROFILE=all report's per-kernel table."""
-    names = set()
-    for line in stderr.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2].endswith("%"):
-            names.add(parts[0])
-    return names
-
-
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_fused_activation_matches_torch(workdir, name):
     make, shape = MODELS[name]
-    torch.manual_seed(0)
-    model = make().eval()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-    x = torch.randn(*shape) * 3
-    with torch.no_grad():
-        want = model(x).numpy().astype(np.float64)
-    onnx_path = workdir / f"{name}.onnx"
-    torch.onnx.export(model, (x,), str(onnx_path), input_names=["x"], output_names=["y"],
-                      opset_version=14)
-    kgraph = workdir / f"{name}.kgraph"
-    proc = run(["kiln", "import", onnx_path, "-o", kgraph], timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    xpath = workdir / f"{name}_x.npy"
-    np.save(xpath, x.numpy())
+    model = seeded_model(make)
+    want, kgraph, xpath = export(workdir, name, model, torch.randn(*shape) * 3)
     scale = float(np.abs(want).max())
     assert scale > 0
     for optlevel in (0, 3):
-        kar = workdir / f"{name}.O{optlevel}.kar"
-        proc = run(["kiln-cc", kgraph, "-o", kar, "--key", workdir / "key.pem",
-                    "--compiler-args", f"--optlevel {optlevel}"], timeout=120)
-        assert proc.returncode == 0, proc.stderr
+        kar = compile_kar(workdir, kgraph, f"{name}.O{optlevel}.kar", f"--optlevel {optlevel}")
         envs = [{"KILN_RT_ISA": isa} for isa in _isas()] + [{"KILN_RT_THREADS": "2"}]
         for env in envs:
             env = dict(env, KILN_RT_PROFILE="all")
-            out = workdir / f"{name}.O{optlevel}.{'.'.join(env.values())}"
-            proc = run(["kiln-run", kar, "--keyring", workdir / "keyring", "--input",
-                        f"x={xpath}", "--output-dir", out], env=env, timeout=120)
-            assert proc.returncode == 0, proc.stderr
-            got = np.load(os.path.join(out, "y.npy"))
+            got, log = run_kar(workdir, kar, xpath,
+                               f"{name}.O{optlevel}.{'.'.join(env.values())}", env)
             err = float(np.abs(got - want).max())
             assert err <= TOLERANCE * scale, \
                 f"{name} -O{optlevel} {env}: error {err:.3g} of {scale:.3g}"
             if optlevel == 3 and name != "squeeze_excite":
-                left = _kernels(proc.stderr) & set(FUSED_AWAY)
-                assert not left, f"{name}: {left} not fused ({proc.stderr[:400]})"
+                left = set(kernel_ops(log)) & set(FUSED_AWAY)
+                assert not left, f"{name}: {left} not fused ({log[:400]})"

@@ -1,0 +1,79 @@
+"""Shared steps of the engine tests that compare a small torch model with
+kiln: a signing key, export + import, compile at an --optlevel, run, and
+the kernels a KILN_RT_PROFILE=all report names."""
+
+import os
+import subprocess
+
+import numpy as np
+import torch
+
+from conftest import run
+
+
+def signing_dir(tmp_path_factory, name):
+    """A new directory holding key.pem and keyring/ (its public key)."""
+    d = tmp_path_factory.mktemp(name)
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(d / "key.pem")],
+                   check=True, capture_output=True)
+    (d / "keyring").mkdir()
+    subprocess.run(["openssl", "pkey", "-in", str(d / "key.pem"), "-pubout", "-out",
+                    str(d / "keyring" / "k.pub")], check=True, capture_output=True)
+    return d
+
+
+def seeded_model(make):
+    """make() in eval mode after torch.manual_seed(0), its BatchNorms'
+    running statistics made non-trivial."""
+    torch.manual_seed(0)
+    model = make().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def export(workdir, name, model, x):
+    """torch's output for x (float64), and the model exported (opset 14)
+    and imported: (want, kgraph, path of x as .npy)."""
+    with torch.no_grad():
+        want = model(x).numpy().astype(np.float64)
+    onnx_path = workdir / f"{name}.onnx"
+    torch.onnx.export(model, (x,), str(onnx_path), input_names=["x"], output_names=["y"],
+                      opset_version=14)
+    kgraph = workdir / f"{name}.kgraph"
+    proc = run(["kiln", "import", onnx_path, "-o", kgraph], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    xpath = workdir / f"{name}_x.npy"
+    np.save(xpath, x.numpy())
+    return want, kgraph, xpath
+
+
+def compile_kar(workdir, kgraph, kar_name, compiler_args):
+    kar = workdir / kar_name
+    proc = run(["kiln-cc", kgraph, "-o", kar, "--key", workdir / "key.pem",
+                "--compiler-args", compiler_args], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return kar
+
+
+def run_kar(workdir, kar, xpath, out_name, env):
+    """Output y of one run, and the run's stderr."""
+    out = workdir / out_name
+    proc = run(["kiln-run", kar, "--keyring", workdir / "keyring", "--input",
+                f"x={xpath}", "--output-dir", out], env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return np.load(os.path.join(out, "y.npy")), proc.stderr
+
+
+def kernel_ops(stderr):
+    """Ops per kernel name in a KILN_RT_PROFILE=all report's per-kernel
+    table (name, ms per run, share, ops)."""
+    ops = {}
+    for line in stderr.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2].endswith("%") and parts[3].isdigit():
+            ops[parts[0]] = int(parts[3])
+    return ops
