@@ -10,7 +10,9 @@
  * defined.  It is not optimal (a later planner may order by size), but it
  * is simple, deterministic and linear in the number of live storages per
  * placement.  At -O0 nothing is shared, which keeps every intermediate
- * tensor inspectable.
+ * tensor inspectable.  A storage with a parent (a Concat's input written
+ * in place, kiln_cc_plan_concat) is not placed itself: its tensors lie at
+ * its root's offset plus its own offset in the root.
  *
  * Weights are packed into weights.bin in first-use order, each at a
  * 64-byte aligned offset, with zero bytes in between, so that the same
