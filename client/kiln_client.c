@@ -754,6 +754,8 @@ s_send_chunk (s_engine_t *e, s_upload_t *up, kiln_err_t *err)
         }
         if (stage)
             src = memcpy (stage, src, (size_t) n);
+        else
+            kiln_map_prefault (src, (size_t) n);
         *zc = (s_zc_t) { .self = self, .len = (size_t) n, .staged = stage != NULL,
                          .mapped = up->mapped };
         atomic_fetch_add (&self->in_zmq, 1);

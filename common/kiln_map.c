@@ -69,6 +69,16 @@ kiln_map_drop (const void *p, size_t len)
 }
 
 void
+kiln_map_prefault (const void *p, size_t len)
+{
+    uintptr_t page = s_page ();
+    uintptr_t start = (uintptr_t) p / page * page;
+    uintptr_t end = ((uintptr_t) p + len + page - 1) / page * page;
+    if (len > 0)
+        madvise ((void *) start, end - start, MADV_POPULATE_READ);
+}
+
+void
 kiln_sha256_mapped (const void *p, size_t len, uint8_t out[KILN_DIGEST_LEN])
 {
     kiln_sha256_t *sha = kiln_sha256_new ();

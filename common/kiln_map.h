@@ -48,6 +48,11 @@ void kiln_map_release (kiln_map_t *m);
  * when next touched. */
 void kiln_map_drop (const void *p, size_t len);
 
+/* Map in the pages of [p, p + len) of a kiln_map_range mapping at once
+ * (one call, not a page fault each), before they are read.  A hint: on a
+ * kernel without MADV_POPULATE_READ, nothing happens. */
+void kiln_map_prefault (const void *p, size_t len);
+
 /* SHA-256 of `len` mapped bytes at `p`, read in steps whose pages are
  * given back behind it (kiln_map_drop). */
 void kiln_sha256_mapped (const void *p, size_t len, uint8_t out[KILN_DIGEST_LEN]);
