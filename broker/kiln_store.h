@@ -224,7 +224,7 @@ int kiln_blob_writer_write (kiln_blob_writer_t *self, const void *data, size_t l
 /* Bytes handed over so far, and the blob's size. */
 uint64_t kiln_blob_writer_received (const kiln_blob_writer_t *self);
 uint64_t kiln_blob_writer_size (const kiln_blob_writer_t *self);
-/* Chunks hashed, written and released so far. */
+/* Chunks hashed and let go of so far (copied for the file writer). */
 uint64_t kiln_blob_writer_released (kiln_blob_writer_t *self);
 /* No more chunks: the threads check the digest and make the file durable
  * on their own; kiln_blob_writer_done turns true when they are through. */

@@ -27,11 +27,15 @@
 
 /* A blob being received.  The broker's loop hands it the chunks (their
  * frames, no copy) and goes on at once: two threads of the writer's own
- * take each chunk, one hashing it and one writing it, side by side.  A
- * chunk's frame goes once both are done with it; that is when the loop
- * may grant its credit again, so the memory an upload holds stays within
- * the credit window (`cap` chunks).  When the last chunk is handed over
- * the threads finish on their own (digest checked, file truncated and
+ * take them from there.  The hasher reads each chunk once, in pieces
+ * small enough to stay in the CPU's cache: it hashes a piece, then copies
+ * it, still hot, into the next of a few aligned slots, and lets the frame
+ * go; the file writer writes the slots filled (several at once when they
+ * follow each other) while the hasher goes on.  A frame goes as soon as
+ * it is hashed and copied; that is when the loop may grant its credit
+ * again, so the memory an upload holds stays within the credit window
+ * (`cap` chunks) plus its slots.  When the last chunk is handed over the
+ * threads finish on their own (digest checked, file truncated and
  * fsynced) and the loop hears of it through the store's upload eventfd,
  * so a 1 GiB upload never holds up the broker's loop.  The file is
  * written with O_DIRECT where the file system allows it (no copy into the
@@ -39,6 +43,8 @@
  * with early writeback. */
 #define S_DEFAULT_CHUNKS 16          /* chunks in flight when the caller sets none */
 #define S_ALIGN 4096
+#define S_SLOTS 4                    /* aligned chunk slots an upload writes from, at most */
+#define S_PIECE (64u << 10)          /* hashed, then copied while in the cache */
 #define S_MAX_NEWS_PER_POLL 4096     /* writers handled per kiln_store_upload_poll */
 
 struct kiln_blob_writer {
@@ -55,44 +61,48 @@ struct kiln_blob_writer {
     pthread_t hasher, writer;
     bool hasher_started, writer_started;
     pthread_mutex_t mu;
-    pthread_cond_t work;             /* threads wait for chunks or the end */
+    pthread_cond_t work;             /* threads wait for chunks, slots or the end */
     pthread_cond_t room;             /* the caller waits for room or done */
     zframe_t **ring;                 /* chunk i at ring[i % cap] */
     size_t cap;
-    uint64_t pushed, hashed, written;   /* chunks */
+    uint64_t pushed, hashed;         /* chunks handed over; hashed, copied and let go */
+    uint64_t written;                /* slots written (chunk i went to slot i % n_slots) */
     bool closing;                    /* no more chunks: finish */
     bool abort;                      /* stop at once */
     bool hash_done, done;
     int error;                       /* KILN_E*, 0 = none */
     char errmsg[PATH_MAX + 128];
     uint8_t got[KILN_DIGEST_LEN];    /* the digest of what came, once hash_done */
+    /* the slots: n_slots of KILN_CHUNK_BYTES (one of the blob's size when
+     * it is smaller), S_ALIGN-aligned, one after the other; slot_len[i]
+     * bytes of slot i are filled (by the hasher, then the writer's) */
+    uint8_t *slots;
+    size_t slot_bytes, n_slots;
+    size_t slot_len[S_SLOTS];
     /* the hasher's own */
     kiln_sha256_t *sha;
     /* the writer thread's own */
-    uint8_t *bounce;                 /* S_ALIGN-aligned, for O_DIRECT */
     uint64_t bytes_written, synced;
     /* on the store's news list, under the store's news_mu */
     bool in_news;
     struct kiln_blob_writer *news_next;
 };
 
-/* Write `len` bytes at the end of what is written; O_DIRECT needs an
- * aligned buffer and length, so the chunk goes through the bounce buffer,
- * padded with zeros (the file is cut to its size at the end). */
+/* Write `len` bytes from `data` (inside the slots) at the end of what is
+ * written; O_DIRECT needs an aligned length, so the last write of a blob
+ * is padded with zeros (the file is cut to its size at the end; the
+ * slots have room for the padding). */
 static int
-s_writer_put (kiln_blob_writer_t *w, const uint8_t *data, size_t len)
+s_writer_put (kiln_blob_writer_t *w, uint8_t *data, size_t len)
 {
-    const uint8_t *src = data;
     size_t n = len;
     if (w->direct) {
-        memcpy (w->bounce, data, len);
         n = (len + S_ALIGN - 1) / S_ALIGN * S_ALIGN;
-        memset (w->bounce + len, 0, n - len);
-        src = w->bounce;
+        memset (data + len, 0, n - len);
     }
     size_t done = 0;
     while (done < n) {
-        ssize_t k = pwrite (w->fd, src + done, n - done, (off_t) (w->bytes_written + done));
+        ssize_t k = pwrite (w->fd, data + done, n - done, (off_t) (w->bytes_written + done));
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
@@ -134,19 +144,6 @@ s_news (kiln_blob_writer_t *w)
     }
 }
 
-/* One thread is done with chunk `(*mine)`; the frame goes when the other
- * is done with it too.  Under w->mu. */
-static void
-s_chunk_done (kiln_blob_writer_t *w, uint64_t *mine, uint64_t other)
-{
-    uint64_t i = (*mine)++;
-    if (other > i) {
-        zframe_destroy (&w->ring[i % w->cap]);
-        pthread_cond_signal (&w->room);
-        s_news (w);
-    }
-}
-
 static void
 s_writer_fail (kiln_blob_writer_t *w, int code, const char *fmt, ...)
 {
@@ -159,14 +156,15 @@ s_writer_fail (kiln_blob_writer_t *w, int code, const char *fmt, ...)
     va_end (ap);
 }
 
-/* The chunk a thread at `pos` takes next, once there is one; NULL after
- * the last chunk or on abort.  Under w->mu. */
+/* The next chunk for the hasher, once there is one and a slot is free to
+ * copy it into; NULL after the last chunk or on abort.  Under w->mu. */
 static zframe_t *
-s_wait_chunk (kiln_blob_writer_t *w, const uint64_t *pos)
+s_wait_chunk (kiln_blob_writer_t *w)
 {
-    while (*pos == w->pushed && !w->closing && !w->abort)
+    while (!w->abort && ((w->hashed == w->pushed && !w->closing)
+                         || (w->hashed < w->pushed && w->hashed - w->written >= w->n_slots)))
         pthread_cond_wait (&w->work, &w->mu);
-    return w->abort || *pos == w->pushed ? NULL : w->ring[*pos % w->cap];
+    return w->abort || w->hashed == w->pushed ? NULL : w->ring[w->hashed % w->cap];
 }
 
 static void *
@@ -175,11 +173,24 @@ s_hasher_thread (void *arg)
     kiln_blob_writer_t *w = arg;
     pthread_mutex_lock (&w->mu);
     zframe_t *frame;
-    while ((frame = s_wait_chunk (w, &w->hashed))) {
+    while ((frame = s_wait_chunk (w))) {
+        size_t slot = (size_t) (w->hashed % w->n_slots);
+        const uint8_t *data = zframe_data (frame);
+        size_t len = zframe_size (frame);
+        uint8_t *to = w->slots + slot * w->slot_bytes;     /* len <= slot_bytes (take) */
         pthread_mutex_unlock (&w->mu);
-        kiln_sha256_update (w->sha, zframe_data (frame), zframe_size (frame));
+        for (size_t off = 0; off < len; off += S_PIECE) {
+            size_t n = len - off < S_PIECE ? len - off : S_PIECE;
+            kiln_sha256_update (w->sha, data + off, n);
+            memcpy (to + off, data + off, n);
+        }
         pthread_mutex_lock (&w->mu);
-        s_chunk_done (w, &w->hashed, w->written);
+        w->slot_len[slot] = len;
+        zframe_destroy (&w->ring[w->hashed % w->cap]);
+        w->hashed++;
+        pthread_cond_signal (&w->room);
+        pthread_cond_broadcast (&w->work);      /* the writer waits for a filled slot */
+        s_news (w);
     }
     if (!w->abort)
         kiln_sha256_final (&w->sha, w->got);
@@ -216,24 +227,37 @@ s_writer_seal (kiln_blob_writer_t *w)
         s_writer_fail (w, KILN_EIO, "could not write '%s': %s", w->tmp, strerror (rc));
 }
 
+/* The file writer: the slots the hasher filled, in order, the ones that
+ * follow each other in memory in one write (whole chunks only, so that
+ * what is written stays aligned), until the hasher is through. */
 static void *
 s_writer_thread (void *arg)
 {
     kiln_blob_writer_t *w = arg;
     pthread_mutex_lock (&w->mu);
-    zframe_t *frame;
-    while ((frame = s_wait_chunk (w, &w->written))) {
+    for (;;) {
+        while (!w->abort && w->written == w->hashed && !w->hash_done)
+            pthread_cond_wait (&w->work, &w->mu);
+        if (w->abort || w->written == w->hashed)
+            break;
+        size_t first = (size_t) (w->written % w->n_slots);
+        size_t k = 0, len = 0;
+        while (w->written + k < w->hashed && first + k < w->n_slots) {
+            len += w->slot_len[first + k];
+            k++;
+            if (w->slot_len[first + k - 1] != w->slot_bytes)
+                break;               /* a short chunk ends a write */
+        }
         bool failed = w->error != 0;
         pthread_mutex_unlock (&w->mu);
-        int rc = failed ? 0 : s_writer_put (w, zframe_data (frame), zframe_size (frame));
+        int rc = failed ? 0 : s_writer_put (w, w->slots + first * w->slot_bytes, len);
         int e = errno;
         pthread_mutex_lock (&w->mu);
         if (rc != 0)
             s_writer_fail (w, KILN_EIO, "could not write '%s': %s", w->tmp, strerror (e));
-        s_chunk_done (w, &w->written, w->hashed);
+        w->written += k;
+        pthread_cond_broadcast (&w->work);      /* the hasher may wait for a slot */
     }
-    while (!w->hash_done && !w->abort)
-        pthread_cond_wait (&w->work, &w->mu);
     if (!w->abort) {
         s_writer_seal (w);
         w->done = true;
@@ -262,8 +286,18 @@ kiln_store_blob_begin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]
         return NULL;
     size_t cap = max_chunks ? max_chunks : S_DEFAULT_CHUNKS;
     kiln_blob_writer_t *w = calloc (1, sizeof *w);
-    if (!w || !(w->sha = kiln_sha256_new ()) || !(w->ring = calloc (cap, sizeof *w->ring))
-        || posix_memalign ((void **) &w->bounce, S_ALIGN, KILN_CHUNK_BYTES + S_ALIGN) != 0) {
+    /* Slots for as many chunks as the blob has, up to S_SLOTS, each with
+     * room for the padding of an O_DIRECT write. */
+    uint64_t chunks = (size + KILN_CHUNK_BYTES - 1) / KILN_CHUNK_BYTES;
+    size_t n_slots = chunks < S_SLOTS ? (size_t) (chunks ? chunks : 1) : S_SLOTS;
+    size_t slot_bytes = size < KILN_CHUNK_BYTES ? (size_t) (size + S_ALIGN - 1) / S_ALIGN * S_ALIGN
+                                                : KILN_CHUNK_BYTES;
+    if (slot_bytes == 0)
+        slot_bytes = S_ALIGN;
+    if (w && (!(w->sha = kiln_sha256_new ()) || !(w->ring = calloc (cap, sizeof *w->ring))
+              || posix_memalign ((void **) &w->slots, S_ALIGN, n_slots * slot_bytes) != 0))
+        w->slots = NULL;
+    if (!w || !w->slots) {
         if (w) {
             kiln_sha256_destroy (&w->sha);
             free (w->ring);
@@ -273,6 +307,8 @@ kiln_store_blob_begin (kiln_store_t *self, const uint8_t digest[KILN_DIGEST_LEN]
         kiln_error (err, KILN_ENOMEM, "out of memory");
         return NULL;
     }
+    w->n_slots = n_slots;
+    w->slot_bytes = slot_bytes;
     w->store = self;
     w->reserved = true;
     w->tag = tag;
@@ -323,14 +359,18 @@ kiln_blob_writer_take (kiln_blob_writer_t *self, zframe_t **frame_p, kiln_err_t 
         return kiln_error (err, KILN_EPROTO, "blob upload: %zu more bytes would overrun "
                            "the announced %llu", len, (unsigned long long) self->size);
     }
+    if (len > KILN_CHUNK_BYTES) {
+        zframe_destroy (&frame);
+        return kiln_error (err, KILN_EPROTO, "blob upload: a chunk of %zu bytes, more than "
+                           "%u", len, KILN_CHUNK_BYTES);
+    }
     if (len == 0) {
         zframe_destroy (&frame);
         return 0;
     }
     pthread_mutex_lock (&self->mu);
     while (!self->error && !self->closing
-           && self->pushed - (self->hashed < self->written ? self->hashed : self->written)
-                  >= self->cap)
+           && self->pushed - self->hashed >= self->cap)
         pthread_cond_wait (&self->room, &self->mu);
     int rc = 0;
     if (self->error || self->closing) {
@@ -384,7 +424,7 @@ uint64_t
 kiln_blob_writer_released (kiln_blob_writer_t *self)
 {
     pthread_mutex_lock (&self->mu);
-    uint64_t n = self->hashed < self->written ? self->hashed : self->written;
+    uint64_t n = self->hashed;
     pthread_mutex_unlock (&self->mu);
     return n;
 }
@@ -441,9 +481,8 @@ kiln_blob_writer_abort (kiln_blob_writer_t **writer_p)
         return;
     s_writer_join (w, true);
     s_writer_unreserve (w);
-    /* chunks not yet released by both threads */
-    uint64_t first = w->hashed < w->written ? w->hashed : w->written;
-    for (uint64_t i = first; i < w->pushed; i++)
+    /* chunks the hasher did not let go of */
+    for (uint64_t i = w->hashed; i < w->pushed; i++)
         zframe_destroy (&w->ring[i % w->cap]);
     kiln_store_t *store = w->store;
     pthread_mutex_lock (&store->news_mu);
@@ -470,7 +509,7 @@ kiln_blob_writer_abort (kiln_blob_writer_t **writer_p)
     pthread_cond_destroy (&w->work);
     pthread_cond_destroy (&w->room);
     free (w->ring);
-    free (w->bounce);
+    free (w->slots);
     free (w);
     *writer_p = NULL;
 }
