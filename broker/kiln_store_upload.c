@@ -45,6 +45,7 @@
 #define S_ALIGN 4096
 #define S_SLOTS 4                    /* aligned chunk slots an upload writes from, at most */
 #define S_PIECE (64u << 10)          /* hashed, then copied while in the cache */
+#define S_NEWS_EVERY 4               /* chunks let go of between two wakes of the loop */
 #define S_MAX_NEWS_PER_POLL 4096     /* writers handled per kiln_store_upload_poll */
 
 struct kiln_blob_writer {
@@ -66,6 +67,7 @@ struct kiln_blob_writer {
     zframe_t **ring;                 /* chunk i at ring[i % cap] */
     size_t cap;
     uint64_t pushed, hashed;         /* chunks handed over; hashed, copied and let go */
+    uint64_t told;                   /* `hashed` when the loop was last woken for it */
     uint64_t written;                /* slots written (chunk i went to slot i % n_slots) */
     bool closing;                    /* no more chunks: finish */
     bool abort;                      /* stop at once */
@@ -190,7 +192,13 @@ s_hasher_thread (void *arg)
         w->hashed++;
         pthread_cond_signal (&w->room);
         pthread_cond_broadcast (&w->work);      /* the writer waits for a filled slot */
-        s_news (w);
+        /* The loop hears of released chunks a few at a time (each wake
+         * costs it, and the client, a message), and at once when the
+         * hasher has caught up: the client may be out of credit then. */
+        if (w->hashed - w->told >= S_NEWS_EVERY || w->hashed == w->pushed) {
+            w->told = w->hashed;
+            s_news (w);
+        }
     }
     if (!w->abort)
         kiln_sha256_final (&w->sha, w->got);
