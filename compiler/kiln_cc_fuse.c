@@ -619,6 +619,53 @@ s_plan_result (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
     return true;
 }
 
+/* The AveragePool that alone reads `cur`, the output of the 2-D Conv
+ * node `i`, when the Conv is pointwise (1×1, stride 1, unpadded) and
+ * every window of the pool is whole (no padding, no ceil_mode overhang):
+ * then pooling the Conv's input first gives the same values (a mean of
+ * linear maps, bias included, is the map of the mean) for a quarter of
+ * the products under a 2×2 pool (densenet's transitions).  Else -1. */
+static int
+s_pool_after (kiln_cc_ctx_t *cx, const s_uses_t *u, int i, int cur, int *pad)
+{
+    const kiln_node_t *p = &cx->g->nodes[i];
+    int n = s_sole_reader (cx, u, cur);
+    if (n < 0 || p->inputs[0] < 0 || s_gt (cx, p->inputs[0])->shape.rank != 4)
+        return -1;
+    kiln_err_t ignored;
+    /* torch exports an AveragePool after a Pad of nothing */
+    *pad = -1;
+    const kiln_node_t *q = &cx->g->nodes[n];
+    int64_t pads[2 * KILN_MAX_RANK];
+    kiln_pad_mode_t mode;
+    double value;
+    kiln_shape_t padded;
+    if (s_is (q, "Pad") && q->n_outputs == 1 && q->inputs[0] == cur
+        && !kiln_pad_params (cx->g, q, &s_gt (cx, cur)->shape, pads, &mode, &value,
+                             &padded, &ignored)) {
+        for (int d = 0; d < 2 * padded.rank; d++)
+            if (pads[d] != 0)
+                return -1;
+        *pad = n;
+        cur = q->outputs[0];
+        if ((n = s_sole_reader (cx, u, cur)) < 0)
+            return -1;
+        q = &cx->g->nodes[n];
+    }
+    if (!s_is (q, "AveragePool") || q->n_inputs != 1 || q->n_outputs != 1
+        || q->inputs[0] != cur || !s_f32 (cx, q->outputs[0]))
+        return -1;
+    kiln_window_t cw, pw;
+    if (kiln_graph_window (cx->g, i, &cw, &ignored) || kiln_graph_window (cx->g, n, &pw, &ignored)
+        || cw.n != 2 || pw.n != 2 || pw.ceil_mode)
+        return -1;
+    for (int d = 0; d < 2; d++)
+        if (cw.kernel[d] != 1 || cw.strides[d] != 1 || cw.pads[d] != 0 || cw.pads[2 + d] != 0
+            || pw.pads[d] != 0 || pw.pads[2 + d] != 0 || pw.dilations[d] != 1)
+            return -1;
+    return n;
+}
+
 static void
 s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
 {
@@ -635,6 +682,14 @@ s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
         cur = cx->g->nodes[n].outputs[0];
     }
     if (cx->opts.optlevel >= 2) {
+        int pad;
+        if (conv && (n = s_pool_after (cx, u, i, cur, &pad)) >= 0) {
+            f->pool = n;
+            cx->skip[n] = 1;
+            if (pad >= 0)
+                cx->skip[pad] = 1;
+            cur = cx->g->nodes[n].outputs[0];
+        }
         if (matmul) {
             s_plan_operand (cx, u, i, 0);
             s_plan_operand (cx, u, i, 1);
@@ -854,7 +909,7 @@ kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
     kiln_graph_t *g = cx->g;
     for (int i = 0; i < g->n_nodes; i++) {
         cx->skip[i] = 0;
-        cx->fusion[i] = (kiln_cc_fusion_t) { .bn = -1, .bias = -1, .residual = -1,
+        cx->fusion[i] = (kiln_cc_fusion_t) { .bn = -1, .pool = -1, .bias = -1, .residual = -1,
                                              .act = KILN_ACT_NONE, .out = -1,
                                              .alpha = 1.0, .src = { -1, -1 },
                                              .ln_scale = -1, .ln_bias = -1 };

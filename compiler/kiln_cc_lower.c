@@ -1377,6 +1377,16 @@ kiln_cc_emit_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, const kiln_cc_fus
     int ins[4], n_in = 0, rc = 0;
     if ((ins[n_in++] = s_operand (cx, x, err)) < 0)
         return ins[0];
+    if (f && f->pool >= 0) {
+        /* X pooled first (kiln_cc_fuse.h): the pool's output shape with
+         * X's channels */
+        kiln_shape_t ps = s_gt (cx, cx->g->nodes[f->pool].outputs[0])->shape;
+        ps.dims[1] = s_gt (cx, x)->shape.dims[1];
+        int pp = kiln_cc_temp (cx, KILN_DT_FLOAT32, &ps, err);
+        if (pp < 0 || (rc = kiln_lower_avgpool_op (cx, f->pool, ins[0], pp, err)))
+            return pp < 0 ? pp : rc;
+        ins[0] = pp;
+    }
     if (packed >= 0)
         ins[n_in++] = packed;
     else if ((rc = s_folded_operand (cx, wt, wfold, &s_gt (cx, wt)->shape, m * per, ins,
@@ -1536,9 +1546,13 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                  * are 16/9 of the direct ones to stream */
                 && ((w.out[0] + 1) / 2) * ((w.out[1] + 1) / 2) >= 8;
     int tile = wino ? s_wino_tile (w.out[0], w.out[1]) : 0;
+    int64_t positions = w.out[0] * (w.ns > 1 ? w.out[1] : 1);
+    if (f->pool >= 0) {
+        const kiln_shape_t *ps = &s_gt (cx, cx->g->nodes[f->pool].outputs[0])->shape;
+        positions = ps->dims[2] * ps->dims[3];
+    }
     bool trans = pack && (wino ? s_wino_trans (c, m, w.out[0], w.out[1], tile)
-                               : s_conv_trans (m / group,
-                                               w.out[0] * (w.ns > 1 ? w.out[1] : 1)));
+                               : s_conv_trans (m / group, positions));
     float *wfold = NULL, *bfold = NULL;
     if (f->bn >= 0 && (rc = s_fold_bn (cx, f->bn, wdata, bdata, m, per, &wfold,
                                        &bfold, err)))

@@ -71,6 +71,8 @@ typedef struct kiln_cc_storage {
  * MatMul node: the nodes after it that its kernel computes as well. */
 typedef struct kiln_cc_fusion {
     int bn;                 /* BatchNormalization folded into the weights, or -1 */
+    int pool;               /* AveragePool after a pointwise Conv, run before it
+                             * on its input instead (both are linear), or -1 */
     int bias;               /* MatMul: constant tensor of n added per row, or -1 */
     int residual;           /* tensor added before the activation, or -1 */
     kiln_act_t act;         /* activation applied last */

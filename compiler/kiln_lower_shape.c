@@ -377,6 +377,11 @@ kiln_lower_shape_pad (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t 
     kiln_shape_t y;
     if ((rc = kiln_pad_params (cx->g, node, xs, pads, &mode, &value, &y, err)))
         return s_prefixed (cx, rc, err);
+    bool none = true;       /* (torch exports one before an AveragePool) */
+    for (int d = 0; d < 2 * xs->rank; d++)
+        none = none && pads[d] == 0;
+    if (none)
+        return kiln_cc_lower_view (cx, node, k, err);
     int px = kiln_cc_operand (cx, x, err);
     if (px < 0)
         return px;
@@ -660,10 +665,6 @@ kiln_lower_shape_avgpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     if (xs->rank != 3 && xs->rank != 4)
         return kiln_cc_fail (cx, KILN_EUNSUPPORTED, err, "%d-D pooling (only 1-D, 2-D and "
                              "3-D are supported)", xs->rank - 2);
-    kiln_window_t w;
-    if ((rc = kiln_graph_window (cx->g, cx->node, &w, err)))
-        return rc;
-    int64_t include = kiln_node_attr_int (node, "count_include_pad", 0);
     int px = kiln_cc_operand (cx, x, err);
     if (px < 0)
         return px;
@@ -671,6 +672,17 @@ kiln_lower_shape_avgpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     int py = kiln_cc_result (cx, node->outputs[0], err);
     if (py < 0)
         return py;
+    return kiln_lower_avgpool_op (cx, cx->node, px, py, err);
+}
+
+int
+kiln_lower_avgpool_op (kiln_cc_ctx_t *cx, int pool, int px, int py, kiln_err_t *err)
+{
+    kiln_window_t w;
+    int rc = kiln_graph_window (cx->g, pool, &w, err);
+    if (rc)
+        return rc;
+    int64_t include = kiln_node_attr_int (&cx->g->nodes[pool], "count_include_pad", 0);
     int op = kiln_cc_emit (cx, KILN_K_AVGPOOL2D, &px, 1, &py, 1, err);
     if (op < 0)
         return op;

@@ -42,6 +42,9 @@ int kiln_lower_shape_conv_transpose (kiln_cc_ctx_t *cx, const kiln_node_t *node,
                                      kiln_kernel_t k, kiln_err_t *err);
 int kiln_lower_shape_avgpool (kiln_cc_ctx_t *cx, const kiln_node_t *node,
                               kiln_kernel_t k, kiln_err_t *err);
+/* Emit the 2-D AveragePool of graph node `pool` (its window, ceil_mode
+ * and count_include_pad) from program tensor px into py. */
+int kiln_lower_avgpool_op (kiln_cc_ctx_t *cx, int pool, int px, int py, kiln_err_t *err);
 int kiln_lower_shape_global_pool (kiln_cc_ctx_t *cx, const kiln_node_t *node,
                                   kiln_kernel_t k, kiln_err_t *err);
 

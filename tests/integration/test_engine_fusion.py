@@ -130,3 +130,45 @@ def test_fused_activation_matches_torch(workdir, name):
             if optlevel == 3 and name != "squeeze_excite":
                 left = set(kernel_ops(log)) & set(FUSED_AWAY)
                 assert not left, f"{name}: {left} not fused ({log[:400]})"
+
+
+class Transition(torch.nn.Module):
+    """densenet's transition (BatchNorm, Relu, 1x1 Conv, 2x2 AveragePool):
+    the pool can run first, on the Conv's input; beside it a 1x1 Conv + BN
+    whose padded pool (count_include_pad) cannot, then a Relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.conv = torch.nn.Conv2d(16, 8, 1)
+        self.conv2 = torch.nn.Conv2d(16, 8, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        a = torch.nn.functional.avg_pool2d(self.conv(torch.relu(self.bn(x))), 2)
+        b = torch.nn.functional.avg_pool2d(self.bn2(self.conv2(x)), 3, 2, 1)
+        return torch.relu(a + b)
+
+
+def _op_shapes(log, kernel):
+    """Output shapes of every `kernel` op in a KILN_RT_PROFILE=all report."""
+    shapes = []
+    for line in log.splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[1] == kernel and "->" in parts:
+            shapes.append(line.split("->")[1].strip())
+    return sorted(shapes)
+
+
+def test_average_pool_runs_before_a_pointwise_conv(workdir):
+    model = seeded_model(Transition)
+    want, kgraph, xpath = export(workdir, "transition", model, torch.randn(1, 16, 12, 12))
+    scale = float(np.abs(want).max())
+    for optlevel, pools in ((0, ["[1, 8, 6, 6]", "[1, 8, 6, 6]"]),
+                            (3, ["[1, 16, 6, 6]", "[1, 8, 6, 6]"])):
+        kar = compile_kar(workdir, kgraph, f"transition.O{optlevel}.kar",
+                          f"--optlevel {optlevel}")
+        got, log = run_kar(workdir, kar, xpath, f"transition.O{optlevel}",
+                           {"KILN_RT_PROFILE": "all"})
+        assert float(np.abs(got - want).max()) <= TOLERANCE * scale
+        assert _op_shapes(log, "avgpool2d") == sorted(pools), log
