@@ -148,6 +148,8 @@ $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(ONNX_GEN_H)
 CC_IS_CLANG = $(findstring clang,$(shell $(CC) --version 2>/dev/null | head -1))
 GCC_VECT    = $(if $(CC_IS_CLANG),,-fvect-cost-model=cheap)
 $(BUILD)/obj/runtime/kiln_kernels.o $(BUILD)/obj/runtime/kiln_kernels_math.o \
+$(BUILD)/obj/runtime/kiln_kernels_elementwise.o $(BUILD)/obj/runtime/kiln_kernels_matmul.o \
+$(BUILD)/obj/runtime/kiln_kernels_conv.o $(BUILD)/obj/runtime/kiln_kernels_pool.o \
 $(BUILD)/obj/runtime/kiln_kernels_shape.o $(BUILD)/obj/runtime/kiln_winograd.o \
 $(call obj,$(wildcard runtime/kiln_gemm*.c)): \
 	CFLAGS += $(GCC_VECT)

@@ -8,7 +8,7 @@
  * <tgmath.h> makes `exp (x)` expf for a float and exp for a double, so one
  * expression serves both.
  */
-#include "runtime/kiln_kernels.h"
+#include "runtime/kiln_kernels_priv.h"
 #include "runtime/kiln_convert.h"
 #include "runtime/kiln_vmath.h"
 #include "common/kiln_half.h"
@@ -54,22 +54,6 @@ typedef void (*s_reduce_fn) (const kiln_kmath_plan_t *mp, const void *x,
 
 /* --- small helpers ---------------------------------------------------- */
 
-static const kiln_prog_tensor_t *
-s_t (const kiln_program_t *p, int t)
-{
-    return &p->tensors[t];
-}
-
-
-static int64_t
-s_prod (const int64_t *d, int from, int to)
-{
-    int64_t n = 1;
-    for (int i = from; i < to; i++)
-        n *= d[i];
-    return n;
-}
-
 static const char *
 s_dtn (kiln_dtype_t dt)
 {
@@ -95,9 +79,9 @@ s_same_dtype (const kiln_program_t *p, const kiln_kplan_t *plan, int from,
               kiln_dtype_t dt, kiln_err_t *err)
 {
     for (int i = from; i < plan->n_in; i++)
-        if (s_t (p, plan->in[i])->dtype != dt)
+        if (kiln_ktensor (p, plan->in[i])->dtype != dt)
             return kiln_error (err, KILN_EFORMAT, "input %d is %s, input %d "
-                               "is %s", i, s_dtn (s_t (p, plan->in[i])->dtype),
+                               "is %s", i, s_dtn (kiln_ktensor (p, plan->in[i])->dtype),
                                from, s_dtn (dt));
     return 0;
 }
@@ -106,20 +90,9 @@ static int
 s_need_dtype (const kiln_program_t *p, int t, kiln_dtype_t dt,
               const char *what, kiln_err_t *err)
 {
-    if (s_t (p, t)->dtype != dt)
+    if (kiln_ktensor (p, t)->dtype != dt)
         return kiln_error (err, KILN_EFORMAT, "%s is %s, expected %s", what,
-                           s_dtn (s_t (p, t)->dtype), s_dtn (dt));
-    return 0;
-}
-
-static int
-s_need_numel (const kiln_program_t *p, int t, int64_t want, const char *what,
-              kiln_err_t *err)
-{
-    if (kiln_ktensor_numel (s_t (p, t)) != want)
-        return kiln_error (err, KILN_EFORMAT, "%s holds %lld elements, "
-                           "expected %lld", what,
-                           (long long) kiln_ktensor_numel (s_t (p, t)), (long long) want);
+                           s_dtn (kiln_ktensor (p, t)->dtype), s_dtn (dt));
     return 0;
 }
 
@@ -529,7 +502,7 @@ s_plan_broadcast (const kiln_program_t *p, const int *src, int n,
     int r = y->shape.rank;
     int64_t st[KILN_PROG_MAX_OP_IO + 1][KILN_MAX_RANK];
     for (int k = 0; k <= n; k++) {
-        const kiln_prog_tensor_t *t = k < n ? s_t (p, src[k]) : y;
+        const kiln_prog_tensor_t *t = k < n ? kiln_ktensor (p, src[k]) : y;
         if (t->shape.rank > r)
             return kiln_error (err, KILN_EFORMAT, "input %d has rank %d, more "
                                "than the output's %d", k, t->shape.rank, r);
@@ -584,7 +557,7 @@ s_walk2 (const kiln_kmath_plan_t *mp, s_binary_fn fn, const void *a, int ra,
          const void *b, int rb, void *y)
 {
     int r = mp->rank;
-    int64_t n = mp->dims[r - 1], outer = s_prod (mp->dims, 0, r - 1);
+    int64_t n = mp->dims[r - 1], outer = kiln_kdims_prod (mp->dims, 0, r - 1);
     const int64_t *sa = mp->st[ra], *sb = mp->st[rb];
     size_t ea = mp->esz[ra], eb = mp->esz[rb], ey = mp->esz[mp->n_src];
     int64_t oa = 0, ob = 0, idx[KILN_MAX_RANK] = { 0 };
@@ -761,7 +734,7 @@ s_run_variadic (const kiln_kplan_t *plan, void *const *data)
             s_walk2 (mp, fn, y, n, data[plan->in[k]], k, y);
     }
     if (plan->kernel == KILN_K_MEAN) {
-        int64_t total = s_prod (mp->dims, 0, mp->rank);
+        int64_t total = kiln_kdims_prod (mp->dims, 0, mp->rank);
         if (mp->dt == KILN_DT_FLOAT32) {
             float *v = y;
             for (int64_t i = 0; i < total; i++)
@@ -813,7 +786,7 @@ s_run_pow (const kiln_kplan_t *plan, void *const *data)
 {
     const kiln_kmath_plan_t *mp = &plan->u.math;
     int r = mp->rank;
-    int64_t n = mp->dims[r - 1], outer = s_prod (mp->dims, 0, r - 1);
+    int64_t n = mp->dims[r - 1], outer = kiln_kdims_prod (mp->dims, 0, r - 1);
     const void *a = data[plan->in[0]], *b = data[plan->in[1]];
     void *y = data[plan->out];
     int64_t oa = 0, ob = 0, idx[KILN_MAX_RANK] = { 0 };
@@ -883,7 +856,7 @@ s_run_pow (const kiln_kplan_t *plan, void *const *data)
         const uint##BITS##_t *x = x_, *z = z_;                                \
         uint##BITS##_t *y = y_;                                               \
         int r = mp->rank;                                                     \
-        int64_t n = mp->dims[r - 1], outer = s_prod (mp->dims, 0, r - 1);     \
+        int64_t n = mp->dims[r - 1], outer = kiln_kdims_prod (mp->dims, 0, r - 1);     \
         int64_t off[3] = { 0, 0, 0 }, idx[KILN_MAX_RANK] = { 0 };             \
         int64_t ic = mp->st[0][r - 1], ix = mp->st[1][r - 1];                 \
         int64_t iz = mp->st[2][r - 1];                                        \
@@ -969,8 +942,8 @@ s_run_where (const kiln_kplan_t *plan, void *const *data)
                             = s_rf_##OP##_##TN (acc[i], mp->len);             \
                 }                                                             \
         } else {                                                              \
-            int64_t nout = s_prod (mp->kd, 0, mp->nk);                        \
-            int64_t cnt = s_prod (mp->rd, 0, mp->nr);                         \
+            int64_t nout = kiln_kdims_prod (mp->kd, 0, mp->nk);                        \
+            int64_t cnt = kiln_kdims_prod (mp->rd, 0, mp->nr);                         \
             int64_t kidx[KILN_MAX_RANK] = { 0 }, base = 0;                    \
             for (int64_t o = 0; o < nout; o++) {                              \
                 AC acc = s_ri_##OP##_##TN ();                                      \
@@ -1053,8 +1026,8 @@ KILN_REDUCE_OPS (S_RROW, _)
     {                                                                         \
         const T *x = x_;                                                      \
         T *y = y_;                                                            \
-        int64_t nout = s_prod (mp->kd, 0, mp->nk);                            \
-        int64_t cnt = s_prod (mp->rd, 0, mp->nr);                             \
+        int64_t nout = kiln_kdims_prod (mp->kd, 0, mp->nk);                            \
+        int64_t cnt = kiln_kdims_prod (mp->rd, 0, mp->nr);                             \
         int64_t kidx[KILN_MAX_RANK] = { 0 }, base = 0;                        \
         for (int64_t o = 0; o < nout; o++) {                                  \
             for (int pass = 0; pass < 2; pass++) {                            \
@@ -1418,11 +1391,11 @@ s_prep_unary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
               const s_tab_t tab, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int rc;
     if ((rc = s_pick (tab, x->dtype, "input 0", mp, err))
         || (rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err)))
+        || (rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err)))
         return rc;
     const char *names[3] = { NULL, NULL, NULL };
     for (size_t i = 0; i < sizeof s_unary_rows / sizeof s_unary_rows[0]; i++)
@@ -1461,12 +1434,12 @@ static int
 s_prep_cast (kiln_program_t *p, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *y = kiln_ktensor (p, plan->out);
     int si = s_ti (x->dtype), di = s_ti (y->dtype);
     if (si < 0 || di < 0)
         return kiln_error (err, KILN_EFORMAT, "cannot cast %s to %s",
                            s_dtn (x->dtype), s_dtn (y->dtype));
-    int rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err);
+    int rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err);
     if (rc)
         return rc;
     mp->fn = s_tab_cast[si][di];
@@ -1502,12 +1475,12 @@ s_prep_round_half (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                            KILN_DT_FLOAT16, KILN_DT_BFLOAT16);
     if ((rc = s_need_dtype (p, plan->in[0], KILN_DT_FLOAT32, "input 0", err))
         || (rc = s_need_dtype (p, plan->out, KILN_DT_FLOAT32, "the output", err))
-        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (s_t (p, plan->in[0])),
+        || (rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (kiln_ktensor (p, plan->in[0])),
                                "the output", err)))
         return rc;
     mp->dt = KILN_DT_FLOAT32;
     mp->dt2 = (kiln_dtype_t) dt;
-    mp->len = kiln_ktensor_numel (s_t (p, plan->in[0]));
+    mp->len = kiln_ktensor_numel (kiln_ktensor (p, plan->in[0]));
     plan->run = s_run_round_half;
     return 0;
 }
@@ -1519,13 +1492,13 @@ s_prep_clip (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
              kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int ti = s_ti (x->dtype), rc;
     if (ti < 0 || !s_clip_runs[ti])
         return kiln_error (err, KILN_EFORMAT, "input 0 is %s, which clip does "
                            "not take", s_dtn (x->dtype));
     if ((rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
+        || (rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = s_same_dtype (p, plan, 0, x->dtype, err)))
         return rc;
     const char *fname[2] = { "min", "max" }, *iname[2] = { "min_input", "max_input" };
@@ -1554,7 +1527,7 @@ s_prep_clip (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                 return kiln_error (err, KILN_EFORMAT, "parameter '%s' is %lld, "
                                    "not an unused bound input", iname[b],
                                    (long long) k);
-            if ((rc = s_need_numel (p, plan->in[k], 1, iname[b], err)))
+            if ((rc = kiln_kneed_numel (p, plan->in[k], 1, iname[b], err)))
                 return rc;
             used[k] = true;
             *has[b] = (int) k;
@@ -1576,13 +1549,13 @@ s_prep_binary (kiln_program_t *p, kiln_kplan_t *plan, const s_tab_t tab,
                bool out_bool, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    kiln_dtype_t dt = s_t (p, plan->in[0])->dtype;
+    kiln_dtype_t dt = kiln_ktensor (p, plan->in[0])->dtype;
     int rc;
     if ((rc = s_pick (tab, dt, "input 0", mp, err))
         || (rc = s_same_dtype (p, plan, 0, dt, err))
         || (rc = s_need_dtype (p, plan->out, out_bool ? KILN_DT_BOOL : dt,
                                "the output", err))
-        || (rc = s_plan_broadcast (p, plan->in, plan->n_in, s_t (p, plan->out),
+        || (rc = s_plan_broadcast (p, plan->in, plan->n_in, kiln_ktensor (p, plan->out),
                                    mp, err)))
         return rc;
     plan->run = plan->n_in == 2 && plan->kernel != KILN_K_MEAN
@@ -1594,7 +1567,7 @@ int
 kiln_kmath_prepare_arith (kiln_program_t *p, kiln_prog_op_t *op,
                           kiln_kplan_t *plan, kiln_err_t *err)
 {
-    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *y = kiln_ktensor (p, plan->out);
     int r = y->shape.rank, rc;
     /* The shapes the float32 kernel takes as parameters must be the
      * operands' own, right-aligned. */
@@ -1603,7 +1576,7 @@ kiln_kmath_prepare_arith (kiln_program_t *p, kiln_prog_op_t *op,
         int64_t d[KILN_PROG_MAX_PARAM_INTS];
         if ((rc = kiln_prog_op_ints (op, names[k], r, d, err)))
             return rc;
-        const kiln_prog_tensor_t *t = s_t (p, plan->in[k]);
+        const kiln_prog_tensor_t *t = kiln_ktensor (p, plan->in[k]);
         for (int i = 0; i < r; i++) {
             int j = i - (r - t->shape.rank);
             if (d[i] != (j >= 0 ? t->shape.dims[j] : 1))
@@ -1621,7 +1594,7 @@ static int
 s_prep_pow (kiln_program_t *p, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    kiln_dtype_t dt = s_t (p, plan->in[0])->dtype, de = s_t (p, plan->in[1])->dtype;
+    kiln_dtype_t dt = kiln_ktensor (p, plan->in[0])->dtype, de = kiln_ktensor (p, plan->in[1])->dtype;
     if (dt != KILN_DT_FLOAT32 && dt != KILN_DT_FLOAT64 && dt != KILN_DT_INT32
         && dt != KILN_DT_INT64)
         return kiln_error (err, KILN_EFORMAT, "input 0 is %s, which pow does "
@@ -1632,7 +1605,7 @@ s_prep_pow (kiln_program_t *p, kiln_kplan_t *plan, kiln_err_t *err)
                            "not take", s_dtn (de));
     int rc;
     if ((rc = s_need_dtype (p, plan->out, dt, "the output", err))
-        || (rc = s_plan_broadcast (p, plan->in, 2, s_t (p, plan->out), mp, err)))
+        || (rc = s_plan_broadcast (p, plan->in, 2, kiln_ktensor (p, plan->out), mp, err)))
         return rc;
     mp->dt = dt;
     mp->dt2 = de;
@@ -1644,13 +1617,13 @@ static int
 s_prep_where (kiln_program_t *p, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    kiln_dtype_t dt = s_t (p, plan->in[1])->dtype;
+    kiln_dtype_t dt = kiln_ktensor (p, plan->in[1])->dtype;
     int rc;
     if ((rc = s_need_dtype (p, plan->in[0], KILN_DT_BOOL, "input 0 (the "
                             "condition)", err))
         || (rc = s_need_dtype (p, plan->in[2], dt, "input 2", err))
         || (rc = s_need_dtype (p, plan->out, dt, "the output", err))
-        || (rc = s_plan_broadcast (p, plan->in, 3, s_t (p, plan->out), mp, err)))
+        || (rc = s_plan_broadcast (p, plan->in, 3, kiln_ktensor (p, plan->out), mp, err)))
         return rc;
     size_t e = kiln_dtype_size (dt);
     if (e != 1 && e != 2 && e != 4 && e != 8)
@@ -1724,7 +1697,7 @@ s_prep_reduce (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                const s_tab_t tab, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int64_t axes[KILN_PROG_MAX_PARAM_INTS];
     int na, rc;
     if ((rc = s_pick (tab, x->dtype, "input 0", mp, err))
@@ -1743,7 +1716,7 @@ s_prep_reduce (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     for (int i = 0; i < x->shape.rank; i++)
         if (!red[i])
             kept *= x->shape.dims[i];
-    if ((rc = s_need_numel (p, plan->out, kept, "the output", err)))
+    if ((rc = kiln_kneed_numel (p, plan->out, kept, "the output", err)))
         return rc;
     s_plan_axes (x, red, mp);
     if (plan->kernel == KILN_K_REDUCE_LOG_SUM_EXP)
@@ -1762,13 +1735,13 @@ s_plan_axis (const kiln_prog_tensor_t *x, int64_t axis, bool flatten,
     if (axis < 0 || axis >= (r > 0 ? r : 1) || (r == 0 && !flatten))
         return kiln_error (err, KILN_EFORMAT, "parameter 'axis' is %lld, "
                            "outside the rank-%d input", (long long) axis, r);
-    mp->pre = s_prod (x->shape.dims, 0, (int) axis);
+    mp->pre = kiln_kdims_prod (x->shape.dims, 0, (int) axis);
     if (flatten) {
-        mp->len = s_prod (x->shape.dims, (int) axis, r);
+        mp->len = kiln_kdims_prod (x->shape.dims, (int) axis, r);
         mp->post = 1;
     } else {
         mp->len = x->shape.dims[axis];
-        mp->post = s_prod (x->shape.dims, (int) axis + 1, r);
+        mp->post = kiln_kdims_prod (x->shape.dims, (int) axis + 1, r);
     }
     return 0;
 }
@@ -1778,7 +1751,7 @@ s_prep_arg (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
             kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int64_t axis, last;
     int rc;
     if ((rc = s_pick (s_tab_arg, x->dtype, "input 0", mp, err))
@@ -1793,7 +1766,7 @@ s_prep_arg (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (mp->len == 0)
         return kiln_error (err, KILN_EFORMAT, "axis %lld is empty",
                            (long long) axis);
-    if ((rc = s_need_numel (p, plan->out, mp->pre * mp->post, "the output", err)))
+    if ((rc = kiln_kneed_numel (p, plan->out, mp->pre * mp->post, "the output", err)))
         return rc;
     mp->i0 = last;
     mp->f[0] = plan->kernel == KILN_K_ARGMAX ? 1 : -1;
@@ -1806,12 +1779,12 @@ s_prep_softmax (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                 kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int64_t axis, flatten;
     int rc;
     if ((rc = s_pick (s_tab_softmax, x->dtype, "input 0", mp, err))
         || (rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
+        || (rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = kiln_prog_op_int (op, "axis", &axis, err))
         || (rc = kiln_prog_op_int (op, "flatten", &flatten, err)))
         return rc;
@@ -1832,7 +1805,7 @@ s_prep_channels (kiln_program_t *p, kiln_kplan_t *plan, int from,
                  kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int rc;
     if (x->dtype != KILN_DT_FLOAT32 && x->dtype != KILN_DT_FLOAT64)
         return kiln_error (err, KILN_EFORMAT, "input 0 is %s, expected float32 "
@@ -1842,18 +1815,18 @@ s_prep_channels (kiln_program_t *p, kiln_kplan_t *plan, int from,
                            "at least 2", x->shape.rank);
     if ((rc = s_same_dtype (p, plan, 0, x->dtype, err))
         || (rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err)))
+        || (rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err)))
         return rc;
     for (int i = from; i < plan->n_in; i++) {
         char what[32];
         snprintf (what, sizeof what, "input %d", i);
-        if ((rc = s_need_numel (p, plan->in[i], x->shape.dims[1], what, err)))
+        if ((rc = kiln_kneed_numel (p, plan->in[i], x->shape.dims[1], what, err)))
             return rc;
     }
     mp->dt = x->dtype;
     mp->pre = x->shape.dims[0];
     mp->len = x->shape.dims[1];
-    mp->post = s_prod (x->shape.dims, 2, x->shape.rank);
+    mp->post = kiln_kdims_prod (x->shape.dims, 2, x->shape.rank);
     return 0;
 }
 
@@ -1862,7 +1835,7 @@ s_prep_layer_norm (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                    kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int64_t axis;
     int rc;
     if (x->dtype != KILN_DT_FLOAT32 && x->dtype != KILN_DT_FLOAT64)
@@ -1870,7 +1843,7 @@ s_prep_layer_norm (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                            "or float64", s_dtn (x->dtype));
     if ((rc = s_same_dtype (p, plan, 0, x->dtype, err))
         || (rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
+        || (rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = kiln_prog_op_int (op, "axis", &axis, err))
         || (rc = s_float_param (op, "epsilon", &mp->f[0], err))
         || (rc = s_plan_axis (x, axis, true, mp, err)))
@@ -1879,7 +1852,7 @@ s_prep_layer_norm (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return kiln_error (err, KILN_EFORMAT, "input 0 is a scalar");
     int64_t *st[2] = { &mp->sc_st, &mp->b_st };
     for (int i = 1; i < plan->n_in; i++) {
-        int64_t n = kiln_ktensor_numel (s_t (p, plan->in[i]));
+        int64_t n = kiln_ktensor_numel (kiln_ktensor (p, plan->in[i]));
         if (n != mp->len && n != 1)
             return kiln_error (err, KILN_EFORMAT, "input %d holds %lld "
                                "elements, expected %lld or 1", i, (long long) n,
@@ -1894,7 +1867,7 @@ s_prep_layer_norm (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
             if ((rc = s_need_dtype (p, op->outputs[k], KILN_DT_FLOAT32,
                                     k == 1 ? "output 1 (mean)" : "output 2 (inverse std dev)",
                                     err))
-                || (rc = s_need_numel (p, op->outputs[k], mp->pre,
+                || (rc = kiln_kneed_numel (p, op->outputs[k], mp->pre,
                                        k == 1 ? "output 1 (mean)" : "output 2 (inverse std dev)",
                                        err)))
                 return rc;
@@ -1947,14 +1920,14 @@ static int
 s_prep_hardmax (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int64_t axis, flatten;
     int rc;
     if (x->dtype != KILN_DT_FLOAT32 && x->dtype != KILN_DT_FLOAT64)
         return kiln_error (err, KILN_EFORMAT, "input 0 is %s, expected float32 or float64",
                            s_dtn (x->dtype));
     if ((rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
+        || (rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = kiln_prog_op_int (op, "axis", &axis, err))
         || (rc = kiln_prog_op_int (op, "flatten", &flatten, err))
         || (rc = s_plan_axis (x, axis, flatten != 0, mp, err)))
@@ -1984,12 +1957,12 @@ static int
 s_prep_isinf (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]);
     int64_t pos, neg;
     int rc;
     if ((rc = s_pick (s_tab_isinf, x->dtype, "input 0", mp, err))
         || (rc = s_need_dtype (p, plan->out, KILN_DT_BOOL, "the output", err))
-        || (rc = s_need_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
+        || (rc = kiln_kneed_numel (p, plan->out, kiln_ktensor_numel (x), "the output", err))
         || (rc = kiln_prog_op_int (op, "detect_positive", &pos, err))
         || (rc = kiln_prog_op_int (op, "detect_negative", &neg, err)))
         return rc;
@@ -2059,7 +2032,7 @@ static int
 s_prep_nll (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kmath_plan_t *mp = &plan->u.math;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *tg = s_t (p, plan->in[1]);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *tg = kiln_ktensor (p, plan->in[1]);
     int64_t reduction, has_ignore, ignore;
     int rc;
     if ((rc = kiln_prog_op_int (op, "reduction", &reduction, err))
@@ -2087,12 +2060,12 @@ s_prep_nll (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_
     mp->dt2 = tg->dtype;
     mp->pre = x->shape.dims[0];
     mp->len = x->shape.dims[1];
-    mp->post = s_prod (x->shape.dims, 2, x->shape.rank);
+    mp->post = kiln_kdims_prod (x->shape.dims, 2, x->shape.rank);
     if (plan->n_in > 2 && ((rc = s_need_dtype (p, plan->in[2], x->dtype, "the weight", err))
-                           || (rc = s_need_numel (p, plan->in[2], mp->len, "the weight", err))))
+                           || (rc = kiln_kneed_numel (p, plan->in[2], mp->len, "the weight", err))))
         return rc;
     if ((rc = s_need_dtype (p, plan->out, x->dtype, "the output", err))
-        || (rc = s_need_numel (p, plan->out, reduction ? 1 : kiln_ktensor_numel (tg), "the output", err)))
+        || (rc = kiln_kneed_numel (p, plan->out, reduction ? 1 : kiln_ktensor_numel (tg), "the output", err)))
         return rc;
     mp->has_lo = has_ignore != 0;
     mp->i0 = ignore;
@@ -2147,11 +2120,11 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return s_prep_binary (p, plan, plan->n_in == 1 ? s_tab_max : s_tab_add,
                               false, err);
     case KILN_K_MEAN:
-        if (s_t (p, plan->in[0])->dtype != KILN_DT_FLOAT32
-            && s_t (p, plan->in[0])->dtype != KILN_DT_FLOAT64)
+        if (kiln_ktensor (p, plan->in[0])->dtype != KILN_DT_FLOAT32
+            && kiln_ktensor (p, plan->in[0])->dtype != KILN_DT_FLOAT64)
             return kiln_error (err, KILN_EFORMAT, "input 0 is %s, expected "
                                "float32 or float64",
-                               s_dtn (s_t (p, plan->in[0])->dtype));
+                               s_dtn (kiln_ktensor (p, plan->in[0])->dtype));
         return s_prep_binary (p, plan, plan->n_in == 1 ? s_tab_max : s_tab_add,
                               false, err);
     case KILN_K_WHERE: return s_prep_where (p, plan, err);

@@ -1,7 +1,7 @@
 /*
- * kiln_kernels_shape — data movement (strided, concat, gather, pad),
- * resize, transposed convolution and the pools kiln_kernels.c does not
- * have (see kiln_kernels_shape.h and docs/program-format.md).
+ * kiln_kernels_shape — data movement (strided, concat, gather, pad,
+ * gather_elements, trilu, eye), resize and cumsum (see
+ * kiln_kernels_shape.h and docs/program-format.md).
  *
  * Every prepare function proves that run stays inside its operands:
  * shapes are checked against the parameters, every index a loop can
@@ -9,7 +9,7 @@
  * functions do not check and do not fail; data-dependent indices (gather)
  * are the one exception, and an index out of range gives zeros.
  */
-#include "runtime/kiln_kernels.h"
+#include "runtime/kiln_kernels_priv.h"
 
 #include <limits.h>
 #include <math.h>
@@ -29,44 +29,15 @@ enum { S_ROUND_PREFER_FLOOR = 0, S_ROUND_PREFER_CEIL = 1, S_FLOOR = 2, S_CEIL = 
 
 /* --- helpers ---------------------------------------------------------- */
 
-static const kiln_prog_tensor_t *
-s_t (const kiln_program_t *p, int t)
-{
-    return &p->tensors[t];
-}
-
-
-static int64_t
-s_prod (const int64_t *d, int from, int to)
-{
-    int64_t n = 1;
-    for (int i = from; i < to; i++)
-        n *= d[i];          /* callers pass dims of one checked tensor */
-    return n;
-}
-
 static int
 s_same_dtype (const kiln_program_t *p, const kiln_kplan_t *plan, kiln_err_t *err)
 {
-    kiln_dtype_t dt = s_t (p, plan->out)->dtype;
+    kiln_dtype_t dt = kiln_ktensor (p, plan->out)->dtype;
     for (int i = 0; i < plan->n_in; i++)
-        if (s_t (p, plan->in[i])->dtype != dt)
+        if (kiln_ktensor (p, plan->in[i])->dtype != dt)
             return kiln_error (err, KILN_EFORMAT, "input %d is %s but the output is %s", i,
-                               kiln_dtype_name (s_t (p, plan->in[i])->dtype),
+                               kiln_dtype_name (kiln_ktensor (p, plan->in[i])->dtype),
                                kiln_dtype_name (dt));
-    return 0;
-}
-
-static int
-s_need_f32 (const kiln_program_t *p, const kiln_kplan_t *plan, kiln_err_t *err)
-{
-    for (int i = 0; i < plan->n_in; i++)
-        if (s_t (p, plan->in[i])->dtype != KILN_DT_FLOAT32)
-            return kiln_error (err, KILN_EFORMAT, "input %d is %s, not float32", i,
-                               kiln_dtype_name (s_t (p, plan->in[i])->dtype));
-    if (s_t (p, plan->out)->dtype != KILN_DT_FLOAT32)
-        return kiln_error (err, KILN_EFORMAT, "output is %s, not float32",
-                           kiln_dtype_name (s_t (p, plan->out)->dtype));
     return 0;
 }
 
@@ -134,7 +105,7 @@ s_run_strided (const kiln_kplan_t *plan, void *const *data)
     uint8_t *y = data[plan->out];
     int r = sp->rank;
     int64_t n = sp->dims[r - 1], st = sp->st[r - 1];
-    int64_t outer = s_prod (sp->dims, 0, r - 1);
+    int64_t outer = kiln_kdims_prod (sp->dims, 0, r - 1);
     int64_t idx[KILN_PROG_MAX_PARAM_INTS] = { 0 }, src = sp->offset;
     size_t es = sp->esz;
     if (es == 4 && r >= 2 && sp->st[r - 2] == 1 && st != 1 && n >= 8
@@ -186,9 +157,9 @@ s_prep_strided (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         if (st[i] < -KILN_MAX_TENSOR_ELEMS || st[i] > KILN_MAX_TENSOR_ELEMS)
             return kiln_error (err, KILN_EFORMAT, "strides[%d] is %lld", i, (long long) st[i]);
     }
-    if (n != kiln_ktensor_numel (s_t (p, plan->out)))
+    if (n != kiln_ktensor_numel (kiln_ktensor (p, plan->out)))
         return kiln_error (err, KILN_EFORMAT, "the loop covers %lld elements, the output holds %lld",
-                           (long long) n, (long long) kiln_ktensor_numel (s_t (p, plan->out)));
+                           (long long) n, (long long) kiln_ktensor_numel (kiln_ktensor (p, plan->out)));
     /* The lowest and highest element the loop nest reads: each term is
      * below 2^31 * 2^32, and there are at most 16, so __int128 holds
      * the sums exactly. */
@@ -200,10 +171,10 @@ s_prep_strided (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         else
             hi += span;
     }
-    if (n > 0 && (lo < 0 || hi >= kiln_ktensor_numel (s_t (p, plan->in[0]))))
+    if (n > 0 && (lo < 0 || hi >= kiln_ktensor_numel (kiln_ktensor (p, plan->in[0]))))
         return kiln_error (err, KILN_EFORMAT, "the loop reads elements %lld..%lld of an input of %lld",
                            (long long) lo, (long long) hi,
-                           (long long) kiln_ktensor_numel (s_t (p, plan->in[0])));
+                           (long long) kiln_ktensor_numel (kiln_ktensor (p, plan->in[0])));
     /* Drop unit loops and merge a loop into the one inside it when they
      * walk X contiguously, so the inner loop is as long as possible. */
     int k = 0;
@@ -226,7 +197,7 @@ s_prep_strided (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     }
     sp->rank = k;
     sp->offset = offset;
-    sp->esz = kiln_dtype_size (s_t (p, plan->out)->dtype);
+    sp->esz = kiln_dtype_size (kiln_ktensor (p, plan->out)->dtype);
     plan->run = s_run_strided;
     return 0;
 }
@@ -255,16 +226,16 @@ s_prep_concat (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     int rc;
     if ((rc = s_same_dtype (p, plan, err)) || (rc = kiln_prog_op_int (op, "axis", &axis, err)))
         return rc;
-    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *y = kiln_ktensor (p, plan->out);
     int r = y->shape.rank;
     if (axis < 0 || axis >= r)
         return kiln_error (err, KILN_EFORMAT, "axis %lld is outside 0..%d", (long long) axis, r - 1);
     int64_t sum = 0;
     sp->esz = kiln_dtype_size (y->dtype);
-    sp->inner = s_prod (y->shape.dims, (int) axis + 1, r);
-    sp->outer = s_prod (y->shape.dims, 0, (int) axis);
+    sp->inner = kiln_kdims_prod (y->shape.dims, (int) axis + 1, r);
+    sp->outer = kiln_kdims_prod (y->shape.dims, 0, (int) axis);
     for (int i = 0; i < plan->n_in; i++) {
-        const kiln_prog_tensor_t *x = s_t (p, plan->in[i]);
+        const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[i]);
         if (x->shape.rank != r)
             return kiln_error (err, KILN_EFORMAT, "input %d has rank %d, the output %d", i,
                                x->shape.rank, r);
@@ -315,8 +286,8 @@ s_prep_gather (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                kiln_err_t *err)
 {
     kiln_kshape_plan_t *sp = &plan->u.shape;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *ind = s_t (p, plan->in[1]);
-    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *ind = kiln_ktensor (p, plan->in[1]);
+    const kiln_prog_tensor_t *y = kiln_ktensor (p, plan->out);
     int64_t axis;
     int rc = kiln_prog_op_int (op, "axis", &axis, err);
     if (rc)
@@ -339,8 +310,8 @@ s_prep_gather (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                                (long long) y->shape.dims[i], (long long) want);
     }
     sp->esz = kiln_dtype_size (x->dtype);
-    sp->outer = s_prod (x->shape.dims, 0, (int) axis);
-    sp->inner = s_prod (x->shape.dims, (int) axis + 1, r);
+    sp->outer = kiln_kdims_prod (x->shape.dims, 0, (int) axis);
+    sp->inner = kiln_kdims_prod (x->shape.dims, (int) axis + 1, r);
     sp->axis_len = x->shape.dims[axis];
     sp->n_idx = kiln_ktensor_numel (ind);
     sp->idx64 = ind->dtype == KILN_DT_INT64;
@@ -382,7 +353,7 @@ s_run_pad (const kiln_kplan_t *plan, void *const *data)
      * negative begin pad crops) and is in_dims[i] long; pads[i] is the
      * (non-negative) padding in front of it. */
     int64_t ow = sp->dims[r - 1], iw = sp->in_dims[r - 1], pb = sp->pads[r - 1];
-    int64_t rows = s_prod (sp->dims, 0, r - 1);
+    int64_t rows = kiln_kdims_prod (sp->dims, 0, r - 1);
     int64_t idx[KILN_MAX_RANK] = { 0 };
     for (int64_t row = 0; row < rows; row++, y += (size_t) ow * es) {
         /* The source row, or none (a row of the constant). */
@@ -446,7 +417,7 @@ static int
 s_prep_pad (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kshape_plan_t *sp = &plan->u.shape;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *y = kiln_ktensor (p, plan->out);
     int r = x->shape.rank, rc;
     int64_t mode;
     double value;
@@ -555,7 +526,7 @@ s_run_resize (const kiln_kplan_t *plan, void *const *data)
         st[i] = c;
         c *= sp->in_dims[i];
     }
-    int64_t rows = s_prod (sp->dims, 0, last), ow = sp->dims[last];
+    int64_t rows = kiln_kdims_prod (sp->dims, 0, last), ow = sp->dims[last];
     int64_t idx[KILN_MAX_RANK] = { 0 };
     int64_t off[1 << (KILN_MAX_RANK - 1)];
     double wt[1 << (KILN_MAX_RANK - 1)];
@@ -604,10 +575,10 @@ static int
 s_prep_resize (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kshape_plan_t *sp = &plan->u.shape;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *y = kiln_ktensor (p, plan->out);
     int r = x->shape.rank, rc;
     int64_t mode, coord, nearest, bits[KILN_MAX_RANK];
-    if ((rc = s_need_f32 (p, plan, err))
+    if ((rc = kiln_kneed_f32 (p, plan, err))
         || (rc = kiln_prog_op_int (op, "mode", &mode, err))
         || (rc = kiln_prog_op_int (op, "coord", &coord, err))
         || (rc = kiln_prog_op_int (op, "nearest", &nearest, err))
@@ -644,295 +615,6 @@ s_prep_resize (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_e
     return 0;
 }
 
-/* --- windows ---------------------------------------------------------- */
-
-/* N, C, H, W of a rank-3 (H = 1) or rank-4 tensor. */
-static bool
-s_nchw (const kiln_prog_tensor_t *t, int64_t v[4])
-{
-    if (t->shape.rank == 4) {
-        memcpy (v, t->shape.dims, 4 * sizeof *v);
-        return true;
-    }
-    if (t->shape.rank == 3) {
-        v[0] = t->shape.dims[0];
-        v[1] = t->shape.dims[1];
-        v[2] = 1;
-        v[3] = t->shape.dims[2];
-        return true;
-    }
-    return false;
-}
-
-typedef struct {
-    int64_t k[2], s[2], d[2], p[4];
-} s_win_t;
-
-static int
-s_get_window (kiln_prog_op_t *op, s_win_t *w, kiln_err_t *err)
-{
-    int rc;
-    if ((rc = kiln_prog_op_ints (op, "kernel", 2, w->k, err))
-        || (rc = kiln_prog_op_ints (op, "strides", 2, w->s, err))
-        || (rc = kiln_prog_op_ints (op, "dilations", 2, w->d, err))
-        || (rc = kiln_prog_op_ints (op, "pads", 4, w->p, err)))
-        return rc;
-    for (int i = 0; i < 2; i++)
-        if (w->k[i] < 1 || w->s[i] < 1 || w->d[i] < 1 || w->k[i] > KILN_MAX_DIM
-            || w->s[i] > KILN_MAX_DIM || w->d[i] > KILN_MAX_DIM)
-            return kiln_error (err, KILN_EFORMAT, "kernel, strides and dilations must be in 1..%lld",
-                               (long long) KILN_MAX_DIM);
-    for (int i = 0; i < 4; i++)
-        if (w->p[i] < 0 || w->p[i] > KILN_MAX_DIM)
-            return kiln_error (err, KILN_EFORMAT, "pads must be in 0..%lld", (long long) KILN_MAX_DIM);
-    return 0;
-}
-
-static void
-s_run_conv_transpose (const kiln_kplan_t *plan, void *const *data)
-{
-    const kiln_kshape_plan_t *sp = &plan->u.shape;
-    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
-    const float *bias = sp->bias ? data[plan->in[2]] : NULL;
-    float *y = data[plan->out], *col = data[plan->scratch];
-    int64_t g = sp->group, cg = sp->c / g, mg = sp->m / g;
-    int64_t hw = sp->h * sp->w, ohw = sp->oh * sp->ow, kk = sp->kh * sp->kw;
-    int64_t rows = mg * kk;
-    memset (y, 0, (size_t) (sp->n * sp->m * ohw) * sizeof *y);
-    for (int64_t n = 0; n < sp->n; n++)
-        for (int64_t gi = 0; gi < g; gi++) {
-            const float *xg = x + (n * sp->c + gi * cg) * hw;
-            const float *wg = wt + gi * cg * rows;
-            float *yg = y + (n * sp->m + gi * mg) * ohw;
-            if (rows == 0 || hw == 0)
-                continue;
-            if (cg == 0)
-                memset (col, 0, (size_t) (rows * hw) * sizeof *col);
-            else
-                /* col[mg*kh*kw, h*w] = Wg^T [mg*kh*kw, cg] . Xg [cg, h*w] */
-                cblas_sgemm (CblasRowMajor, CblasTrans, CblasNoTrans, (int) rows, (int) hw,
-                             (int) cg, 1.0f, wg, (int) rows, xg, (int) hw, 0.0f, col, (int) hw);
-            /* col2im: scatter every column entry to where it lands. */
-            for (int64_t m = 0; m < mg; m++)
-                for (int64_t i = 0; i < sp->kh; i++)
-                    for (int64_t j = 0; j < sp->kw; j++) {
-                        const float *cr = col + ((m * sp->kh + i) * sp->kw + j) * hw;
-                        float *ym = yg + m * ohw;
-                        for (int64_t ih = 0; ih < sp->h; ih++) {
-                            int64_t oh = ih * sp->sh - sp->pt + i * sp->dh;
-                            if (oh < 0 || oh >= sp->oh)
-                                continue;
-                            for (int64_t iw = 0; iw < sp->w; iw++) {
-                                int64_t ow = iw * sp->sw - sp->pl + j * sp->dw;
-                                if (ow >= 0 && ow < sp->ow)
-                                    ym[oh * sp->ow + ow] += cr[ih * sp->w + iw];
-                            }
-                        }
-                    }
-            if (bias)
-                for (int64_t m = 0; m < mg; m++) {
-                    float b = bias[gi * mg + m], *row = yg + m * ohw;
-                    for (int64_t i = 0; i < ohw; i++)
-                        row[i] += b;
-                }
-        }
-}
-
-static int
-s_prep_conv_transpose (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
-                       kiln_err_t *err)
-{
-    kiln_kshape_plan_t *sp = &plan->u.shape;
-    s_win_t w;
-    int64_t group, opad[2], x[4], y[4], wd[4];
-    int rc;
-    if ((rc = s_need_f32 (p, plan, err)) || (rc = s_get_window (op, &w, err))
-        || (rc = kiln_prog_op_ints (op, "output_padding", 2, opad, err))
-        || (rc = kiln_prog_op_int (op, "group", &group, err)))
-        return rc;
-    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *tw = s_t (p, plan->in[1]);
-    const kiln_prog_tensor_t *ty = s_t (p, plan->out);
-    if (!s_nchw (tx, x) || !s_nchw (ty, y) || !s_nchw (tw, wd) || tx->shape.rank != ty->shape.rank
-        || tw->shape.rank != tx->shape.rank)
-        return kiln_error (err, KILN_EFORMAT, "X, W and Y must all have rank 3 or all rank 4");
-    if (group < 1 || x[1] % group != 0 || wd[0] != x[1] || wd[1] * group != y[1] || y[0] != x[0]
-        || wd[2] != w.k[0] || wd[3] != w.k[1])
-        return kiln_error (err, KILN_EFORMAT, "W [%lld, %lld, %lld, %lld] does not fit X, Y and group %lld",
-                           (long long) wd[0], (long long) wd[1], (long long) wd[2],
-                           (long long) wd[3], (long long) group);
-    for (int i = 0; i < 2; i++) {
-        if (opad[i] < 0 || opad[i] > KILN_MAX_DIM)
-            return kiln_error (err, KILN_EFORMAT, "output_padding[%d] is %lld", i, (long long) opad[i]);
-        /* Every term is below 2^31, so this fits int64. */
-        int64_t want = w.s[i] * (x[2 + i] - 1) + opad[i] + (w.k[i] - 1) * w.d[i] + 1 - w.p[i]
-                       - w.p[2 + i];
-        if (x[2 + i] == 0 || want != y[2 + i])
-            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis %d does not follow from the window",
-                               (long long) y[2 + i], i);
-    }
-    int64_t rows, hw, need;
-    if (__builtin_mul_overflow (wd[1], w.k[0] * w.k[1], &rows)
-        || __builtin_mul_overflow (x[2], x[3], &hw) || __builtin_mul_overflow (rows, hw, &need)
-        || rows > INT_MAX || hw > INT_MAX || x[1] / group > INT_MAX)
-        return kiln_error (err, KILN_EFORMAT, "transposed convolution too large for BLAS");
-    if (plan->scratch < 0 || kiln_ktensor_numel (s_t (p, plan->scratch)) < need)
-        return kiln_error (err, KILN_EFORMAT, "needs a scratch tensor of %lld elements", (long long) need);
-    sp->bias = plan->n_in == 3;
-    if (sp->bias && kiln_ktensor_numel (s_t (p, plan->in[2])) != y[1])
-        return kiln_error (err, KILN_EFORMAT, "bias holds %lld elements, expected %lld",
-                           (long long) kiln_ktensor_numel (s_t (p, plan->in[2])), (long long) y[1]);
-    sp->n = x[0];
-    sp->c = x[1];
-    sp->h = x[2];
-    sp->w = x[3];
-    sp->m = y[1];
-    sp->oh = y[2];
-    sp->ow = y[3];
-    sp->kh = w.k[0];
-    sp->kw = w.k[1];
-    sp->sh = w.s[0];
-    sp->sw = w.s[1];
-    sp->dh = w.d[0];
-    sp->dw = w.d[1];
-    sp->pt = w.p[0];
-    sp->pl = w.p[1];
-    sp->group = group;
-    plan->run = s_run_conv_transpose;
-    return 0;
-}
-
-static void
-s_run_avgpool (const kiln_kplan_t *plan, void *const *data)
-{
-    const kiln_kshape_plan_t *sp = &plan->u.shape;
-    const float *x = data[plan->in[0]];
-    float *y = data[plan->out];
-    int64_t h = sp->h, w = sp->w, oh = sp->oh, ow = sp->ow;
-    for (int64_t pl = 0; pl < sp->planes; pl++) {
-        const float *xp = x + pl * h * w;
-        float *yp = y + pl * oh * ow;
-        for (int64_t r = 0; r < oh; r++)
-            for (int64_t q = 0; q < ow; q++) {
-                double sum = 0.0;
-                int64_t inside = 0, padded = 0;
-                int64_t h0 = r * sp->sh - sp->pt, w0 = q * sp->sw - sp->pl;
-                for (int64_t i = 0; i < sp->kh; i++) {
-                    int64_t ih = h0 + i * sp->dh;
-                    if (ih < -sp->pt || ih >= h + sp->pb)
-                        continue;
-                    for (int64_t j = 0; j < sp->kw; j++) {
-                        int64_t iw = w0 + j * sp->dw;
-                        if (iw < -sp->pl || iw >= w + sp->pr)
-                            continue;
-                        padded++;
-                        if (ih >= 0 && ih < h && iw >= 0 && iw < w) {
-                            sum += xp[ih * w + iw];
-                            inside++;
-                        }
-                    }
-                }
-                int64_t count = sp->include_pad ? padded : inside;
-                yp[r * ow + q] = count ? (float) (sum / (double) count) : NAN;
-            }
-    }
-}
-
-/* Output size along axis i for input `in`; -1 when the window does not
- * fit.  Every value is at most 2^31, so nothing here overflows. */
-static int64_t
-s_out_size (const s_win_t *w, int i, int64_t in, bool ceil_mode)
-{
-    int64_t eff = (w->k[i] - 1) * w->d[i] + 1;
-    int64_t span = in + w->p[i] + w->p[2 + i] - eff;
-    if (span < 0)
-        return -1;
-    return (ceil_mode ? span + w->s[i] - 1 : span) / w->s[i] + 1;
-}
-
-static int
-s_prep_avgpool (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
-{
-    kiln_kshape_plan_t *sp = &plan->u.shape;
-    s_win_t w;
-    int64_t ceil_mode, include, x[4], y[4];
-    int rc;
-    if ((rc = s_need_f32 (p, plan, err)) || (rc = s_get_window (op, &w, err))
-        || (rc = kiln_prog_op_int (op, "ceil_mode", &ceil_mode, err))
-        || (rc = kiln_prog_op_int (op, "count_include_pad", &include, err)))
-        return rc;
-    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
-    if (!s_nchw (tx, x) || !s_nchw (ty, y) || tx->shape.rank != ty->shape.rank)
-        return kiln_error (err, KILN_EFORMAT, "X and Y must both have rank 3 or both rank 4");
-    if (x[0] != y[0] || x[1] != y[1])
-        return kiln_error (err, KILN_EFORMAT, "X and Y differ in N or C");
-    /* With ceil_mode, frameworks differ on whether a last window that
-     * starts in the end padding counts; accept both, as maxpool2d does. */
-    for (int i = 0; i < 2; i++) {
-        int64_t lo = s_out_size (&w, i, x[2 + i], false);
-        int64_t hi = s_out_size (&w, i, x[2 + i], ceil_mode != 0);
-        if (lo < 0 || y[2 + i] < lo || y[2 + i] > hi)
-            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis %d does not follow from the window",
-                               (long long) y[2 + i], i);
-    }
-    sp->planes = x[0] * x[1];
-    sp->h = x[2];
-    sp->w = x[3];
-    sp->oh = y[2];
-    sp->ow = y[3];
-    sp->kh = w.k[0];
-    sp->kw = w.k[1];
-    sp->sh = w.s[0];
-    sp->sw = w.s[1];
-    sp->dh = w.d[0];
-    sp->dw = w.d[1];
-    sp->pt = w.p[0];
-    sp->pl = w.p[1];
-    sp->pb = w.p[2];
-    sp->pr = w.p[3];
-    sp->include_pad = include != 0;
-    plan->run = s_run_avgpool;
-    return 0;
-}
-
-static void
-s_run_global_maxpool (const kiln_kplan_t *plan, void *const *data)
-{
-    const kiln_kshape_plan_t *sp = &plan->u.shape;
-    const float *x = data[plan->in[0]];
-    float *y = data[plan->out];
-    int64_t s = sp->spatial;
-    for (int64_t pl = 0; pl < sp->planes; pl++) {
-        float best = -INFINITY;
-        for (int64_t i = 0; i < s; i++) {
-            float v = x[pl * s + i];
-            if (v > best || v != v)
-                best = v;
-            if (best != best)
-                break;
-        }
-        y[pl] = best;
-    }
-}
-
-static int
-s_prep_global_maxpool (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
-                       kiln_err_t *err)
-{
-    kiln_kshape_plan_t *sp = &plan->u.shape;
-    int rc = s_need_f32 (p, plan, err);
-    if (rc)
-        return rc;
-    const kiln_prog_tensor_t *tx = s_t (p, plan->in[0]), *ty = s_t (p, plan->out);
-    if (tx->shape.rank < 3 || ty->shape.rank != tx->shape.rank)
-        return kiln_error (err, KILN_EFORMAT, "X must have rank >= 3 and Y the same rank");
-    for (int i = 0; i < ty->shape.rank; i++)
-        if (ty->shape.dims[i] != (i < 2 ? tx->shape.dims[i] : 1))
-            return kiln_error (err, KILN_EFORMAT, "Y must be [N, C, 1, ...]");
-    sp->planes = tx->shape.dims[0] * tx->shape.dims[1];
-    sp->spatial = sp->planes ? kiln_ktensor_numel (tx) / sp->planes : 0;
-    plan->run = s_run_global_maxpool;
-    return 0;
-}
 
 /* --- Trilu, GatherElements, CumSum ------------------------------------ */
 
@@ -962,7 +644,7 @@ static int
 s_prep_trilu (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kshape_plan_t *sp = &plan->u.shape;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *y = kiln_ktensor (p, plan->out);
     int64_t upper, k;
     int rc;
     if ((rc = kiln_prog_op_int (op, "upper", &upper, err))
@@ -1015,8 +697,8 @@ s_prep_gather_elements (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pla
                         kiln_err_t *err)
 {
     kiln_kshape_plan_t *sp = &plan->u.shape;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *ind = s_t (p, plan->in[1]);
-    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *ind = kiln_ktensor (p, plan->in[1]);
+    const kiln_prog_tensor_t *y = kiln_ktensor (p, plan->out);
     int64_t axis;
     int rc = kiln_prog_op_int (op, "axis", &axis, err);
     if (rc)
@@ -1038,8 +720,8 @@ s_prep_gather_elements (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pla
                                "other than axis %lld", i, (long long) axis);
     sp->esz = kiln_dtype_size (x->dtype);
     sp->idx64 = ind->dtype == KILN_DT_INT64;
-    sp->outer = s_prod (x->shape.dims, 0, (int) axis);
-    sp->inner = s_prod (x->shape.dims, (int) axis + 1, r);
+    sp->outer = kiln_kdims_prod (x->shape.dims, 0, (int) axis);
+    sp->inner = kiln_kdims_prod (x->shape.dims, (int) axis + 1, r);
     sp->n_idx = ind->shape.dims[axis];
     sp->in_dims[0] = x->shape.dims[axis];
     sp->axis_len = sp->inner;
@@ -1095,7 +777,7 @@ static int
 s_prep_cumsum (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kshape_plan_t *sp = &plan->u.shape;
-    const kiln_prog_tensor_t *x = s_t (p, plan->in[0]), *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *y = kiln_ktensor (p, plan->out);
     int64_t axis, exclusive, reverse;
     int rc;
     if ((rc = kiln_prog_op_int (op, "axis", &axis, err))
@@ -1112,8 +794,8 @@ s_prep_cumsum (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_e
         return kiln_error (err, KILN_EFORMAT, "X is %s, expected float32, float64, int32 "
                            "or int64", kiln_dtype_name (x->dtype));
     sp->dt = x->dtype;
-    sp->outer = s_prod (x->shape.dims, 0, (int) axis);
-    sp->inner = s_prod (x->shape.dims, (int) axis + 1, r);
+    sp->outer = kiln_kdims_prod (x->shape.dims, 0, (int) axis);
+    sp->inner = kiln_kdims_prod (x->shape.dims, (int) axis + 1, r);
     sp->axis_len = x->shape.dims[axis];
     sp->mode = (exclusive != 0) | (reverse != 0) << 1;
     plan->run = s_run_cumsum;
@@ -1139,12 +821,12 @@ static int
 s_prep_eye (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
 {
     kiln_kshape_plan_t *sp = &plan->u.shape;
-    const kiln_prog_tensor_t *y = s_t (p, plan->out);
+    const kiln_prog_tensor_t *y = kiln_ktensor (p, plan->out);
     int64_t k;
     int rc = kiln_prog_op_int (op, "k", &k, err);
     if (rc)
         return rc;
-    if (y->shape.rank != 2 || !kiln_shape_equal (&y->shape, &s_t (p, plan->in[0])->shape))
+    if (y->shape.rank != 2 || !kiln_shape_equal (&y->shape, &kiln_ktensor (p, plan->in[0])->shape))
         return kiln_error (err, KILN_EFORMAT, "the input and the output must be matrices "
                            "of one shape");
     sp->esz = kiln_dtype_size (y->dtype);
@@ -1179,9 +861,6 @@ kiln_kshape_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_GATHER: return s_prep_gather (p, op, plan, err);
     case KILN_K_PAD: return s_prep_pad (p, op, plan, err);
     case KILN_K_RESIZE: return s_prep_resize (p, op, plan, err);
-    case KILN_K_CONV_TRANSPOSE2D: return s_prep_conv_transpose (p, op, plan, err);
-    case KILN_K_AVGPOOL2D: return s_prep_avgpool (p, op, plan, err);
-    case KILN_K_GLOBAL_MAXPOOL: return s_prep_global_maxpool (p, op, plan, err);
     case KILN_K_TRILU: return s_prep_trilu (p, op, plan, err);
     case KILN_K_GATHER_ELEMENTS: return s_prep_gather_elements (p, op, plan, err);
     case KILN_K_CUMSUM: return s_prep_cumsum (p, op, plan, err);
@@ -1191,3 +870,4 @@ kiln_kshape_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                            kiln_kernel_name (plan->kernel));
     }
 }
+

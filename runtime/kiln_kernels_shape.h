@@ -1,8 +1,10 @@
 /*
- * kiln_kernels_shape — the runtime's data-movement and window kernels:
- * strided (one kernel for Transpose, Slice, Split, Expand, Tile,
- * DepthToSpace and SpaceToDepth), concat, gather, pad, resize,
- * conv_transpose2d, avgpool2d and global_maxpool.  Internal to libkilnrt.
+ * kiln_kernels_shape — the runtime's data-movement kernels: strided (one
+ * kernel for Transpose, Slice, Split, Expand, Tile, DepthToSpace and
+ * SpaceToDepth), concat, gather, pad, resize, trilu, gather_elements,
+ * cumsum and eye.  The plan below also serves conv_transpose2d
+ * (kiln_kernels_conv.c), avgpool2d and global_maxpool
+ * (kiln_kernels_pool.c).  Internal to libkilnrt.
  *
  * The data-movement kernels copy elements of any dtype (they only look at
  * its size).  `strided` is the workhorse: the compiler describes the
@@ -28,8 +30,7 @@ struct kiln_kplan;
 
 /* The KILN_KERNELS ids this file implements. */
 #define KILN_KSHAPE_KERNELS(X)                                             \
-    X (STRIDED) X (CONCAT) X (GATHER) X (PAD) X (RESIZE)                   \
-    X (CONV_TRANSPOSE2D) X (AVGPOOL2D) X (GLOBAL_MAXPOOL) X (TRILU)        \
+    X (STRIDED) X (CONCAT) X (GATHER) X (PAD) X (RESIZE) X (TRILU)         \
     X (GATHER_ELEMENTS) X (CUMSUM) X (EYE)
 
 /* What a shape kernel's prepare step works out; lives in kiln_kplan_t. */

@@ -1,0 +1,942 @@
+/*
+ * kiln_kernels_conv — the convolution kernels: conv2d (the matrix
+ * engine, Winograd, depthwise direct loops, or im2col + sgemm) and
+ * conv3d (im2col of a group, then the engine).  Internal to libkilnrt.
+ */
+#include "runtime/kiln_kernels_priv.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "runtime/kiln_exec.h"
+#include "runtime/kiln_vmath.h"
+
+static size_t s_dw_ws_floats (const kiln_kplan_t *plan);
+
+int
+kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                  kiln_err_t *err)
+{
+    int rc = kiln_kneed_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    kiln_kwin_t w;
+    int64_t group, x[4], y[4], want, tile = 0;
+    bool packed, trans;
+    if ((rc = kiln_kget_window (op, &w, err))
+        || (rc = kiln_prog_op_int (op, "group", &group, err))
+        || (rc = kiln_kernel_epilogue (p, op, plan, err))
+        || (rc = kiln_kget_packed (op, "packed", &packed, err))
+        || (rc = kiln_kget_packed (op, "transposed", &trans, err))
+        || (kiln_prog_op_has (op, "winograd")
+            && (rc = kiln_prog_op_int (op, "winograd", &tile, err))))
+        return rc;
+    if (trans && !packed && tile == 0)
+        return kiln_error (err, KILN_EFORMAT, "transposed needs packed or "
+                           "winograd weights");
+    if (tile != 0 && tile != 2 && tile != 4)
+        return kiln_error (err, KILN_EFORMAT, "winograd must be 2 or 4 (the "
+                           "output tile), not %lld", (long long) tile);
+    bool wino = tile != 0;
+    if (wino && (packed || group != 1 || w.k[0] != 3 || w.k[1] != 3
+                 || w.s[0] != 1 || w.s[1] != 1 || w.d[0] != 1 || w.d[1] != 1))
+        return kiln_error (err, KILN_EFORMAT, "winograd needs an ungrouped 3x3 "
+                           "convolution of stride and dilation 1");
+    if (wino)
+        packed = true;          /* the shape checks of packed weights */
+    const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *ty = kiln_ktensor (p, plan->out);
+    if (!kiln_knchw (tx, x) || !kiln_knchw (ty, y) || tx->shape.rank != ty->shape.rank
+        || (!packed && kiln_ktensor (p, plan->in[1])->shape.rank != tx->shape.rank))
+        return kiln_error (err, KILN_EFORMAT, "X, W and Y must all have rank 3 "
+                           "or all rank 4");
+    if (group < 1 || x[1] % group != 0 || y[1] % group != 0 || y[0] != x[0])
+        return kiln_error (err, KILN_EFORMAT, "group %lld does not divide %lld "
+                           "input and %lld output channels", (long long) group,
+                           (long long) x[1], (long long) y[1]);
+    for (int i = 0; i < 2; i++)
+        if (kiln_kout_size (&w, i, x[2 + i], false) != y[2 + i])
+            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis "
+                               "%d does not follow from the window",
+                               (long long) y[2 + i], i);
+    int64_t cg = x[1] / group, mg = y[1] / group;
+    int64_t rows, cols;
+    if (!kiln_kmul3 (cg, w.k[0], w.k[1], &rows) || !kiln_kmul3 (y[2], y[3], 1, &cols)
+        || !kiln_kmul3 (y[1], rows, 1, &want))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large");
+    /* the weights' layout (kiln_pack.h): conv-packed, conv-packed-T,
+     * Winograd, Winograd-T */
+    if (packed && !wino
+        && !(trans ? kiln_pack_conv_t_elems (y[1], cg, w.k[0], w.k[1], group, &want)
+                   : kiln_pack_conv_elems (y[1], cg, w.k[0], w.k[1], group, &want)))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large");
+    if (wino && !(trans ? kiln_pack_wino_t_elems (y[1], cg, (int) tile, &want)
+                        : kiln_pack_wino_elems (y[1], cg, (int) tile, &want)))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large");
+    if ((rc = kiln_kneed_numel (p, plan->in[1], want, packed ? "packed W" : "W", err)))
+        return rc;
+    if (!kiln_kblas_ok (rows) || !kiln_kblas_ok (cols) || !kiln_kblas_ok (mg))
+        return kiln_error (err, KILN_EFORMAT, "convolution too large for BLAS");
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (extra < 0 || extra > 1)
+        return kiln_error (err, KILN_EFORMAT, "takes X, W, an optional bias and "
+                           "an optional residual");
+    plan->u.conv.bias = extra == 1;
+    if (plan->u.conv.bias && (rc = kiln_kneed_numel (p, plan->in[2], y[1], "bias", err)))
+        return rc;
+    plan->u.conv.pointwise = w.k[0] == 1 && w.k[1] == 1 && w.s[0] == 1
+                             && w.s[1] == 1 && w.p[0] == 0 && w.p[1] == 0
+                             && w.p[2] == 0 && w.p[3] == 0;
+    plan->u.conv.packed = packed;
+    /* Without packed weights and without a workspace, one input channel
+     * per group runs the direct depthwise loops; anything else unpacked
+     * goes through im2col and sgemm. */
+    plan->u.conv.depthwise = !packed && cg == 1 && plan->scratch < 0;
+    plan->u.conv.im2col = !packed && !plan->u.conv.depthwise
+                          && !plan->u.conv.pointwise;
+    if (plan->u.conv.im2col) {
+        int64_t need;
+        if (!kiln_kmul3 (rows, cols, 1, &need))
+            return kiln_error (err, KILN_EFORMAT, "im2col too large");
+        if (plan->scratch < 0 || kiln_ktensor_numel (kiln_ktensor (p, plan->scratch)) < need)
+            return kiln_error (err, KILN_EFORMAT, "needs a scratch tensor of %lld "
+                               "elements", (long long) need);
+    }
+    plan->u.conv.n = x[0];
+    plan->u.conv.c = x[1];
+    plan->u.conv.h = x[2];
+    plan->u.conv.w = x[3];
+    plan->u.conv.m = y[1];
+    plan->u.conv.oh = y[2];
+    plan->u.conv.ow = y[3];
+    plan->u.conv.kh = w.k[0];
+    plan->u.conv.kw = w.k[1];
+    plan->u.conv.sh = w.s[0];
+    plan->u.conv.sw = w.s[1];
+    plan->u.conv.dh = w.d[0];
+    plan->u.conv.dw = w.d[1];
+    plan->u.conv.pt = w.p[0];
+    plan->u.conv.pl = w.p[1];
+    plan->u.conv.group = group;
+    if (plan->u.conv.depthwise) {
+        /* the phases and accumulators: bounded by 4 planes of the input
+         * and output, each under 2^32 floats */
+        size_t f = s_dw_ws_floats (plan);
+        if (f > ((size_t) 1 << 34))
+            return kiln_error (err, KILN_EFORMAT, "depthwise convolution too "
+                               "large");
+        plan->ws_bytes = f * sizeof (float);
+    }
+    plan->u.conv.winograd = wino;
+    if (wino) {
+        plan->u.conv.packed = false;
+        kiln_wino_plan (&plan->u.conv.wino, (int) tile, trans, x[0], x[1], x[2],
+                        x[3], y[1], y[2], y[3], w.p[0], w.p[1], kiln_exec_threads ());
+        plan->ws_bytes = kiln_wino_ws_bytes (&plan->u.conv.wino);
+    } else if (trans) {
+        /* Yᵀ = im2col(X)ᵀ · Wᵀ: positions as rows, C written transposed */
+        plan->u.conv.trans = true;
+        kiln_pack_conv_t_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
+        plan->u.conv.geo = (kiln_gconv_t) {
+            .c = cg, .h = x[2], .w = x[3], .oh = y[2], .ow = y[3],
+            .kh = w.k[0], .kw = w.k[1], .sh = w.s[0], .sw = w.s[1],
+            .dh = w.d[0], .dw = w.d[1], .pt = w.p[0], .pl = w.p[1] };
+        plan->ws_bytes = kiln_gemm_ws_bytes (cols, mg, rows, false, true);
+    } else if (packed) {
+        kiln_pack_conv_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
+        plan->u.conv.geo = (kiln_gconv_t) {
+            .c = cg, .h = x[2], .w = x[3], .oh = y[2], .ow = y[3],
+            .kh = w.k[0], .kw = w.k[1], .sh = w.s[0], .sw = w.s[1],
+            .dh = w.d[0], .dw = w.d[1], .pt = w.p[0], .pl = w.p[1] };
+        /* B is packed block by block, even a pointwise one read in place */
+        plan->ws_bytes = kiln_gemm_ws_bytes (mg, cols, rows, true, false);
+    }
+    return 0;
+}
+
+/* Unfold one group's input (cg planes of h x w) into the columns of a
+ * [cg*kh*kw, oh*ow] matrix; padding reads as zero. */
+static void
+s_im2col (const kiln_kplan_t *plan, const float *x, int64_t cg, float *col)
+{
+    int64_t h = plan->u.conv.h, w = plan->u.conv.w;
+    int64_t oh = plan->u.conv.oh, ow = plan->u.conv.ow;
+    int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw;
+    for (int64_t c = 0; c < cg; c++)
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                float *dst = col + ((c * kh + i) * kw + j) * oh * ow;
+                const float *plane = x + c * h * w;
+                for (int64_t r = 0; r < oh; r++) {
+                    int64_t ih = r * plan->u.conv.sh - plan->u.conv.pt
+                                 + i * plan->u.conv.dh;
+                    float *drow = dst + r * ow;
+                    if (ih < 0 || ih >= h) {
+                        memset (drow, 0, (size_t) ow * sizeof *drow);
+                        continue;
+                    }
+                    const float *srow = plane + ih * w;
+                    for (int64_t q = 0; q < ow; q++) {
+                        int64_t iw = q * plan->u.conv.sw - plan->u.conv.pl
+                                     + j * plan->u.conv.dw;
+                        drow[q] = iw >= 0 && iw < w ? srow[iw] : 0.0f;
+                    }
+                }
+            }
+}
+
+/* Product `idx` (batch element idx / group, group idx % group) of a
+ * convolution with packed weights. */
+static void
+s_conv_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
+{
+    const kiln_kgctx_t *ctx = ctx_;
+    const kiln_kplan_t *plan = ctx->plan;
+    void *const *data = ctx->data;
+    int64_t groups = plan->u.conv.group, ni = idx / groups, gi = idx % groups;
+    int64_t cg = plan->u.conv.c / groups, mg = plan->u.conv.m / groups;
+    int64_t hw = plan->u.conv.h * plan->u.conv.w;
+    int64_t ohw = plan->u.conv.oh * plan->u.conv.ow;
+    const float *x = (const float *) data[plan->in[0]]
+                     + (ni * plan->u.conv.c + gi * cg) * hw;
+    int64_t yoff = (ni * plan->u.conv.m + gi * mg) * ohw;
+    memset (g, 0, sizeof *g);
+    g->k = cg * plan->u.conv.kh * plan->u.conv.kw;
+    if (plan->u.conv.trans) {
+        /* rows: output positions; columns: this group's output channels */
+        g->m = ohw;
+        g->n = mg;
+        if (plan->u.conv.pointwise)
+            g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, x, 1, hw, NULL };
+        else
+            g->a = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &plan->u.conv.geo };
+        g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED,
+                               (const float *) data[plan->in[1]] + gi * plan->u.conv.wpg,
+                               0, 0, NULL };
+        g->c = (float *) data[plan->out] + yoff;
+        g->ldc = ohw;
+        g->c_trans = true;
+        g->alpha = 1.0f;
+        if (plan->u.conv.bias)
+            g->add[g->n_add++] = (kiln_gadd_t) {
+                (const float *) data[plan->in[2]] + gi * mg, 0, 1, 1.0f };
+        if (plan->epi.residual >= 0)
+            g->add[g->n_add++] = (kiln_gadd_t) {
+                (const float *) data[plan->in[plan->epi.residual]] + yoff, 1, ohw,
+                1.0f };
+        g->act = plan->epi.act;
+        g->act_a = plan->epi.a;
+        g->act_b = plan->epi.b;
+        return;
+    }
+    g->m = mg;
+    g->n = ohw;
+    g->a = (kiln_gsrc_t) { KILN_GSRC_PACKED,
+                           (const float *) data[plan->in[1]] + gi * plan->u.conv.wpg,
+                           0, 0, NULL };
+    if (plan->u.conv.pointwise)
+        g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, x, hw, 1, NULL };
+    else
+        g->b = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &plan->u.conv.geo };
+    g->c = (float *) data[plan->out] + yoff;
+    g->ldc = ohw;
+    g->alpha = 1.0f;
+    if (plan->u.conv.bias)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) data[plan->in[2]] + gi * mg, 1, 0, 1.0f };
+    if (plan->epi.residual >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) data[plan->in[plan->epi.residual]] + yoff, ohw, 1, 1.0f };
+    g->act = plan->epi.act;
+    g->act_a = plan->epi.a;
+    g->act_b = plan->epi.b;
+}
+
+/* The depthwise loops read the input through its phases: with strides
+ * (sh, sw), phase (a, b) of the zero-padded plane holds its rows a, a +
+ * sh, ... and columns b, b + sw, ..., so that every tap reads one phase
+ * at a fixed offset and an output plane (computed over the phase's full
+ * width, the extra columns thrown away) is a sum of shifted copies: one
+ * long vector loop per tap whatever the plane's width. */
+typedef struct {
+    int64_t hp, wp;             /* padded plane */
+    int64_t hq, wq;             /* one phase */
+    int64_t phase;              /* floats per phase */
+    int64_t acc;                /* oh × wq accumulators */
+    int64_t slack;              /* reads past a phase's last row */
+} s_dw_geo_t;
+
+static void
+s_dw_geometry (const kiln_kplan_t *plan, s_dw_geo_t *g)
+{
+    int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    /* rows and columns the windows reach, from -pt / -pl */
+    int64_t need_h = (plan->u.conv.oh - 1) * sh + (plan->u.conv.kh - 1) * plan->u.conv.dh + 1;
+    int64_t need_w = (plan->u.conv.ow - 1) * sw + (plan->u.conv.kw - 1) * plan->u.conv.dw + 1;
+    g->hp = plan->u.conv.h + plan->u.conv.pt;
+    g->wp = plan->u.conv.w + plan->u.conv.pl;
+    if (g->hp < need_h)
+        g->hp = need_h;
+    if (g->wp < need_w)
+        g->wp = need_w;
+    g->hq = (g->hp + sh - 1) / sh;
+    g->wq = (g->wp + sw - 1) / sw;
+    g->phase = g->hq * g->wq;
+    g->acc = plan->u.conv.oh * g->wq;
+    g->slack = (plan->u.conv.kw - 1) * plan->u.conv.dw / sw + 1;
+}
+
+static bool s_dw_lanes (const kiln_kplan_t *plan);
+static size_t s_dw_lanes_ws_floats (const kiln_kplan_t *plan);
+
+static size_t
+s_dw_ws_floats (const kiln_kplan_t *plan)
+{
+    if (s_dw_lanes (plan))
+        return s_dw_lanes_ws_floats (plan);
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    return (size_t) (plan->u.conv.sh * plan->u.conv.sw * g.phase + g.slack + g.acc);
+}
+
+/* ac[k] = bv + Σ w[i]·t_i[k]: nine taps in one pass; the accumulators
+ * never overlap the phases the taps read. */
+static inline __attribute__ ((always_inline)) void
+s_dw9 (float *restrict ac, int64_t n, float bv, const float *restrict w,
+       const float *restrict t0, const float *restrict t1,
+       const float *restrict t2, const float *restrict t3,
+       const float *restrict t4, const float *restrict t5,
+       const float *restrict t6, const float *restrict t7,
+       const float *restrict t8)
+{
+    float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
+    float w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    for (int64_t k = 0; k < n; k++)
+        ac[k] = bv + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                + w4 * t4[k] + w5 * t5[k] + w6 * t6[k] + w7 * t7[k] + w8 * t8[k];
+}
+
+#define S_DW_ROW 7
+
+/* ac[k] = (first ? bv : ac[k]) + Σ_j w[j]·t[j][k] over nt (1..7) taps,
+ * added in order of j: one pass over the accumulators. */
+static inline __attribute__ ((always_inline)) void
+s_dw_row (float *restrict ac, int64_t n, bool first, float bv, const float *w,
+          const float *const *t, int64_t nt)
+{
+    float w0 = w[0], w1 = nt > 1 ? w[1] : 0, w2 = nt > 2 ? w[2] : 0;
+    float w3 = nt > 3 ? w[3] : 0, w4 = nt > 4 ? w[4] : 0, w5 = nt > 5 ? w[5] : 0;
+    float w6 = nt > 6 ? w[6] : 0;
+    const float *restrict t0 = t[0], *restrict t1 = t[nt > 1 ? 1 : 0];
+    const float *restrict t2 = t[nt > 2 ? 2 : 0], *restrict t3 = t[nt > 3 ? 3 : 0];
+    const float *restrict t4 = t[nt > 4 ? 4 : 0], *restrict t5 = t[nt > 5 ? 5 : 0];
+    const float *restrict t6 = t[nt > 6 ? 6 : 0];
+    if (first)
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = bv;
+    switch (nt) {
+    case 7:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                    + w4 * t4[k] + w5 * t5[k] + w6 * t6[k];
+        break;
+    case 5:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                    + w4 * t4[k];
+        break;
+    case 3:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k];
+        break;
+    default:
+        for (int64_t j = 0; j < nt; j++) {
+            float wv = w[j];
+            const float *restrict tj = t[j];
+            for (int64_t k = 0; k < n; k++)
+                ac[k] += wv * tj[k];
+        }
+        break;
+    }
+}
+
+/* Small planes (the 14×14 and 7×7 of a mobile network's last stages)
+ * leave most of a vector idle in the per-plane loops above, and their
+ * fixed costs (phases, tap pointers) weigh on few outputs.  There (planes
+ * of 7×7 measured 1.7-2.3 times faster this way; at 14×14 neither way
+ * wins clearly, at 28×28 the per-plane loops win by a third) the
+ * planes go S_DW_LANES at a time, interleaved: the padded inputs as
+ * [row][column][lane], the weights as [tap][lane], so that every tap of
+ * every output is one full-width multiply-add over the lanes.  Each lane
+ * adds its taps in the order the per-plane loops do. */
+#define S_DW_LANES 16
+/* one value per lane: a vector register, or two or four where they are
+ * narrower (gcc's generic vectors); the workspace's lanes are aligned */
+typedef float s_dw_vec_t __attribute__ ((vector_size (S_DW_LANES * sizeof (float))));
+#define S_DW_LANES_MAX_OUT 100          /* output planes up to 10×10 */
+
+static bool
+s_dw_lanes (const kiln_kplan_t *plan)
+{
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    return plan->u.conv.oh * plan->u.conv.ow <= S_DW_LANES_MAX_OUT
+           && g.hp * g.wp <= 4 * S_DW_LANES_MAX_OUT;
+}
+
+static size_t
+s_dw_lanes_ws_floats (const kiln_kplan_t *plan)
+{
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    return (size_t) ((g.hp * g.wp + plan->u.conv.kh * plan->u.conv.kw + 1) * S_DW_LANES);
+}
+
+KILN_VCLONES static void
+s_dw_planes_lanes (const kiln_kplan_t *plan, void *const *data, int64_t first,
+                   int64_t count, float *ws)
+{
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    const float *res = plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL;
+    float *y = data[plan->out];
+    int64_t h = plan->u.conv.h, w = plan->u.conv.w;
+    int64_t oh = plan->u.conv.oh, ow = plan->u.conv.ow, ohw = oh * ow;
+    int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw, taps = kh * kw;
+    int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    int64_t dh = plan->u.conv.dh, dw = plan->u.conv.dw;
+    int64_t pt = plan->u.conv.pt, pl = plan->u.conv.pl;
+    int64_t m = plan->u.conv.m, mg = m / plan->u.conv.group;
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    enum { L = S_DW_LANES };
+    float *restrict in = ws, *restrict wv = ws + g.hp * g.wp * L;
+    float *restrict bv = wv + taps * L;
+    for (int64_t p0 = first; p0 < first + count; p0 += L) {
+        int64_t nl = first + count - p0 < L ? first + count - p0 : L;
+        memset (in, 0, (size_t) (g.hp * g.wp * L) * sizeof *in);
+        memset (wv, 0, (size_t) (taps * L) * sizeof *wv);
+        for (int64_t l = 0; l < nl; l++) {
+            int64_t pi = p0 + l, ni = pi / m, o = pi % m;
+            /* Output channel o reads input channel o / mg (one per group). */
+            const float *xp = x + (ni * plan->u.conv.c + o / mg) * h * w;
+            for (int64_t ih = 0; ih < h && ih + pt < g.hp; ih++)
+                for (int64_t iw = 0; iw < w && iw + pl < g.wp; iw++)
+                    in[((ih + pt) * g.wp + iw + pl) * L + l] = xp[ih * w + iw];
+            for (int64_t t = 0; t < taps; t++)
+                wv[t * L + l] = wt[o * taps + t];
+            bv[l] = bias ? bias[o] : 0.0f;
+        }
+        for (int64_t r = 0; r < oh; r++)
+            for (int64_t q = 0; q < ow; q++) {
+                s_dw_vec_t v = *(const s_dw_vec_t *) bv;
+                for (int64_t i = 0; i < kh; i++) {
+                    const float *row = in + ((r * sh + i * dh) * g.wp + q * sw) * L;
+                    const float *wr = wv + i * kw * L;
+                    for (int64_t j = 0; j < kw; j++)
+                        v = v + *(const s_dw_vec_t *) (wr + j * L)
+                                * *(const s_dw_vec_t *) (row + j * dw * L);
+                }
+                float acc[L];
+                memcpy (acc, &v, sizeof acc);
+                int64_t at = r * ow + q;
+                for (int64_t l = 0; l < nl; l++)
+                    y[(p0 + l) * ohw + at] = res ? acc[l] + res[(p0 + l) * ohw + at]
+                                                 : acc[l];
+            }
+        for (int64_t l = 0; l < nl; l++)
+            kiln_act_apply (y + (p0 + l) * ohw, ohw, plan->epi.act, plan->epi.a,
+                            plan->epi.b);
+    }
+}
+
+/* Output planes [first, first + count) of a depthwise convolution, with
+ * `ws` (s_dw_ws_floats) to work in. */
+KILN_VCLONES static void
+s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
+             int64_t count, float *ws)
+{
+    if (s_dw_lanes (plan)) {
+        s_dw_planes_lanes (plan, data, first, count, ws);
+        return;
+    }
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    const float *res = plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL;
+    float *y = data[plan->out];
+    int64_t h = plan->u.conv.h, w = plan->u.conv.w;
+    int64_t oh = plan->u.conv.oh, ow = plan->u.conv.ow;
+    int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw;
+    int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    int64_t pt = plan->u.conv.pt, pl = plan->u.conv.pl;
+    int64_t mg = plan->u.conv.m / plan->u.conv.group;
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    int64_t nph = sh * sw;
+    float *phases = ws, *acc = ws + nph * g.phase + g.slack;
+    memset (phases + nph * g.phase, 0, (size_t) g.slack * sizeof *phases);
+    for (int64_t pl_i = first; pl_i < first + count; pl_i++) {
+        int64_t ni = pl_i / plan->u.conv.m, o = pl_i % plan->u.conv.m;
+        /* Output channel o reads input channel o / mg (one per group). */
+        const float *xp = x + (ni * plan->u.conv.c + o / mg) * h * w;
+        const float *wp = wt + o * kh * kw;
+        /* the phases of the zero-padded plane */
+        for (int64_t a = 0; a < sh; a++)
+            for (int64_t b = 0; b < sw; b++) {
+                float *ph = phases + (a * sw + b) * g.phase;
+                for (int64_t u = 0; u < g.hq; u++) {
+                    float *dst = ph + u * g.wq;
+                    int64_t ih = u * sh + a - pt;
+                    if (ih < 0 || ih >= h) {
+                        memset (dst, 0, (size_t) g.wq * sizeof *dst);
+                        continue;
+                    }
+                    const float *src = xp + ih * w;
+                    if (sw == 1) {
+                        /* columns -pl .. wp - pl - 1 of the row */
+                        int64_t lo = pl, hi = pl + w > g.wq ? g.wq : pl + w;
+                        memset (dst, 0, (size_t) (lo < g.wq ? lo : g.wq) * sizeof *dst);
+                        if (hi > lo)
+                            memcpy (dst + lo, src, (size_t) (hi - lo) * sizeof *dst);
+                        if (hi < g.wq)
+                            memset (dst + (hi > lo ? hi : lo), 0,
+                                    (size_t) (g.wq - (hi > lo ? hi : lo)) * sizeof *dst);
+                    } else {
+                        /* v with 0 <= v·sw + b - pl < w; zeros around */
+                        int64_t off = b - pl;
+                        int64_t vlo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+                        int64_t vhi = off > w - 1 ? 0 : (w - 1 - off) / sw + 1;
+                        if (vhi > g.wq)
+                            vhi = g.wq;
+                        if (vlo > vhi)
+                            vlo = vhi;
+                        for (int64_t v = 0; v < vlo; v++)
+                            dst[v] = 0.0f;
+                        const float *sp = src + off;
+                        if (sw == 2)            /* a constant stride vectorises */
+                            for (int64_t v = vlo; v < vhi; v++)
+                                dst[v] = sp[2 * v];
+                        else
+                            for (int64_t v = vlo; v < vhi; v++)
+                                dst[v] = sp[v * sw];
+                        for (int64_t v = vhi; v < g.wq; v++)
+                            dst[v] = 0.0f;
+                    }
+                }
+            }
+        float bv = bias ? bias[o] : 0.0f;
+        const float *tap[9];
+        if (kh * kw == 9) {
+            /* 3x3: all nine taps in one pass over the accumulators */
+            for (int64_t i = 0; i < 3; i++)
+                for (int64_t j = 0; j < 3; j++) {
+                    int64_t ri = i * plan->u.conv.dh, cj = j * plan->u.conv.dw;
+                    tap[i * 3 + j] = phases + ((ri % sh) * sw + cj % sw) * g.phase
+                                     + (ri / sh) * g.wq + cj / sw;
+                }
+            s_dw9 (acc, g.acc, bv, wp, tap[0], tap[1], tap[2], tap[3], tap[4],
+                   tap[5], tap[6], tap[7], tap[8]);
+        } else {
+            /* a row of taps (up to S_DW_ROW) in one pass over the
+             * accumulators: 5×5 and 7×7 kernels make 5 or 7 passes, not
+             * 25 or 49 (each a load, an add and a store of every
+             * accumulator) */
+            for (int64_t i = 0; i < kh; i++)
+                for (int64_t j0 = 0; j0 < kw; j0 += S_DW_ROW) {
+                    int64_t nt = kw - j0 < S_DW_ROW ? kw - j0 : S_DW_ROW;
+                    const float *t[S_DW_ROW];
+                    for (int64_t j = 0; j < nt; j++) {
+                        int64_t ri = i * plan->u.conv.dh, cj = (j0 + j) * plan->u.conv.dw;
+                        t[j] = phases + ((ri % sh) * sw + cj % sw) * g.phase
+                               + (ri / sh) * g.wq + cj / sw;
+                    }
+                    s_dw_row (acc, g.acc, i == 0 && j0 == 0, bv, wp + i * kw + j0, t, nt);
+                }
+        }
+        float *yp = y + pl_i * oh * ow;
+        for (int64_t r = 0; r < oh; r++) {
+            float *yr = yp + r * ow;
+            const float *ar = acc + r * g.wq;
+            if (res) {
+                const float *rr = res + pl_i * oh * ow + r * ow;
+                for (int64_t q = 0; q < ow; q++)
+                    yr[q] = ar[q] + rr[q];
+            } else {
+                memcpy (yr, ar, (size_t) ow * sizeof *yr);
+            }
+        }
+        /* over the whole plane: rows of 7 or 14 would leave the
+         * vectorised loops of the heavy activations mostly in their tails */
+        kiln_act_apply (yp, oh * ow, plan->epi.act, plan->epi.a, plan->epi.b);
+    }
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    int64_t planes, per;
+    float *ws;
+    size_t ws_stride;               /* floats per worker */
+} s_dw_t;
+
+static void
+s_dw_task (void *arg, int task, int worker)
+{
+    const s_dw_t *d = arg;
+    int64_t first = (int64_t) task * d->per;
+    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
+    s_dw_planes (d->plan, d->data, first, count,
+                 d->ws + (size_t) worker * d->ws_stride);
+}
+
+void
+kiln_krun_CONV2D (const kiln_kplan_t *plan, void *const *data)
+{
+    int64_t g = plan->u.conv.group;
+    int64_t ohw = plan->u.conv.oh * plan->u.conv.ow;
+    if (ohw == 0 || plan->u.conv.m == 0 || plan->u.conv.n == 0)
+        return;
+    if (plan->u.conv.winograd) {
+        kiln_wino_run (&plan->u.conv.wino, data[plan->in[0]], data[plan->in[1]],
+                       plan->u.conv.bias ? data[plan->in[2]] : NULL,
+                       plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL,
+                       data[plan->out], plan->epi.act, plan->epi.a, plan->epi.b);
+        return;
+    }
+    if (plan->u.conv.packed) {
+        kiln_kgctx_t ctx = { plan, data };
+        kiln_gemm_run (s_conv_get, &ctx, plan->u.conv.n * g);
+        return;
+    }
+    if (plan->u.conv.depthwise) {
+        int64_t planes = plan->u.conv.n * plan->u.conv.m;
+        int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
+        if (tasks > planes)
+            tasks = planes;
+        size_t bytes;
+        int64_t per = (planes + tasks - 1) / tasks;
+        if (s_dw_lanes (plan))          /* whole groups of lanes */
+            per = (per + S_DW_LANES - 1) / S_DW_LANES * S_DW_LANES;
+        s_dw_t d = { plan, data, planes, per, kiln_exec_ws (&bytes), 0 };
+        d.ws_stride = bytes / sizeof (float);
+        kiln_exec_parallel (s_dw_task, &d, (int) ((planes + d.per - 1) / d.per));
+        return;
+    }
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    float *y = data[plan->out];
+    float *col = plan->u.conv.im2col ? data[plan->scratch] : NULL;
+    int64_t cg = plan->u.conv.c / g, mg = plan->u.conv.m / g;
+    int64_t hw = plan->u.conv.h * plan->u.conv.w;
+    int64_t rows = cg * plan->u.conv.kh * plan->u.conv.kw;
+    for (int64_t n = 0; n < plan->u.conv.n; n++)
+        for (int64_t gi = 0; gi < g; gi++) {
+            const float *xg = x + (n * plan->u.conv.c + gi * cg) * hw;
+            float *yg = y + (n * plan->u.conv.m + gi * mg) * ohw;
+            const float *wg = wt + gi * mg * rows;
+            const float *bmat = xg;
+            if (col) {
+                s_im2col (plan, xg, cg, col);
+                bmat = col;
+            }
+            if (rows == 0 || mg == 0)
+                memset (yg, 0, (size_t) (mg * ohw) * sizeof *yg);
+            else
+                cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, (int) mg,
+                             (int) ohw, (int) rows, 1.0f, wg, (int) rows, bmat,
+                             (int) ohw, 0.0f, yg, (int) ohw);
+            if (bias)
+                for (int64_t m = 0; m < mg; m++) {
+                    float bv = bias[gi * mg + m];
+                    float *row = yg + m * ohw;
+                    for (int64_t i = 0; i < ohw; i++)
+                        row[i] += bv;
+                }
+        }
+    if (kiln_khas_epilogue (plan))
+        kiln_kepilogue_after (plan, data, y, plan->u.conv.n * plan->u.conv.m * ohw);
+}
+
+
+/* --- conv3d: im2col of one group into the scratch, then the engine --- */
+
+int
+kiln_kprepare_CONV3D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                  kiln_err_t *err)
+{
+    int rc = kiln_kneed_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    int64_t k[3], st[3], dl[3], pads[6], group;
+    if ((rc = kiln_prog_op_ints (op, "kernel", 3, k, err))
+        || (rc = kiln_prog_op_ints (op, "strides", 3, st, err))
+        || (rc = kiln_prog_op_ints (op, "dilations", 3, dl, err))
+        || (rc = kiln_prog_op_ints (op, "pads", 6, pads, err))
+        || (rc = kiln_prog_op_int (op, "group", &group, err))
+        || (rc = kiln_kernel_epilogue (p, op, plan, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *tw = kiln_ktensor (p, plan->in[1]);
+    const kiln_prog_tensor_t *ty = kiln_ktensor (p, plan->out);
+    if (tx->shape.rank != 5 || tw->shape.rank != 5 || ty->shape.rank != 5)
+        return kiln_error (err, KILN_EFORMAT, "X, W and Y must have rank 5");
+    int64_t n = tx->shape.dims[0], c = tx->shape.dims[1], m = tw->shape.dims[0];
+    if (group < 1 || c % group || m % group || tw->shape.dims[1] * group != c
+        || ty->shape.dims[0] != n || ty->shape.dims[1] != m)
+        return kiln_error (err, KILN_EFORMAT, "group %lld, X, W and Y disagree on channels",
+                           (long long) group);
+    int64_t rows = c / group, cols = 1;
+    for (int i = 0; i < 3; i++) {
+        int64_t in = tx->shape.dims[2 + i], out = ty->shape.dims[2 + i];
+        if (k[i] < 1 || st[i] < 1 || dl[i] < 1 || pads[i] < 0 || pads[3 + i] < 0
+            || k[i] != tw->shape.dims[2 + i] || k[i] > KILN_MAX_DIM || st[i] > KILN_MAX_DIM
+            || dl[i] > KILN_MAX_DIM || pads[i] > KILN_MAX_DIM || pads[3 + i] > KILN_MAX_DIM)
+            return kiln_error (err, KILN_EFORMAT, "window axis %d out of range", i);
+        int64_t span = in + pads[i] + pads[3 + i] - (k[i] - 1) * dl[i] - 1;
+        if (span < 0 || out != span / st[i] + 1)
+            return kiln_error (err, KILN_EFORMAT, "Y's axis %d must be %lld", 2 + i,
+                               (long long) (span < 0 ? 0 : span / st[i] + 1));
+        plan->u.conv3.in[i] = in;
+        plan->u.conv3.out[i] = out;
+        plan->u.conv3.k[i] = k[i];
+        plan->u.conv3.s[i] = st[i];
+        plan->u.conv3.d[i] = dl[i];
+        plan->u.conv3.p[i] = pads[i];
+        rows *= k[i];
+        cols *= out;
+    }
+    plan->u.conv3.n = n;
+    plan->u.conv3.c = c;
+    plan->u.conv3.m = m;
+    plan->u.conv3.group = group;
+    plan->u.conv3.rows = rows;
+    plan->u.conv3.cols = cols;
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (extra < 0 || extra > 1)
+        return kiln_error (err, KILN_EFORMAT, "takes X, W, an optional bias and an optional "
+                           "residual");
+    plan->u.conv3.bias = extra == 1;
+    if (plan->u.conv3.bias && (rc = kiln_kneed_numel (p, plan->in[2], m, "the bias", err)))
+        return rc;
+    bool pw = true;
+    for (int i = 0; i < 3; i++)
+        pw = pw && k[i] == 1 && st[i] == 1 && pads[i] == 0 && pads[3 + i] == 0;
+    plan->u.conv3.pointwise = pw;
+    int64_t col_elems;
+    if (__builtin_mul_overflow (rows, cols, &col_elems))
+        return kiln_error (err, KILN_ELIMIT, "the im2col of %lld x %lld overflows",
+                           (long long) rows, (long long) cols);
+    if (!pw && (plan->scratch < 0 || kiln_ktensor (p, plan->scratch)->dtype != KILN_DT_FLOAT32
+                || kiln_ktensor_numel (kiln_ktensor (p, plan->scratch)) < col_elems))
+        return kiln_error (err, KILN_EFORMAT, "needs a float32 scratch tensor of %lld "
+                           "elements", (long long) (rows * cols));
+    plan->ws_bytes = kiln_gemm_ws_bytes (m / group, cols, rows, false, false);
+    return 0;
+}
+
+/* col[r, q] for group gi of batch ni: r = ((ci·kd + a)·kh + b)·kw + e,
+ * q = (z·oh + y)·ow + x; zero where the tap falls in the padding. */
+static void
+s_im2col3 (const kiln_kplan_t *plan, const float *x, float *col)
+{
+    const int64_t *in = plan->u.conv3.in, *out = plan->u.conv3.out, *k = plan->u.conv3.k;
+    const int64_t *st = plan->u.conv3.s, *dl = plan->u.conv3.d, *pd = plan->u.conv3.p;
+    int64_t cg = plan->u.conv3.c / plan->u.conv3.group, plane = in[0] * in[1] * in[2];
+    float *q = col;
+    for (int64_t ci = 0; ci < cg; ci++)
+        for (int64_t a = 0; a < k[0]; a++)
+            for (int64_t b = 0; b < k[1]; b++)
+                for (int64_t e = 0; e < k[2]; e++)
+                    for (int64_t z = 0; z < out[0]; z++) {
+                        int64_t iz = z * st[0] - pd[0] + a * dl[0];
+                        for (int64_t y = 0; y < out[1]; y++, q += out[2]) {
+                            int64_t iy = y * st[1] - pd[1] + b * dl[1];
+                            if (iz < 0 || iz >= in[0] || iy < 0 || iy >= in[1]) {
+                                memset (q, 0, (size_t) out[2] * sizeof *q);
+                                continue;
+                            }
+                            const float *row = x + ci * plane + (iz * in[1] + iy) * in[2];
+                            for (int64_t xx = 0; xx < out[2]; xx++) {
+                                int64_t ix = xx * st[2] - pd[2] + e * dl[2];
+                                q[xx] = ix >= 0 && ix < in[2] ? row[ix] : 0.0f;
+                            }
+                        }
+                    }
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    const float *b;             /* this product's B: the im2col or X */
+    int64_t ni, gi;
+} s_c3ctx_t;
+
+static void
+s_conv3_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
+{
+    const s_c3ctx_t *ctx = ctx_;
+    const kiln_kplan_t *plan = ctx->plan;
+    int64_t mg = plan->u.conv3.m / plan->u.conv3.group, rows = plan->u.conv3.rows;
+    int64_t cols = plan->u.conv3.cols;
+    int64_t yoff = (ctx->ni * plan->u.conv3.m + ctx->gi * mg) * cols;
+    (void) idx;
+    memset (g, 0, sizeof *g);
+    g->m = mg;
+    g->n = cols;
+    g->k = rows;
+    g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED,
+                           (const float *) ctx->data[plan->in[1]] + ctx->gi * mg * rows,
+                           rows, 1, NULL };
+    g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, ctx->b, cols, 1, NULL };
+    g->c = (float *) ctx->data[plan->out] + yoff;
+    g->ldc = cols;
+    g->alpha = 1.0f;
+    if (plan->u.conv3.bias)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) ctx->data[plan->in[2]] + ctx->gi * mg, 1, 0, 1.0f };
+    if (plan->epi.residual >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) ctx->data[plan->in[plan->epi.residual]] + yoff, cols, 1, 1.0f };
+    g->act = plan->epi.act;
+    g->act_a = plan->epi.a;
+    g->act_b = plan->epi.b;
+}
+
+void
+kiln_krun_CONV3D (const kiln_kplan_t *plan, void *const *data)
+{
+    int64_t groups = plan->u.conv3.group, cg = plan->u.conv3.c / groups;
+    int64_t plane = plan->u.conv3.in[0] * plan->u.conv3.in[1] * plan->u.conv3.in[2];
+    if (plan->u.conv3.cols == 0 || plan->u.conv3.m == 0)
+        return;
+    for (int64_t ni = 0; ni < plan->u.conv3.n; ni++)
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const float *x = (const float *) data[plan->in[0]]
+                             + (ni * plan->u.conv3.c + gi * cg) * plane;
+            s_c3ctx_t ctx = { plan, data, x, ni, gi };
+            if (!plan->u.conv3.pointwise) {
+                s_im2col3 (plan, x, data[plan->scratch]);
+                ctx.b = data[plan->scratch];
+            }
+            kiln_gemm_run (s_conv3_get, &ctx, 1);
+        }
+}
+
+/* --- conv_transpose2d (its plan: kiln_kshape_plan_t) -------------------- */
+
+void
+kiln_krun_CONV_TRANSPOSE2D (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = sp->bias ? data[plan->in[2]] : NULL;
+    float *y = data[plan->out], *col = data[plan->scratch];
+    int64_t g = sp->group, cg = sp->c / g, mg = sp->m / g;
+    int64_t hw = sp->h * sp->w, ohw = sp->oh * sp->ow, kk = sp->kh * sp->kw;
+    int64_t rows = mg * kk;
+    memset (y, 0, (size_t) (sp->n * sp->m * ohw) * sizeof *y);
+    for (int64_t n = 0; n < sp->n; n++)
+        for (int64_t gi = 0; gi < g; gi++) {
+            const float *xg = x + (n * sp->c + gi * cg) * hw;
+            const float *wg = wt + gi * cg * rows;
+            float *yg = y + (n * sp->m + gi * mg) * ohw;
+            if (rows == 0 || hw == 0)
+                continue;
+            if (cg == 0)
+                memset (col, 0, (size_t) (rows * hw) * sizeof *col);
+            else
+                /* col[mg*kh*kw, h*w] = Wg^T [mg*kh*kw, cg] . Xg [cg, h*w] */
+                cblas_sgemm (CblasRowMajor, CblasTrans, CblasNoTrans, (int) rows, (int) hw,
+                             (int) cg, 1.0f, wg, (int) rows, xg, (int) hw, 0.0f, col, (int) hw);
+            /* col2im: scatter every column entry to where it lands. */
+            for (int64_t m = 0; m < mg; m++)
+                for (int64_t i = 0; i < sp->kh; i++)
+                    for (int64_t j = 0; j < sp->kw; j++) {
+                        const float *cr = col + ((m * sp->kh + i) * sp->kw + j) * hw;
+                        float *ym = yg + m * ohw;
+                        for (int64_t ih = 0; ih < sp->h; ih++) {
+                            int64_t oh = ih * sp->sh - sp->pt + i * sp->dh;
+                            if (oh < 0 || oh >= sp->oh)
+                                continue;
+                            for (int64_t iw = 0; iw < sp->w; iw++) {
+                                int64_t ow = iw * sp->sw - sp->pl + j * sp->dw;
+                                if (ow >= 0 && ow < sp->ow)
+                                    ym[oh * sp->ow + ow] += cr[ih * sp->w + iw];
+                            }
+                        }
+                    }
+            if (bias)
+                for (int64_t m = 0; m < mg; m++) {
+                    float b = bias[gi * mg + m], *row = yg + m * ohw;
+                    for (int64_t i = 0; i < ohw; i++)
+                        row[i] += b;
+                }
+        }
+}
+
+int
+kiln_kprepare_CONV_TRANSPOSE2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                       kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    kiln_kwin_t w;
+    int64_t group, opad[2], x[4], y[4], wd[4];
+    int rc;
+    if ((rc = kiln_kneed_f32 (p, plan, err)) || (rc = kiln_kget_window (op, &w, err))
+        || (rc = kiln_prog_op_ints (op, "output_padding", 2, opad, err))
+        || (rc = kiln_prog_op_int (op, "group", &group, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *tw = kiln_ktensor (p, plan->in[1]);
+    const kiln_prog_tensor_t *ty = kiln_ktensor (p, plan->out);
+    if (!kiln_knchw (tx, x) || !kiln_knchw (ty, y) || !kiln_knchw (tw, wd) || tx->shape.rank != ty->shape.rank
+        || tw->shape.rank != tx->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X, W and Y must all have rank 3 or all rank 4");
+    if (group < 1 || x[1] % group != 0 || wd[0] != x[1] || wd[1] * group != y[1] || y[0] != x[0]
+        || wd[2] != w.k[0] || wd[3] != w.k[1])
+        return kiln_error (err, KILN_EFORMAT, "W [%lld, %lld, %lld, %lld] does not fit X, Y and group %lld",
+                           (long long) wd[0], (long long) wd[1], (long long) wd[2],
+                           (long long) wd[3], (long long) group);
+    for (int i = 0; i < 2; i++) {
+        if (opad[i] < 0 || opad[i] > KILN_MAX_DIM)
+            return kiln_error (err, KILN_EFORMAT, "output_padding[%d] is %lld", i, (long long) opad[i]);
+        /* Every term is below 2^31, so this fits int64. */
+        int64_t want = w.s[i] * (x[2 + i] - 1) + opad[i] + (w.k[i] - 1) * w.d[i] + 1 - w.p[i]
+                       - w.p[2 + i];
+        if (x[2 + i] == 0 || want != y[2 + i])
+            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis %d does not follow from the window",
+                               (long long) y[2 + i], i);
+    }
+    int64_t rows, hw, need;
+    if (__builtin_mul_overflow (wd[1], w.k[0] * w.k[1], &rows)
+        || __builtin_mul_overflow (x[2], x[3], &hw) || __builtin_mul_overflow (rows, hw, &need)
+        || rows > INT_MAX || hw > INT_MAX || x[1] / group > INT_MAX)
+        return kiln_error (err, KILN_EFORMAT, "transposed convolution too large for BLAS");
+    if (plan->scratch < 0 || kiln_ktensor_numel (kiln_ktensor (p, plan->scratch)) < need)
+        return kiln_error (err, KILN_EFORMAT, "needs a scratch tensor of %lld elements", (long long) need);
+    sp->bias = plan->n_in == 3;
+    if (sp->bias && kiln_ktensor_numel (kiln_ktensor (p, plan->in[2])) != y[1])
+        return kiln_error (err, KILN_EFORMAT, "bias holds %lld elements, expected %lld",
+                           (long long) kiln_ktensor_numel (kiln_ktensor (p, plan->in[2])), (long long) y[1]);
+    sp->n = x[0];
+    sp->c = x[1];
+    sp->h = x[2];
+    sp->w = x[3];
+    sp->m = y[1];
+    sp->oh = y[2];
+    sp->ow = y[3];
+    sp->kh = w.k[0];
+    sp->kw = w.k[1];
+    sp->sh = w.s[0];
+    sp->sw = w.s[1];
+    sp->dh = w.d[0];
+    sp->dw = w.d[1];
+    sp->pt = w.p[0];
+    sp->pl = w.p[1];
+    sp->group = group;
+    plan->run = kiln_krun_CONV_TRANSPOSE2D;
+    return 0;
+}

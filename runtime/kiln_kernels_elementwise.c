@@ -1,0 +1,215 @@
+/*
+ * kiln_kernels_elementwise — the first elementwise kernels: copy, relu and
+ * add/sub/mul/div on float32 with broadcasting (other dtypes and every
+ * other elementwise op: kiln_kernels_math.c).  Internal to libkilnrt.
+ */
+#include "runtime/kiln_kernels_priv.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "runtime/kiln_vmath.h"
+
+/* --- copy ----------------------------------------------------------- */
+
+int
+kiln_kprepare_COPY (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                kiln_err_t *err)
+{
+    const kiln_prog_tensor_t *x = kiln_ktensor (p, plan->in[0]), *y = kiln_ktensor (p, plan->out);
+    if (x->size != y->size || x->dtype != y->dtype)
+        return kiln_error (err, KILN_EFORMAT, "copies %llu bytes of %s into "
+                           "%llu bytes of %s", (unsigned long long) x->size,
+                           kiln_dtype_name (x->dtype),
+                           (unsigned long long) y->size,
+                           kiln_dtype_name (y->dtype));
+    plan->u.flat.n = (int64_t) x->size;
+    return 0;
+}
+
+void
+kiln_krun_COPY (const kiln_kplan_t *plan, void *const *data)
+{
+    if (data[plan->out] != data[plan->in[0]])
+        memmove (data[plan->out], data[plan->in[0]], (size_t) plan->u.flat.n);
+}
+
+/* --- elementwise with broadcasting ---------------------------------- */
+
+static int
+s_prepare_binary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                  kiln_err_t *err)
+{
+    /* Other dtypes have their loops in kiln_kernels_math.c. */
+    if (kiln_ktensor (p, plan->out)->dtype != KILN_DT_FLOAT32)
+        return kiln_kmath_prepare_arith (p, op, plan, err);
+    int rc = kiln_kneed_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    const kiln_prog_tensor_t *y = kiln_ktensor (p, plan->out);
+    int r = y->shape.rank;
+    int64_t da[KILN_PROG_MAX_PARAM_INTS], db[KILN_PROG_MAX_PARAM_INTS];
+    if ((rc = kiln_prog_op_ints (op, "shape_a", r, da, err))
+        || (rc = kiln_prog_op_ints (op, "shape_b", r, db, err)))
+        return rc;
+    int64_t na, nb;
+    for (int i = 0; i < r; i++) {
+        int64_t d = y->shape.dims[i];
+        if ((da[i] != d && da[i] != 1) || (db[i] != d && db[i] != 1))
+            return kiln_error (err, KILN_EFORMAT, "dimension %d: %lld and %lld "
+                               "do not broadcast to %lld", i, (long long) da[i],
+                               (long long) db[i], (long long) d);
+    }
+    if (!kiln_kprod (da, r, &na) || !kiln_kprod (db, r, &nb))
+        return kiln_error (err, KILN_EFORMAT, "bad operand shapes");
+    if ((rc = kiln_kneed_numel (p, plan->in[0], na, "A", err))
+        || (rc = kiln_kneed_numel (p, plan->in[1], nb, "B", err)))
+        return rc;
+
+    /* Strides in elements over the output's dimensions, 0 where an
+     * operand is broadcast; then drop unit dimensions and merge the
+     * neighbours that are contiguous in all three tensors, so that the
+     * inner loop is as long as possible. */
+    int64_t sa[KILN_MAX_RANK], sb[KILN_MAX_RANK], ca = 1, cb = 1;
+    for (int i = r - 1; i >= 0; i--) {
+        sa[i] = da[i] == 1 ? 0 : ca;
+        sb[i] = db[i] == 1 ? 0 : cb;
+        ca *= da[i];
+        cb *= db[i];
+    }
+    int n = 0;
+    for (int i = 0; i < r; i++) {
+        int64_t d = y->shape.dims[i];
+        if (d == 1)
+            continue;
+        if (n > 0 && plan->u.bin.sa[n - 1] == sa[i] * d
+            && plan->u.bin.sb[n - 1] == sb[i] * d) {
+            plan->u.bin.dims[n - 1] *= d;
+            plan->u.bin.sa[n - 1] = sa[i];
+            plan->u.bin.sb[n - 1] = sb[i];
+            continue;
+        }
+        plan->u.bin.dims[n] = d;
+        plan->u.bin.sa[n] = sa[i];
+        plan->u.bin.sb[n] = sb[i];
+        n++;
+    }
+    if (n == 0) {
+        plan->u.bin.dims[0] = 1;
+        plan->u.bin.sa[0] = plan->u.bin.sb[0] = 0;
+        n = 1;
+    }
+    plan->u.bin.rank = n;
+    return 0;
+}
+
+/* One binary kernel per operation; the inner loop is specialised for the
+ * common stride patterns (both contiguous, one side a scalar). */
+#define S_BINARY_KERNEL(NAME, EXPR)                                           \
+    KILN_VCLONES void                                                         \
+    kiln_krun_##NAME (const kiln_kplan_t *plan, void *const *data)                \
+    {                                                                         \
+        const float *a = data[plan->in[0]], *b = data[plan->in[1]];           \
+        float *y = data[plan->out];                                           \
+        int r = plan->u.bin.rank;                                             \
+        int64_t n = plan->u.bin.dims[r - 1];                                  \
+        int64_t ia = plan->u.bin.sa[r - 1], ib = plan->u.bin.sb[r - 1];      \
+        int64_t outer = 1, idx[KILN_MAX_RANK] = { 0 };                        \
+        for (int i = 0; i < r - 1; i++)                                       \
+            outer *= plan->u.bin.dims[i];                                     \
+        int64_t oa = 0, ob = 0;                                               \
+        for (int64_t o = 0; o < outer; o++) {                                 \
+            const float *pa = a + oa, *pb = b + ob;                           \
+            float *py = y + o * n;                                            \
+            if (ia == 1 && ib == 1)                                           \
+                for (int64_t j = 0; j < n; j++) {                             \
+                    float x0 = pa[j], x1 = pb[j];                             \
+                    py[j] = (EXPR);                                           \
+                }                                                             \
+            else if (ia == 1 && ib == 0) {                                    \
+                float x1 = pb[0];                                             \
+                for (int64_t j = 0; j < n; j++) {                             \
+                    float x0 = pa[j];                                         \
+                    py[j] = (EXPR);                                           \
+                }                                                             \
+            } else if (ia == 0 && ib == 1) {                                  \
+                float x0 = pa[0];                                             \
+                for (int64_t j = 0; j < n; j++) {                             \
+                    float x1 = pb[j];                                         \
+                    py[j] = (EXPR);                                           \
+                }                                                             \
+            } else                                                            \
+                for (int64_t j = 0; j < n; j++) {                             \
+                    float x0 = pa[j * ia], x1 = pb[j * ib];                   \
+                    py[j] = (EXPR);                                           \
+                }                                                             \
+            /* Advance the outer index like an odometer. */                   \
+            for (int i = r - 2; i >= 0; i--) {                                \
+                idx[i]++;                                                     \
+                oa += plan->u.bin.sa[i];                                      \
+                ob += plan->u.bin.sb[i];                                      \
+                if (idx[i] < plan->u.bin.dims[i])                             \
+                    break;                                                    \
+                oa -= plan->u.bin.sa[i] * plan->u.bin.dims[i];                \
+                ob -= plan->u.bin.sb[i] * plan->u.bin.dims[i];                \
+                idx[i] = 0;                                                   \
+            }                                                                 \
+        }                                                                     \
+    }
+
+S_BINARY_KERNEL (ADD, x0 + x1)
+S_BINARY_KERNEL (SUB, x0 - x1)
+S_BINARY_KERNEL (MUL, x0 * x1)
+S_BINARY_KERNEL (DIV, x0 / x1)
+/* add, sub, mul and div share one prepare (other dtypes: kiln_kernels_math.c) */
+int
+kiln_kprepare_ADD (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                   kiln_err_t *err)
+{
+    return s_prepare_binary (p, op, plan, err);
+}
+
+int
+kiln_kprepare_SUB (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                   kiln_err_t *err)
+{
+    return s_prepare_binary (p, op, plan, err);
+}
+
+int
+kiln_kprepare_MUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                   kiln_err_t *err)
+{
+    return s_prepare_binary (p, op, plan, err);
+}
+
+int
+kiln_kprepare_DIV (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                   kiln_err_t *err)
+{
+    return s_prepare_binary (p, op, plan, err);
+}
+
+int
+kiln_kprepare_RELU (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                kiln_err_t *err)
+{
+    int rc = kiln_kneed_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    int64_t n = kiln_ktensor_numel (kiln_ktensor (p, plan->in[0]));
+    if ((rc = kiln_kneed_numel (p, plan->out, n, "the output", err)))
+        return rc;
+    plan->u.flat.n = n;
+    return 0;
+}
+
+KILN_VCLONES void
+kiln_krun_RELU (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    /* x < 0 is false for NaN, which passes through. */
+    for (int64_t i = 0; i < plan->u.flat.n; i++)
+        y[i] = x[i] < 0.0f ? 0.0f : x[i];
+}

@@ -1,0 +1,505 @@
+/*
+ * kiln_kernels_matmul — the matrix-product kernels, matmul and gemm:
+ * on the matrix engine (kiln_gemm.h) when B is a packed weight or an
+ * epilogue is fused, else on cblas_sgemm.  Internal to libkilnrt.
+ */
+#include "runtime/kiln_kernels_priv.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "runtime/kiln_exec.h"
+#include "runtime/kiln_vmath.h"
+
+/* --- matrix products ------------------------------------------------ */
+
+static int
+s_get_mnk (kiln_prog_op_t *op, int64_t *m, int64_t *n, int64_t *k,
+           kiln_err_t *err)
+{
+    int rc;
+    if ((rc = kiln_prog_op_int (op, "m", m, err))
+        || (rc = kiln_prog_op_int (op, "n", n, err))
+        || (rc = kiln_prog_op_int (op, "k", k, err)))
+        return rc;
+    if (!kiln_kblas_ok (*m) || !kiln_kblas_ok (*n) || !kiln_kblas_ok (*k))
+        return kiln_error (err, KILN_EFORMAT, "m, n and k must be in 0..%d",
+                           INT_MAX);
+    return 0;
+}
+
+/* A packed B (input 1) may be float16 or bfloat16, which the engine
+ * widens a panel at a time; every other operand is float32.  The B's
+ * dtype goes to *half (0: float32). */
+static int
+s_need_f32_packed_b (const kiln_program_t *p, const kiln_kplan_t *plan,
+                     bool packed_b, kiln_dtype_t *half, kiln_err_t *err)
+{
+    kiln_dtype_t bt = kiln_ktensor (p, plan->in[1])->dtype;
+    *half = (kiln_dtype_t) 0;
+    if (!packed_b || !kiln_dtype_is_half (bt))
+        return kiln_kneed_f32 (p, plan, err);
+    for (int i = 0; i < plan->n_in; i++)
+        if (i != 1 && kiln_ktensor (p, plan->in[i])->dtype != KILN_DT_FLOAT32)
+            return kiln_error (err, KILN_EFORMAT, "input %d is %s, not float32",
+                               i, kiln_dtype_name (kiln_ktensor (p, plan->in[i])->dtype));
+    if (kiln_ktensor (p, plan->out)->dtype != KILN_DT_FLOAT32)
+        return kiln_error (err, KILN_EFORMAT, "output is %s, not float32",
+                           kiln_dtype_name (kiln_ktensor (p, plan->out)->dtype));
+    *half = bt;
+    return 0;
+}
+
+
+/* A matmul operand's or result's optional strides `name` (`a_strides`,
+ * `b_strides`, `y_strides`: r + 2 ints, one per batch dimension then the
+ * row and column strides, in elements) into st[], and the operand's
+ * first element `off_name` (`a_offset`, `b_offset`; optional, 0) into
+ * *off: the operand is then a strided view of its tensor (the compiler
+ * folded the slices and transposes that made it into the product), the
+ * result one of the tensor it writes, and every element they reach
+ * must lie inside it.  Without strides the operand is dense: `dims`
+ * (its batch dims, then rows and columns) in order. */
+static int
+s_get_operand_strides (const kiln_program_t *p, kiln_prog_op_t *op,
+                       const char *name, const char *off_name, int t, int r,
+                       const int64_t *dims, int64_t *st, int64_t *off,
+                       bool *strided, kiln_err_t *err)
+{
+    int rc;
+    *off = 0;
+    *strided = kiln_prog_op_has (op, name);
+    if (off_name && kiln_prog_op_has (op, off_name)) {
+        if (!*strided)
+            return kiln_error (err, KILN_EFORMAT, "%s without %s", off_name, name);
+        if ((rc = kiln_prog_op_int (op, off_name, off, err)))
+            return rc;
+        if (*off < 0 || *off >= kiln_ktensor_numel (kiln_ktensor (p, t)))
+            return kiln_error (err, KILN_EFORMAT, "%s %lld is outside the tensor",
+                               off_name, (long long) *off);
+    }
+    if (!*strided) {
+        int64_t c = 1;
+        for (int i = r + 1; i >= 0; i--) {
+            st[i] = dims[i] == 1 && i < r ? 0 : c;
+            c *= dims[i];
+        }
+        return 0;
+    }
+    if ((rc = kiln_prog_op_ints (op, name, r + 2, st, err)))
+        return rc;
+    int64_t last = *off;
+    for (int i = 0; i < r + 2; i++) {
+        if (st[i] < 0 || st[i] > KILN_MAX_TENSOR_ELEMS)
+            return kiln_error (err, KILN_EFORMAT, "%s: stride %d is %lld", name, i,
+                               (long long) st[i]);
+        if (dims[i] == 0)
+            return 0;
+        if (i < r && dims[i] == 1)
+            st[i] = 0;
+        int64_t reach;
+        if (__builtin_mul_overflow (dims[i] - 1, st[i], &reach)
+            || __builtin_add_overflow (last, reach, &last))
+            return kiln_error (err, KILN_EFORMAT, "%s: offsets overflow", name);
+    }
+    if (last >= kiln_ktensor_numel (kiln_ktensor (p, t)))
+        return kiln_error (err, KILN_EFORMAT, "%s reach element %lld of a tensor "
+                           "of %lld", name, (long long) last,
+                           (long long) kiln_ktensor_numel (kiln_ktensor (p, t)));
+    return 0;
+}
+
+/* OpenBLAS takes a row-major operand of rows × cols with strides (rs, cs)
+ * when one of them is 1 and the other a legal leading dimension. */
+static bool
+s_blas_operand (int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                CBLAS_TRANSPOSE *trans, int *ld)
+{
+    int64_t l;
+    if (cs == 1 && rs >= (cols > 1 ? cols : 1)) {
+        *trans = CblasNoTrans;
+        l = rs;
+    } else if (rs == 1 && cs >= (rows > 1 ? rows : 1)) {
+        *trans = CblasTrans;
+        l = cs;
+    } else {
+        return false;
+    }
+    *ld = (int) l;
+    return kiln_kblas_ok (l);
+}
+
+int
+kiln_kprepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                  kiln_err_t *err)
+{
+    int64_t m, n, k;
+    int rc;
+    if ((rc = s_get_mnk (op, &m, &n, &k, err))
+        || (rc = kiln_kernel_epilogue (p, op, plan, err))
+        || (rc = kiln_kget_packed (op, "packed_b", &plan->u.mm.packed_b, err))
+        || (rc = s_need_f32_packed_b (p, plan, plan->u.mm.packed_b,
+                                      &plan->u.mm.b_half, err)))
+        return rc;
+    int64_t batch[KILN_PROG_MAX_PARAM_INTS], ba[KILN_PROG_MAX_PARAM_INTS],
+        bb[KILN_PROG_MAX_PARAM_INTS];
+    int r;
+    if ((rc = kiln_prog_op_ints_any (op, "batch", batch, &r, err)))
+        return rc;
+    if (r > KILN_MAX_RANK)
+        return kiln_error (err, KILN_EFORMAT, "batch rank %d", r);
+    if ((rc = kiln_prog_op_ints (op, "batch_a", r, ba, err))
+        || (rc = kiln_prog_op_ints (op, "batch_b", r, bb, err)))
+        return rc;
+    for (int i = 0; i < r; i++)
+        if (batch[i] < 0 || (ba[i] != batch[i] && ba[i] != 1)
+            || (bb[i] != batch[i] && bb[i] != 1))
+            return kiln_error (err, KILN_EFORMAT, "batch dimension %d: %lld and "
+                               "%lld do not broadcast to %lld", i,
+                               (long long) ba[i], (long long) bb[i],
+                               (long long) batch[i]);
+    int64_t nbatch, na, nb, want;
+    if (!kiln_kprod (batch, r, &nbatch) || !kiln_kprod (ba, r, &na)
+        || !kiln_kprod (bb, r, &nb))
+        return kiln_error (err, KILN_EFORMAT, "bad batch shape");
+    int64_t da[KILN_MAX_RANK + 2], db[KILN_MAX_RANK + 2];
+    int64_t sta[KILN_MAX_RANK + 2], stb[KILN_MAX_RANK + 2];
+    bool a_strided, b_strided = false;
+    memcpy (da, ba, (size_t) r * sizeof *da);
+    memcpy (db, bb, (size_t) r * sizeof *db);
+    da[r] = m;
+    da[r + 1] = k;
+    db[r] = k;
+    db[r + 1] = n;
+    if (!kiln_kmul3 (na, m, k, &want))
+        return kiln_error (err, KILN_EFORMAT, "A is too large");
+    if ((rc = s_get_operand_strides (p, op, "a_strides", "a_offset", plan->in[0], r,
+                                     da, sta, &plan->u.mm.aoff, &a_strided, err))
+        || (!a_strided && (rc = kiln_kneed_numel (p, plan->in[0], want, "A", err))))
+        return rc;
+    if (plan->u.mm.packed_b) {
+        if (nb != 1 || !kiln_pack_b_elems (k, n, &want))
+            return kiln_error (err, KILN_EFORMAT, "a packed B must be one matrix");
+        if ((rc = kiln_kneed_numel (p, plan->in[1], want, "packed B", err)))
+            return rc;
+        if (kiln_prog_op_has (op, "b_strides") || kiln_prog_op_has (op, "b_offset"))
+            return kiln_error (err, KILN_EFORMAT, "a packed B has no strides");
+        plan->u.mm.boff = 0;
+    } else {
+        if (!kiln_kmul3 (nb, k, n, &want))
+            return kiln_error (err, KILN_EFORMAT, "B is too large");
+        if ((rc = s_get_operand_strides (p, op, "b_strides", "b_offset", plan->in[1],
+                                         r, db, stb, &plan->u.mm.boff, &b_strided,
+                                         err))
+            || (!b_strided && (rc = kiln_kneed_numel (p, plan->in[1], want, "B", err))))
+            return rc;
+    }
+    double alpha = 1.0;
+    if (kiln_prog_op_has (op, "alpha")
+        && (rc = kiln_prog_op_float (op, "alpha", &alpha, err)))
+        return rc;
+    if (!isfinite (alpha))
+        return kiln_error (err, KILN_EFORMAT, "alpha is not finite");
+    plan->u.mm.alpha = (float) alpha;
+    if (!kiln_kmul3 (nbatch, m, n, &want)
+        || (rc = kiln_kneed_numel (p, plan->out, want, "the output", err)))
+        return rc ? rc : kiln_error (err, KILN_EFORMAT, "output is too large");
+    int64_t dy[KILN_MAX_RANK + 2], sty[KILN_MAX_RANK + 2], yoff;
+    bool y_strided;
+    memcpy (dy, batch, (size_t) r * sizeof *dy);
+    dy[r] = m;
+    dy[r + 1] = n;
+    if ((rc = s_get_operand_strides (p, op, "y_strides", NULL, plan->out, r, dy, sty,
+                                     &yoff, &y_strided, err)))
+        return rc;
+    if (y_strided && sty[r + 1] != 1 && n > 1)
+        return kiln_error (err, KILN_EFORMAT, "y_strides: the columns must be "
+                           "contiguous");
+    if (y_strided && (kiln_prog_op_has (op, "residual") || !kiln_kblas_ok (sty[r])
+                      || sty[r] < n))
+        return kiln_error (err, KILN_EFORMAT, "y_strides: rows %lld apart for %lld "
+                           "columns, or with a residual", (long long) sty[r],
+                           (long long) n);
+    /* A, B, then the bias of n (broadcast over rows), then the residual. */
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (extra < 0 || extra > 1)
+        return kiln_error (err, KILN_EFORMAT, "takes A, B, an optional bias and "
+                           "an optional residual");
+    plan->u.mm.bias = extra ? 2 : -1;
+    if (extra && (rc = kiln_kneed_numel (p, plan->in[2], n, "the bias", err)))
+        return rc;
+
+    plan->u.mm.m = (int) m;
+    plan->u.mm.n = (int) n;
+    plan->u.mm.k = (int) k;
+    plan->u.mm.rank = r;
+    plan->u.mm.nbatch = nbatch;
+    for (int i = r - 1; i >= 0; i--) {
+        plan->u.mm.batch[i] = batch[i];
+        plan->u.mm.sa[i] = ba[i] == 1 ? 0 : sta[i];
+        plan->u.mm.sb[i] = bb[i] == 1 || plan->u.mm.packed_b ? 0 : stb[i];
+        plan->u.mm.sy[i] = sty[i];
+    }
+    plan->u.mm.yrs = y_strided ? sty[r] : n;
+    plan->u.mm.ars = sta[r];
+    plan->u.mm.acs = sta[r + 1];
+    plan->u.mm.brs = plan->u.mm.packed_b ? n : stb[r];
+    plan->u.mm.bcs = plan->u.mm.packed_b ? 1 : stb[r + 1];
+    /* B shared by every batch and A dense, not broadcast: the batch is
+     * just more rows of one product. */
+    int64_t rows;
+    plan->u.mm.flat = nb == 1 && na == nbatch && !a_strided && !y_strided
+                      && !__builtin_mul_overflow (nbatch, m, &rows)
+                      && kiln_kblas_ok (rows);
+    CBLAS_TRANSPOSE tr;
+    int ld;
+    plan->u.mm.engine = plan->u.mm.packed_b || plan->u.mm.bias >= 0
+                        || kiln_khas_epilogue (plan)
+                        || (a_strided && !s_blas_operand (m, k, plan->u.mm.ars,
+                                                          plan->u.mm.acs, &tr, &ld))
+                        || (b_strided && !s_blas_operand (k, n, plan->u.mm.brs,
+                                                          plan->u.mm.bcs, &tr, &ld));
+    if (plan->u.mm.engine) {
+        int64_t rows_a = plan->u.mm.flat ? nbatch * m : m;
+        plan->ws_bytes = kiln_gemm_ws_bytes (rows_a, n, k, false,
+                                             plan->u.mm.packed_b);
+    }
+    return 0;
+}
+
+/* Product `idx` of a matmul run by kiln_gemm: one per batch element, or
+ * one over all rows when the batch is flat. */
+static void
+s_mm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
+{
+    const kiln_kgctx_t *ctx = ctx_;
+    const kiln_kplan_t *plan = ctx->plan;
+    void *const *data = ctx->data;
+    int64_t m = plan->u.mm.m, n = plan->u.mm.n, k = plan->u.mm.k;
+    int64_t oa = plan->u.mm.aoff, ob = plan->u.mm.boff, oy = 0, rows = m;
+    if (plan->u.mm.flat) {
+        rows = plan->u.mm.nbatch * m;
+    } else {
+        int64_t rest = idx;
+        for (int i = plan->u.mm.rank - 1; i >= 0; i--) {
+            int64_t ii = rest % plan->u.mm.batch[i];
+            rest /= plan->u.mm.batch[i];
+            oa += ii * plan->u.mm.sa[i];
+            ob += ii * plan->u.mm.sb[i];
+            oy += ii * plan->u.mm.sy[i];
+        }
+    }
+    float *y = (float *) data[plan->out] + oy;
+    memset (g, 0, sizeof *g);
+    g->m = rows;
+    g->n = n;
+    g->k = k;
+    g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, (const float *) data[plan->in[0]] + oa,
+                           plan->u.mm.ars, plan->u.mm.acs, NULL };
+    if (plan->u.mm.packed_b)
+        g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED, data[plan->in[1]], 0, 0, NULL };
+    else
+        g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED,
+                               (const float *) data[plan->in[1]] + ob,
+                               plan->u.mm.brs, plan->u.mm.bcs, NULL };
+    g->b_half = plan->u.mm.packed_b ? plan->u.mm.b_half : (kiln_dtype_t) 0;
+    g->c = y;
+    g->ldc = plan->u.mm.yrs;
+    g->alpha = plan->u.mm.alpha;
+    if (plan->u.mm.bias >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) { data[plan->in[plan->u.mm.bias]],
+                                             0, 1, 1.0f };
+    if (plan->epi.residual >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            (const float *) data[plan->in[plan->epi.residual]] + idx * m * n,
+            n, 1, 1.0f };
+    g->act = plan->epi.act;
+    g->act_a = plan->epi.a;
+    g->act_b = plan->epi.b;
+}
+
+void
+kiln_krun_MATMUL (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *a = data[plan->in[0]], *b = data[plan->in[1]];
+    float *y = data[plan->out];
+    int m = plan->u.mm.m, n = plan->u.mm.n, k = plan->u.mm.k, r = plan->u.mm.rank;
+    if (plan->u.mm.nbatch == 0 || m == 0 || n == 0)
+        return;
+    if (plan->u.mm.engine) {
+        kiln_kgctx_t ctx = { plan, data };
+        kiln_gemm_run (s_mm_get, &ctx, plan->u.mm.flat ? 1 : plan->u.mm.nbatch);
+        return;
+    }
+    if (k == 0) {
+        /* a strided Y is a permutation of the whole output */
+        memset (y, 0, (size_t) (plan->u.mm.nbatch * m * n) * sizeof *y);
+        return;
+    }
+    a += plan->u.mm.aoff;
+    b += plan->u.mm.boff;
+    /* Dense operands (k, m, n >= 1 here) and the strided ones the plan
+     * left to OpenBLAS all pass. */
+    CBLAS_TRANSPOSE ta = CblasNoTrans, tb = CblasNoTrans;
+    int lda = k, ldb = n;
+    s_blas_operand (m, k, plan->u.mm.ars, plan->u.mm.acs, &ta, &lda);
+    s_blas_operand (k, n, plan->u.mm.brs, plan->u.mm.bcs, &tb, &ldb);
+    if (plan->u.mm.flat) {
+        cblas_sgemm (CblasRowMajor, CblasNoTrans, tb,
+                     (int) (plan->u.mm.nbatch * m), n, k, plan->u.mm.alpha, a, k,
+                     b, ldb, 0.0f, y, n);
+        return;
+    }
+    int64_t idx[KILN_MAX_RANK] = { 0 }, oa = 0, ob = 0, oy = 0;
+    for (int64_t bi = 0; bi < plan->u.mm.nbatch; bi++) {
+        cblas_sgemm (CblasRowMajor, ta, tb, m, n, k, plan->u.mm.alpha,
+                     a + oa, lda, b + ob, ldb, 0.0f, y + oy, (int) plan->u.mm.yrs);
+        for (int i = r - 1; i >= 0; i--) {
+            idx[i]++;
+            oa += plan->u.mm.sa[i];
+            ob += plan->u.mm.sb[i];
+            oy += plan->u.mm.sy[i];
+            if (idx[i] < plan->u.mm.batch[i])
+                break;
+            oa -= plan->u.mm.sa[i] * plan->u.mm.batch[i];
+            ob -= plan->u.mm.sb[i] * plan->u.mm.batch[i];
+            oy -= plan->u.mm.sy[i] * plan->u.mm.batch[i];
+            idx[i] = 0;
+        }
+    }
+}
+
+int
+kiln_kprepare_GEMM (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                kiln_err_t *err)
+{
+    int64_t m, n, k, ta, tb, want;
+    double alpha, beta = 0.0;
+    int rc;
+    if ((rc = s_get_mnk (op, &m, &n, &k, err))
+        || (rc = kiln_prog_op_int (op, "trans_a", &ta, err))
+        || (rc = kiln_prog_op_int (op, "trans_b", &tb, err))
+        || (rc = kiln_prog_op_float (op, "alpha", &alpha, err))
+        || (rc = kiln_kernel_epilogue (p, op, plan, err))
+        || (rc = kiln_kget_packed (op, "packed_b", &plan->u.gemm.packed_b, err))
+        || (rc = s_need_f32_packed_b (p, plan, plan->u.gemm.packed_b,
+                                      &plan->u.gemm.b_half, err)))
+        return rc;
+    if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1))
+        return kiln_error (err, KILN_EFORMAT, "trans_a and trans_b must be 0 or 1");
+    if (plan->u.gemm.packed_b && !kiln_pack_b_elems (k, n, &want))
+        return kiln_error (err, KILN_EFORMAT, "packed B too large");
+    if (!kiln_kmul3 (m, k, 1, &want)
+        || (rc = kiln_kneed_numel (p, plan->in[0], want, "A", err))
+        || (!plan->u.gemm.packed_b && !kiln_kmul3 (k, n, 1, &want))
+        || (plan->u.gemm.packed_b && !kiln_pack_b_elems (k, n, &want))
+        || (rc = kiln_kneed_numel (p, plan->in[1], want, "B", err))
+        || !kiln_kmul3 (m, n, 1, &want)
+        || (rc = kiln_kneed_numel (p, plan->out, want, "the output", err)))
+        return rc ? rc : kiln_error (err, KILN_EFORMAT, "operands too large");
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (extra < 0 || extra > 1)
+        return kiln_error (err, KILN_EFORMAT, "takes A, B, an optional C and an "
+                           "optional residual");
+    plan->u.gemm.has_c = extra == 1;
+    if (plan->u.gemm.has_c) {
+        int64_t c[2];
+        if ((rc = kiln_prog_op_float (op, "beta", &beta, err))
+            || (rc = kiln_prog_op_ints (op, "shape_c", 2, c, err)))
+            return rc;
+        if ((c[0] != 1 && c[0] != m) || (c[1] != 1 && c[1] != n))
+            return kiln_error (err, KILN_EFORMAT, "C of [%lld, %lld] does not "
+                               "broadcast to [%lld, %lld]", (long long) c[0],
+                               (long long) c[1], (long long) m, (long long) n);
+        if ((rc = kiln_kneed_numel (p, plan->in[2], c[0] * c[1], "C", err)))
+            return rc;
+        plan->u.gemm.c0 = c[0];
+        plan->u.gemm.c1 = c[1];
+    }
+    plan->u.gemm.m = (int) m;
+    plan->u.gemm.n = (int) n;
+    plan->u.gemm.k = (int) k;
+    plan->u.gemm.ta = ta;
+    plan->u.gemm.tb = tb;
+    plan->u.gemm.alpha = (float) alpha;
+    plan->u.gemm.beta = (float) beta;
+    plan->u.gemm.engine = plan->u.gemm.packed_b || kiln_khas_epilogue (plan);
+    if (plan->u.gemm.engine)
+        plan->ws_bytes = kiln_gemm_ws_bytes (m, n, k, false, plan->u.gemm.packed_b);
+    return 0;
+}
+
+static void
+s_gemm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
+{
+    const kiln_kgctx_t *ctx = ctx_;
+    const kiln_kplan_t *plan = ctx->plan;
+    void *const *data = ctx->data;
+    int64_t m = plan->u.gemm.m, n = plan->u.gemm.n, k = plan->u.gemm.k;
+    memset (g, 0, sizeof *g);
+    g->m = m;
+    g->n = n;
+    g->k = k;
+    g->a = plan->u.gemm.ta
+           ? (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[0]], 1, m, NULL }
+           : (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[0]], k, 1, NULL };
+    if (plan->u.gemm.packed_b)
+        g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED, data[plan->in[1]], 0, 0, NULL };
+    else if (plan->u.gemm.tb)
+        g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[1]], 1, k, NULL };
+    else
+        g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, data[plan->in[1]], n, 1, NULL };
+    g->b_half = plan->u.gemm.packed_b ? plan->u.gemm.b_half : (kiln_dtype_t) 0;
+    g->c = data[plan->out];
+    g->ldc = n;
+    g->alpha = plan->u.gemm.alpha;
+    if (plan->u.gemm.has_c)
+        g->add[g->n_add++] = (kiln_gadd_t) {
+            data[plan->in[2]], plan->u.gemm.c0 == 1 ? 0 : plan->u.gemm.c1,
+            plan->u.gemm.c1 == 1 ? 0 : 1, plan->u.gemm.beta };
+    if (plan->epi.residual >= 0)
+        g->add[g->n_add++] = (kiln_gadd_t) { data[plan->in[plan->epi.residual]],
+                                             n, 1, 1.0f };
+    g->act = plan->epi.act;
+    g->act_a = plan->epi.a;
+    g->act_b = plan->epi.b;
+}
+
+void
+kiln_krun_GEMM (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *a = data[plan->in[0]], *b = data[plan->in[1]];
+    float *y = data[plan->out];
+    int m = plan->u.gemm.m, n = plan->u.gemm.n, k = plan->u.gemm.k;
+    if (m == 0 || n == 0)
+        return;
+    if (plan->u.gemm.engine) {
+        kiln_kgctx_t ctx = { plan, data };
+        kiln_gemm_run (s_gemm_get, &ctx, 1);
+        return;
+    }
+    float beta = 0.0f;
+    if (plan->u.gemm.has_c) {
+        /* Y = beta * broadcast(C), then sgemm accumulates alpha * A B. */
+        const float *c = data[plan->in[2]];
+        int64_t c0 = plan->u.gemm.c0, c1 = plan->u.gemm.c1;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                y[i * n + j] = plan->u.gemm.beta
+                               * c[(c0 == 1 ? 0 : i) * c1 + (c1 == 1 ? 0 : j)];
+        beta = 1.0f;
+    }
+    if (k == 0) {
+        if (!plan->u.gemm.has_c)
+            memset (y, 0, (size_t) m * (size_t) n * sizeof *y);
+        return;
+    }
+    cblas_sgemm (CblasRowMajor, plan->u.gemm.ta ? CblasTrans : CblasNoTrans,
+                 plan->u.gemm.tb ? CblasTrans : CblasNoTrans, m, n, k,
+                 plan->u.gemm.alpha, a, plan->u.gemm.ta ? m : k, b,
+                 plan->u.gemm.tb ? k : n, beta, y, n);
+}
+

@@ -1,0 +1,340 @@
+/*
+ * kiln_kernels_pool — the pooling kernels maxpool2d and global_avgpool.
+ * Internal to libkilnrt.
+ */
+#include "runtime/kiln_kernels_priv.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "runtime/kiln_exec.h"
+#include "runtime/kiln_vmath.h"
+
+int
+kiln_kprepare_MAXPOOL2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                     kiln_err_t *err)
+{
+    int rc = kiln_kneed_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    kiln_kwin_t w;
+    int64_t ceil_mode;
+    if ((rc = kiln_kget_window (op, &w, err))
+        || (rc = kiln_prog_op_int (op, "ceil_mode", &ceil_mode, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *ty = kiln_ktensor (p, plan->out);
+    int64_t x[4], y[4];         /* a rank-3 (1-D) pool reads as height 1 */
+    if (!kiln_knchw (tx, x) || !kiln_knchw (ty, y) || tx->shape.rank != ty->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X and Y must both have rank 3 or both rank 4");
+    if (x[0] != y[0] || x[1] != y[1])
+        return kiln_error (err, KILN_EFORMAT, "X and Y differ in N or C");
+    /* With ceil_mode, frameworks differ on whether a last window that
+     * starts in the end padding counts; accept both, clamp every window. */
+    for (int i = 0; i < 2; i++) {
+        int64_t lo = kiln_kout_size (&w, i, x[2 + i], false);
+        int64_t hi = kiln_kout_size (&w, i, x[2 + i], ceil_mode != 0);
+        if (lo < 0 || y[2 + i] < lo || y[2 + i] > hi)
+            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis "
+                               "%d does not follow from the window",
+                               (long long) y[2 + i], i);
+    }
+    plan->u.pool.planes = x[0] * x[1];
+    plan->u.pool.h = x[2];
+    plan->u.pool.w = x[3];
+    plan->u.pool.oh = y[2];
+    plan->u.pool.ow = y[3];
+    plan->u.pool.kh = w.k[0];
+    plan->u.pool.kw = w.k[1];
+    plan->u.pool.sh = w.s[0];
+    plan->u.pool.sw = w.s[1];
+    plan->u.pool.dh = w.d[0];
+    plan->u.pool.dw = w.d[1];
+    plan->u.pool.pt = w.p[0];
+    plan->u.pool.pl = w.p[1];
+    plan->ws_bytes = (size_t) x[3] * sizeof (float);    /* one row's maxima */
+    return 0;
+}
+
+/* max that keeps the first NaN it meets: a NaN window gives NaN */
+static inline float
+s_max_nan (float best, float v)
+{
+    return v != v ? v : (v > best ? v : best);
+}
+
+/* Output planes [first, first + count): for each output row, the maximum
+ * over the window's input rows first (contiguous, vectorised) into
+ * `colmax`, then over the window's columns. */
+KILN_VCLONES static void
+s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
+               int64_t count, float *colmax)
+{
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int64_t h = plan->u.pool.h, w = plan->u.pool.w;
+    int64_t oh = plan->u.pool.oh, ow = plan->u.pool.ow;
+    int64_t kh = plan->u.pool.kh, kw = plan->u.pool.kw;
+    for (int64_t pl = first; pl < first + count; pl++) {
+        const float *xp = x + pl * h * w;
+        float *yp = y + pl * oh * ow;
+        for (int64_t r = 0; r < oh; r++) {
+            float *yr = yp + r * ow;
+            int64_t h0 = r * plan->u.pool.sh - plan->u.pool.pt;
+            bool any = false;
+            for (int64_t i = 0; i < kh; i++) {
+                int64_t ih = h0 + i * plan->u.pool.dh;
+                if (ih < 0 || ih >= h)
+                    continue;
+                const float *xr = xp + ih * w;
+                if (!any)
+                    memcpy (colmax, xr, (size_t) w * sizeof *colmax);
+                else
+                    for (int64_t t = 0; t < w; t++)
+                        colmax[t] = s_max_nan (colmax[t], xr[t]);
+                any = true;
+            }
+            for (int64_t q = 0; q < ow; q++) {
+                float best = -INFINITY;
+                int64_t w0 = q * plan->u.pool.sw - plan->u.pool.pl;
+                for (int64_t j = 0; any && j < kw; j++) {
+                    int64_t iw = w0 + j * plan->u.pool.dw;
+                    if (iw >= 0 && iw < w)
+                        best = s_max_nan (best, colmax[iw]);
+                }
+                yr[q] = best;
+            }
+        }
+    }
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    int64_t planes, per;
+    float *ws;
+    size_t ws_stride;               /* floats per worker */
+} s_planes_t;
+
+static void
+s_pool_task (void *arg, int task, int worker)
+{
+    const s_planes_t *d = arg;
+    int64_t first = (int64_t) task * d->per;
+    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
+    s_pool_planes (d->plan, d->data, first, count,
+                   d->ws + (size_t) worker * d->ws_stride);
+}
+
+void
+kiln_krun_MAXPOOL2D (const kiln_kplan_t *plan, void *const *data)
+{
+    int64_t planes = plan->u.pool.planes;
+    if (planes == 0 || plan->u.pool.oh == 0 || plan->u.pool.ow == 0)
+        return;
+    int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
+    if (tasks > planes)
+        tasks = planes;
+    size_t bytes;
+    s_planes_t d = { plan, data, planes, (planes + tasks - 1) / tasks,
+                     kiln_exec_ws (&bytes), 0 };
+    d.ws_stride = bytes / sizeof (float);
+    kiln_exec_parallel (s_pool_task, &d, (int) ((planes + d.per - 1) / d.per));
+}
+
+int
+kiln_kprepare_GLOBAL_AVGPOOL (kiln_program_t *p, kiln_prog_op_t *op,
+                          kiln_kplan_t *plan, kiln_err_t *err)
+{
+    int rc = kiln_kneed_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *ty = kiln_ktensor (p, plan->out);
+    if (tx->shape.rank < 3 || ty->shape.rank != tx->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X must have rank >= 3 and Y the "
+                           "same rank");
+    for (int i = 0; i < ty->shape.rank; i++)
+        if (ty->shape.dims[i] != (i < 2 ? tx->shape.dims[i] : 1))
+            return kiln_error (err, KILN_EFORMAT, "Y must be [N, C, 1, ...]");
+    plan->u.gap.planes = tx->shape.dims[0] * tx->shape.dims[1];
+    plan->u.gap.spatial = plan->u.gap.planes
+                          ? kiln_ktensor_numel (tx) / plan->u.gap.planes : 0;
+    return 0;
+}
+
+/* The mean of each plane: sums in double, eight lanes (element i in
+ * lane i mod 8), the lanes added in a fixed order and the tail last, so
+ * the loop vectorises and the result does not depend on the CPU or the
+ * thread count.  A plane's serial double sum had been bound by the add's
+ * latency (efficientnet_b0's 17 pools, 9 % of its time). */
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t s, planes, per;
+} s_gap_t;
+
+KILN_VCLONES static void
+s_gap_planes (const float *x, float *y, int64_t s, int64_t first, int64_t count)
+{
+    for (int64_t pl = first; pl < first + count; pl++) {
+        const float *xp = x + pl * s;
+        double l[8] = { 0 };
+        int64_t i = 0;
+        for (; i + 8 <= s; i += 8)
+            for (int j = 0; j < 8; j++)
+                l[j] += xp[i + j];
+        double sum = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+        for (; i < s; i++)
+            sum += xp[i];
+        y[pl] = s ? (float) (sum / (double) s) : NAN;
+    }
+}
+
+static void
+s_gap_task (void *arg, int task, int worker)
+{
+    const s_gap_t *d = arg;
+    int64_t first = (int64_t) task * d->per;
+    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
+    s_gap_planes (d->x, d->y, d->s, first, count);
+}
+
+void
+kiln_krun_GLOBAL_AVGPOOL (const kiln_kplan_t *plan, void *const *data)
+{
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int64_t s = plan->u.gap.spatial;
+    s_gap_t d = { x, y, s, plan->u.gap.planes, 0 };
+    int tasks = plan->u.gap.planes * s >= 65536 ? 4 * kiln_exec_threads () : 1;
+    if (tasks > plan->u.gap.planes)
+        tasks = (int) plan->u.gap.planes;
+    if (tasks < 1)
+        return;
+    d.per = (plan->u.gap.planes + tasks - 1) / tasks;
+    kiln_exec_parallel (s_gap_task, &d, (int) ((plan->u.gap.planes + d.per - 1) / d.per));
+}
+
+
+/* --- avgpool2d, global_maxpool (their plan: kiln_kshape_plan_t) -------- */
+
+
+void
+kiln_krun_AVGPOOL2D (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int64_t h = sp->h, w = sp->w, oh = sp->oh, ow = sp->ow;
+    for (int64_t pl = 0; pl < sp->planes; pl++) {
+        const float *xp = x + pl * h * w;
+        float *yp = y + pl * oh * ow;
+        for (int64_t r = 0; r < oh; r++)
+            for (int64_t q = 0; q < ow; q++) {
+                double sum = 0.0;
+                int64_t inside = 0, padded = 0;
+                int64_t h0 = r * sp->sh - sp->pt, w0 = q * sp->sw - sp->pl;
+                for (int64_t i = 0; i < sp->kh; i++) {
+                    int64_t ih = h0 + i * sp->dh;
+                    if (ih < -sp->pt || ih >= h + sp->pb)
+                        continue;
+                    for (int64_t j = 0; j < sp->kw; j++) {
+                        int64_t iw = w0 + j * sp->dw;
+                        if (iw < -sp->pl || iw >= w + sp->pr)
+                            continue;
+                        padded++;
+                        if (ih >= 0 && ih < h && iw >= 0 && iw < w) {
+                            sum += xp[ih * w + iw];
+                            inside++;
+                        }
+                    }
+                }
+                int64_t count = sp->include_pad ? padded : inside;
+                yp[r * ow + q] = count ? (float) (sum / (double) count) : NAN;
+            }
+    }
+}
+
+int
+kiln_kprepare_AVGPOOL2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan, kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    kiln_kwin_t w;
+    int64_t ceil_mode, include, x[4], y[4];
+    int rc;
+    if ((rc = kiln_kneed_f32 (p, plan, err)) || (rc = kiln_kget_window (op, &w, err))
+        || (rc = kiln_prog_op_int (op, "ceil_mode", &ceil_mode, err))
+        || (rc = kiln_prog_op_int (op, "count_include_pad", &include, err)))
+        return rc;
+    const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *ty = kiln_ktensor (p, plan->out);
+    if (!kiln_knchw (tx, x) || !kiln_knchw (ty, y) || tx->shape.rank != ty->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X and Y must both have rank 3 or both rank 4");
+    if (x[0] != y[0] || x[1] != y[1])
+        return kiln_error (err, KILN_EFORMAT, "X and Y differ in N or C");
+    /* With ceil_mode, frameworks differ on whether a last window that
+     * starts in the end padding counts; accept both, as maxpool2d does. */
+    for (int i = 0; i < 2; i++) {
+        int64_t lo = kiln_kout_size (&w, i, x[2 + i], false);
+        int64_t hi = kiln_kout_size (&w, i, x[2 + i], ceil_mode != 0);
+        if (lo < 0 || y[2 + i] < lo || y[2 + i] > hi)
+            return kiln_error (err, KILN_EFORMAT, "output size %lld along axis %d does not follow from the window",
+                               (long long) y[2 + i], i);
+    }
+    sp->planes = x[0] * x[1];
+    sp->h = x[2];
+    sp->w = x[3];
+    sp->oh = y[2];
+    sp->ow = y[3];
+    sp->kh = w.k[0];
+    sp->kw = w.k[1];
+    sp->sh = w.s[0];
+    sp->sw = w.s[1];
+    sp->dh = w.d[0];
+    sp->dw = w.d[1];
+    sp->pt = w.p[0];
+    sp->pl = w.p[1];
+    sp->pb = w.p[2];
+    sp->pr = w.p[3];
+    sp->include_pad = include != 0;
+    plan->run = kiln_krun_AVGPOOL2D;
+    return 0;
+}
+
+void
+kiln_krun_GLOBAL_MAXPOOL (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kshape_plan_t *sp = &plan->u.shape;
+    const float *x = data[plan->in[0]];
+    float *y = data[plan->out];
+    int64_t s = sp->spatial;
+    for (int64_t pl = 0; pl < sp->planes; pl++) {
+        float best = -INFINITY;
+        for (int64_t i = 0; i < s; i++) {
+            float v = x[pl * s + i];
+            if (v > best || v != v)
+                best = v;
+            if (best != best)
+                break;
+        }
+        y[pl] = best;
+    }
+}
+
+int
+kiln_kprepare_GLOBAL_MAXPOOL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                       kiln_err_t *err)
+{
+    kiln_kshape_plan_t *sp = &plan->u.shape;
+    int rc = kiln_kneed_f32 (p, plan, err);
+    if (rc)
+        return rc;
+    const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *ty = kiln_ktensor (p, plan->out);
+    if (tx->shape.rank < 3 || ty->shape.rank != tx->shape.rank)
+        return kiln_error (err, KILN_EFORMAT, "X must have rank >= 3 and Y the same rank");
+    for (int i = 0; i < ty->shape.rank; i++)
+        if (ty->shape.dims[i] != (i < 2 ? tx->shape.dims[i] : 1))
+            return kiln_error (err, KILN_EFORMAT, "Y must be [N, C, 1, ...]");
+    sp->planes = tx->shape.dims[0] * tx->shape.dims[1];
+    sp->spatial = sp->planes ? kiln_ktensor_numel (tx) / sp->planes : 0;
+    plan->run = kiln_krun_GLOBAL_MAXPOOL;
+    return 0;
+}
