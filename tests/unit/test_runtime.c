@@ -1332,7 +1332,7 @@ START_TEST (test_load_refuses_malformed_programs_under_a_valid_signature)
         { m_bad_input_index, "names tensor" },
         { m_conv_stride, "does not follow from the window" },
         { m_conv_group, "group" },
-        { m_gemm_k, "parameters say" },
+        { m_gemm_k, "A holds 32 elements, expected 34" },
         { m_pool_kernel, "does not follow from the window" },
         { m_no_scratch, "scratch" },
         { m_write_weight, "writes weight" },
