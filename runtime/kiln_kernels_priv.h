@@ -151,10 +151,10 @@ kiln_knchw (const kiln_prog_tensor_t *t, int64_t v[4])
  * Each defines kiln_kprepare_<id> and kiln_krun_<id>; kiln_kernels.c's
  * table points at them. */
 #define KILN_KOWN_KERNELS(X)                                                  \
-    X (COPY) X (ADD) X (SUB) X (MUL) X (DIV) X (RELU)      /* elementwise */ \
-    X (MATMUL) X (GEMM)                                    /* matmul */      \
-    X (CONV2D) X (CONV3D) X (CONV_TRANSPOSE2D)             /* conv */        \
-    X (MAXPOOL2D) X (GLOBAL_AVGPOOL) X (AVGPOOL2D)         /* pool */        \
+    X (COPY) X (ADD) X (SUB) X (MUL) X (DIV) X (RELU)      /* elementwise */  \
+    X (MATMUL) X (GEMM)                                    /* matmul */       \
+    X (CONV2D) X (CONV3D) X (CONV_TRANSPOSE2D)             /* conv */         \
+    X (MAXPOOL2D) X (GLOBAL_AVGPOOL) X (AVGPOOL2D)         /* pool */         \
     X (GLOBAL_MAXPOOL)
 
 #define KILN_KOWN_DECLARE(id)                                                 \
