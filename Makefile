@@ -151,7 +151,7 @@ $(BUILD)/obj/runtime/kiln_kernels.o $(BUILD)/obj/runtime/kiln_kernels_math.o \
 $(BUILD)/obj/runtime/kiln_kernels_elementwise.o $(BUILD)/obj/runtime/kiln_kernels_matmul.o \
 $(BUILD)/obj/runtime/kiln_kernels_conv.o $(BUILD)/obj/runtime/kiln_kernels_pool.o \
 $(BUILD)/obj/runtime/kiln_kernels_reduce.o $(BUILD)/obj/runtime/kiln_kernels_norm.o \
-$(BUILD)/obj/runtime/kiln_kernels_binary.o \
+$(BUILD)/obj/runtime/kiln_kernels_binary.o $(BUILD)/obj/runtime/kiln_kernels_dwconv.o \
 $(BUILD)/obj/runtime/kiln_kernels_shape.o $(BUILD)/obj/runtime/kiln_winograd.o \
 $(call obj,$(wildcard runtime/kiln_gemm*.c)): \
 	CFLAGS += $(GCC_VECT)

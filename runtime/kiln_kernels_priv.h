@@ -9,8 +9,8 @@
  *   kiln_kernels.c              the table, and the shared checks below;
  *   kiln_kernels_elementwise.c  copy, relu, float32 add/sub/mul/div;
  *   kiln_kernels_matmul.c       matmul, gemm;
- *   kiln_kernels_conv.c         conv2d (depthwise too), conv3d,
- *                               conv_transpose2d;
+ *   kiln_kernels_conv.c         conv2d, conv3d, conv_transpose2d;
+ *   kiln_kernels_dwconv.c       depthwise conv2d;
  *   kiln_kernels_pool.c         maxpool2d, avgpool2d, global_avgpool,
  *                               global_maxpool;
  *   kiln_kernels_math.c         the typed elementwise ops, reductions,
@@ -146,6 +146,14 @@ kiln_knchw (const kiln_prog_tensor_t *t, int64_t v[4])
     }
     return false;
 }
+
+/* --- depthwise convolution (kiln_kernels_dwconv.c) ---------------------- */
+
+/* Floats of a worker's workspace for depthwise conv2d `plan`. */
+size_t kiln_kdw_ws_floats (const kiln_kplan_t *plan);
+
+/* Run depthwise conv2d `plan`. */
+void kiln_kdw_run (const kiln_kplan_t *plan, void *const *data);
 
 /* --- the kernels of the kind files --------------------------------------
  * Each defines kiln_kprepare_<id> and kiln_krun_<id>; kiln_kernels.c's

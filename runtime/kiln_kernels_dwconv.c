@@ -1,0 +1,370 @@
+/*
+ * kiln_kernels_dwconv — depthwise convolution (one input channel per
+ * group) by direct loops over the input's stride phases, for conv2d
+ * (kiln_kernels_conv.c prepares it and calls kiln_kdw_run).  Internal to
+ * libkilnrt.
+ */
+#include "runtime/kiln_kernels_priv.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "runtime/kiln_exec.h"
+#include "runtime/kiln_vmath.h"
+
+/* The depthwise loops read the input through its phases: with strides
+ * (sh, sw), phase (a, b) of the zero-padded plane holds its rows a, a +
+ * sh, ... and columns b, b + sw, ..., so that every tap reads one phase
+ * at a fixed offset and an output plane (computed over the phase's full
+ * width, the extra columns thrown away) is a sum of shifted copies: one
+ * long vector loop per tap whatever the plane's width. */
+typedef struct {
+    int64_t hp, wp;             /* padded plane */
+    int64_t hq, wq;             /* one phase */
+    int64_t phase;              /* floats per phase */
+    int64_t acc;                /* oh × wq accumulators */
+    int64_t slack;              /* reads past a phase's last row */
+} s_dw_geo_t;
+
+static void
+s_dw_geometry (const kiln_kplan_t *plan, s_dw_geo_t *g)
+{
+    int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    /* rows and columns the windows reach, from -pt / -pl */
+    int64_t need_h = (plan->u.conv.oh - 1) * sh + (plan->u.conv.kh - 1) * plan->u.conv.dh + 1;
+    int64_t need_w = (plan->u.conv.ow - 1) * sw + (plan->u.conv.kw - 1) * plan->u.conv.dw + 1;
+    g->hp = plan->u.conv.h + plan->u.conv.pt;
+    g->wp = plan->u.conv.w + plan->u.conv.pl;
+    if (g->hp < need_h)
+        g->hp = need_h;
+    if (g->wp < need_w)
+        g->wp = need_w;
+    g->hq = (g->hp + sh - 1) / sh;
+    g->wq = (g->wp + sw - 1) / sw;
+    g->phase = g->hq * g->wq;
+    g->acc = plan->u.conv.oh * g->wq;
+    g->slack = (plan->u.conv.kw - 1) * plan->u.conv.dw / sw + 1;
+}
+
+static bool s_dw_lanes (const kiln_kplan_t *plan);
+static size_t s_dw_lanes_ws_floats (const kiln_kplan_t *plan);
+
+size_t
+kiln_kdw_ws_floats (const kiln_kplan_t *plan)
+{
+    if (s_dw_lanes (plan))
+        return s_dw_lanes_ws_floats (plan);
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    return (size_t) (plan->u.conv.sh * plan->u.conv.sw * g.phase + g.slack + g.acc);
+}
+
+/* ac[k] = bv + Σ w[i]·t_i[k]: nine taps in one pass; the accumulators
+ * never overlap the phases the taps read. */
+static inline __attribute__ ((always_inline)) void
+s_dw9 (float *restrict ac, int64_t n, float bv, const float *restrict w,
+       const float *restrict t0, const float *restrict t1,
+       const float *restrict t2, const float *restrict t3,
+       const float *restrict t4, const float *restrict t5,
+       const float *restrict t6, const float *restrict t7,
+       const float *restrict t8)
+{
+    float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
+    float w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    for (int64_t k = 0; k < n; k++)
+        ac[k] = bv + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                + w4 * t4[k] + w5 * t5[k] + w6 * t6[k] + w7 * t7[k] + w8 * t8[k];
+}
+
+#define S_DW_ROW 7
+
+/* ac[k] = (first ? bv : ac[k]) + Σ_j w[j]·t[j][k] over nt (1..7) taps,
+ * added in order of j: one pass over the accumulators. */
+static inline __attribute__ ((always_inline)) void
+s_dw_row (float *restrict ac, int64_t n, bool first, float bv, const float *w,
+          const float *const *t, int64_t nt)
+{
+    float w0 = w[0], w1 = nt > 1 ? w[1] : 0, w2 = nt > 2 ? w[2] : 0;
+    float w3 = nt > 3 ? w[3] : 0, w4 = nt > 4 ? w[4] : 0, w5 = nt > 5 ? w[5] : 0;
+    float w6 = nt > 6 ? w[6] : 0;
+    const float *restrict t0 = t[0], *restrict t1 = t[nt > 1 ? 1 : 0];
+    const float *restrict t2 = t[nt > 2 ? 2 : 0], *restrict t3 = t[nt > 3 ? 3 : 0];
+    const float *restrict t4 = t[nt > 4 ? 4 : 0], *restrict t5 = t[nt > 5 ? 5 : 0];
+    const float *restrict t6 = t[nt > 6 ? 6 : 0];
+    if (first)
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = bv;
+    switch (nt) {
+    case 7:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                    + w4 * t4[k] + w5 * t5[k] + w6 * t6[k];
+        break;
+    case 5:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k] + w3 * t3[k]
+                    + w4 * t4[k];
+        break;
+    case 3:
+        for (int64_t k = 0; k < n; k++)
+            ac[k] = ac[k] + w0 * t0[k] + w1 * t1[k] + w2 * t2[k];
+        break;
+    default:
+        for (int64_t j = 0; j < nt; j++) {
+            float wv = w[j];
+            const float *restrict tj = t[j];
+            for (int64_t k = 0; k < n; k++)
+                ac[k] += wv * tj[k];
+        }
+        break;
+    }
+}
+
+/* Small planes (the 14×14 and 7×7 of a mobile network's last stages)
+ * leave most of a vector idle in the per-plane loops above, and their
+ * fixed costs (phases, tap pointers) weigh on few outputs.  There (planes
+ * of 7×7 measured 1.7-2.3 times faster this way; at 14×14 neither way
+ * wins clearly, at 28×28 the per-plane loops win by a third) the
+ * planes go S_DW_LANES at a time, interleaved: the padded inputs as
+ * [row][column][lane], the weights as [tap][lane], so that every tap of
+ * every output is one full-width multiply-add over the lanes.  Each lane
+ * adds its taps in the order the per-plane loops do. */
+#define S_DW_LANES 16
+/* one value per lane: a vector register, or two or four where they are
+ * narrower (gcc's generic vectors); the workspace's lanes are aligned */
+typedef float s_dw_vec_t __attribute__ ((vector_size (S_DW_LANES * sizeof (float))));
+#define S_DW_LANES_MAX_OUT 100          /* output planes up to 10×10 */
+
+static bool
+s_dw_lanes (const kiln_kplan_t *plan)
+{
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    return plan->u.conv.oh * plan->u.conv.ow <= S_DW_LANES_MAX_OUT
+           && g.hp * g.wp <= 4 * S_DW_LANES_MAX_OUT;
+}
+
+static size_t
+s_dw_lanes_ws_floats (const kiln_kplan_t *plan)
+{
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    return (size_t) ((g.hp * g.wp + plan->u.conv.kh * plan->u.conv.kw + 1) * S_DW_LANES);
+}
+
+KILN_VCLONES static void
+s_dw_planes_lanes (const kiln_kplan_t *plan, void *const *data, int64_t first,
+                   int64_t count, float *ws)
+{
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    const float *res = plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL;
+    float *y = data[plan->out];
+    int64_t h = plan->u.conv.h, w = plan->u.conv.w;
+    int64_t oh = plan->u.conv.oh, ow = plan->u.conv.ow, ohw = oh * ow;
+    int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw, taps = kh * kw;
+    int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    int64_t dh = plan->u.conv.dh, dw = plan->u.conv.dw;
+    int64_t pt = plan->u.conv.pt, pl = plan->u.conv.pl;
+    int64_t m = plan->u.conv.m, mg = m / plan->u.conv.group;
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    enum { L = S_DW_LANES };
+    float *restrict in = ws, *restrict wv = ws + g.hp * g.wp * L;
+    float *restrict bv = wv + taps * L;
+    for (int64_t p0 = first; p0 < first + count; p0 += L) {
+        int64_t nl = first + count - p0 < L ? first + count - p0 : L;
+        memset (in, 0, (size_t) (g.hp * g.wp * L) * sizeof *in);
+        memset (wv, 0, (size_t) (taps * L) * sizeof *wv);
+        for (int64_t l = 0; l < nl; l++) {
+            int64_t pi = p0 + l, ni = pi / m, o = pi % m;
+            /* Output channel o reads input channel o / mg (one per group). */
+            const float *xp = x + (ni * plan->u.conv.c + o / mg) * h * w;
+            for (int64_t ih = 0; ih < h && ih + pt < g.hp; ih++)
+                for (int64_t iw = 0; iw < w && iw + pl < g.wp; iw++)
+                    in[((ih + pt) * g.wp + iw + pl) * L + l] = xp[ih * w + iw];
+            for (int64_t t = 0; t < taps; t++)
+                wv[t * L + l] = wt[o * taps + t];
+            bv[l] = bias ? bias[o] : 0.0f;
+        }
+        for (int64_t r = 0; r < oh; r++)
+            for (int64_t q = 0; q < ow; q++) {
+                s_dw_vec_t v = *(const s_dw_vec_t *) bv;
+                for (int64_t i = 0; i < kh; i++) {
+                    const float *row = in + ((r * sh + i * dh) * g.wp + q * sw) * L;
+                    const float *wr = wv + i * kw * L;
+                    for (int64_t j = 0; j < kw; j++)
+                        v = v + *(const s_dw_vec_t *) (wr + j * L)
+                                * *(const s_dw_vec_t *) (row + j * dw * L);
+                }
+                float acc[L];
+                memcpy (acc, &v, sizeof acc);
+                int64_t at = r * ow + q;
+                for (int64_t l = 0; l < nl; l++)
+                    y[(p0 + l) * ohw + at] = res ? acc[l] + res[(p0 + l) * ohw + at]
+                                                 : acc[l];
+            }
+        for (int64_t l = 0; l < nl; l++)
+            kiln_act_apply (y + (p0 + l) * ohw, ohw, plan->epi.act, plan->epi.a,
+                            plan->epi.b);
+    }
+}
+
+/* Output planes [first, first + count) of a depthwise convolution, with
+ * `ws` (kiln_kdw_ws_floats) to work in. */
+KILN_VCLONES static void
+s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
+             int64_t count, float *ws)
+{
+    if (s_dw_lanes (plan)) {
+        s_dw_planes_lanes (plan, data, first, count, ws);
+        return;
+    }
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    const float *res = plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL;
+    float *y = data[plan->out];
+    int64_t h = plan->u.conv.h, w = plan->u.conv.w;
+    int64_t oh = plan->u.conv.oh, ow = plan->u.conv.ow;
+    int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw;
+    int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
+    int64_t pt = plan->u.conv.pt, pl = plan->u.conv.pl;
+    int64_t mg = plan->u.conv.m / plan->u.conv.group;
+    s_dw_geo_t g;
+    s_dw_geometry (plan, &g);
+    int64_t nph = sh * sw;
+    float *phases = ws, *acc = ws + nph * g.phase + g.slack;
+    memset (phases + nph * g.phase, 0, (size_t) g.slack * sizeof *phases);
+    for (int64_t pl_i = first; pl_i < first + count; pl_i++) {
+        int64_t ni = pl_i / plan->u.conv.m, o = pl_i % plan->u.conv.m;
+        /* Output channel o reads input channel o / mg (one per group). */
+        const float *xp = x + (ni * plan->u.conv.c + o / mg) * h * w;
+        const float *wp = wt + o * kh * kw;
+        /* the phases of the zero-padded plane */
+        for (int64_t a = 0; a < sh; a++)
+            for (int64_t b = 0; b < sw; b++) {
+                float *ph = phases + (a * sw + b) * g.phase;
+                for (int64_t u = 0; u < g.hq; u++) {
+                    float *dst = ph + u * g.wq;
+                    int64_t ih = u * sh + a - pt;
+                    if (ih < 0 || ih >= h) {
+                        memset (dst, 0, (size_t) g.wq * sizeof *dst);
+                        continue;
+                    }
+                    const float *src = xp + ih * w;
+                    if (sw == 1) {
+                        /* columns -pl .. wp - pl - 1 of the row */
+                        int64_t lo = pl, hi = pl + w > g.wq ? g.wq : pl + w;
+                        memset (dst, 0, (size_t) (lo < g.wq ? lo : g.wq) * sizeof *dst);
+                        if (hi > lo)
+                            memcpy (dst + lo, src, (size_t) (hi - lo) * sizeof *dst);
+                        if (hi < g.wq)
+                            memset (dst + (hi > lo ? hi : lo), 0,
+                                    (size_t) (g.wq - (hi > lo ? hi : lo)) * sizeof *dst);
+                    } else {
+                        /* v with 0 <= v·sw + b - pl < w; zeros around */
+                        int64_t off = b - pl;
+                        int64_t vlo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+                        int64_t vhi = off > w - 1 ? 0 : (w - 1 - off) / sw + 1;
+                        if (vhi > g.wq)
+                            vhi = g.wq;
+                        if (vlo > vhi)
+                            vlo = vhi;
+                        for (int64_t v = 0; v < vlo; v++)
+                            dst[v] = 0.0f;
+                        const float *sp = src + off;
+                        if (sw == 2)            /* a constant stride vectorises */
+                            for (int64_t v = vlo; v < vhi; v++)
+                                dst[v] = sp[2 * v];
+                        else
+                            for (int64_t v = vlo; v < vhi; v++)
+                                dst[v] = sp[v * sw];
+                        for (int64_t v = vhi; v < g.wq; v++)
+                            dst[v] = 0.0f;
+                    }
+                }
+            }
+        float bv = bias ? bias[o] : 0.0f;
+        const float *tap[9];
+        if (kh * kw == 9) {
+            /* 3x3: all nine taps in one pass over the accumulators */
+            for (int64_t i = 0; i < 3; i++)
+                for (int64_t j = 0; j < 3; j++) {
+                    int64_t ri = i * plan->u.conv.dh, cj = j * plan->u.conv.dw;
+                    tap[i * 3 + j] = phases + ((ri % sh) * sw + cj % sw) * g.phase
+                                     + (ri / sh) * g.wq + cj / sw;
+                }
+            s_dw9 (acc, g.acc, bv, wp, tap[0], tap[1], tap[2], tap[3], tap[4],
+                   tap[5], tap[6], tap[7], tap[8]);
+        } else {
+            /* a row of taps (up to S_DW_ROW) in one pass over the
+             * accumulators: 5×5 and 7×7 kernels make 5 or 7 passes, not
+             * 25 or 49 (each a load, an add and a store of every
+             * accumulator) */
+            for (int64_t i = 0; i < kh; i++)
+                for (int64_t j0 = 0; j0 < kw; j0 += S_DW_ROW) {
+                    int64_t nt = kw - j0 < S_DW_ROW ? kw - j0 : S_DW_ROW;
+                    const float *t[S_DW_ROW];
+                    for (int64_t j = 0; j < nt; j++) {
+                        int64_t ri = i * plan->u.conv.dh, cj = (j0 + j) * plan->u.conv.dw;
+                        t[j] = phases + ((ri % sh) * sw + cj % sw) * g.phase
+                               + (ri / sh) * g.wq + cj / sw;
+                    }
+                    s_dw_row (acc, g.acc, i == 0 && j0 == 0, bv, wp + i * kw + j0, t, nt);
+                }
+        }
+        float *yp = y + pl_i * oh * ow;
+        for (int64_t r = 0; r < oh; r++) {
+            float *yr = yp + r * ow;
+            const float *ar = acc + r * g.wq;
+            if (res) {
+                const float *rr = res + pl_i * oh * ow + r * ow;
+                for (int64_t q = 0; q < ow; q++)
+                    yr[q] = ar[q] + rr[q];
+            } else {
+                memcpy (yr, ar, (size_t) ow * sizeof *yr);
+            }
+        }
+        /* over the whole plane: rows of 7 or 14 would leave the
+         * vectorised loops of the heavy activations mostly in their tails */
+        kiln_act_apply (yp, oh * ow, plan->epi.act, plan->epi.a, plan->epi.b);
+    }
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    int64_t planes, per;
+    float *ws;
+    size_t ws_stride;               /* floats per worker */
+} s_dw_t;
+
+static void
+s_dw_task (void *arg, int task, int worker)
+{
+    const s_dw_t *d = arg;
+    int64_t first = (int64_t) task * d->per;
+    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
+    s_dw_planes (d->plan, d->data, first, count,
+                 d->ws + (size_t) worker * d->ws_stride);
+}
+
+/* Run depthwise convolution `plan` on the pool, whole groups of lanes to
+ * a task when the planes go 16 at a time. */
+void
+kiln_kdw_run (const kiln_kplan_t *plan, void *const *data)
+{
+    int64_t planes = plan->u.conv.n * plan->u.conv.m;
+    int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
+    if (tasks > planes)
+        tasks = planes;
+    size_t bytes;
+    int64_t per = (planes + tasks - 1) / tasks;
+    if (s_dw_lanes (plan))          /* whole groups of lanes */
+        per = (per + S_DW_LANES - 1) / S_DW_LANES * S_DW_LANES;
+    s_dw_t d = { plan, data, planes, per, kiln_exec_ws (&bytes), 0 };
+    d.ws_stride = bytes / sizeof (float);
+    kiln_exec_parallel (s_dw_task, &d, (int) ((planes + d.per - 1) / d.per));
+}
