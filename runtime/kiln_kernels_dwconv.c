@@ -1,6 +1,7 @@
 /*
  * kiln_kernels_dwconv — depthwise convolution (one input channel per
- * group) by direct loops over the input's stride phases, for conv2d
+ * group) by direct loops over the input's stride phases (on AVX-512, most shapes
+ * by kiln_kernels_dwconv_avx512.c), for conv2d
  * (kiln_kernels_conv.c prepares it and calls kiln_kdw_run).  Internal to
  * libkilnrt.
  */
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "runtime/kiln_exec.h"
+#include "runtime/kiln_kernels_dwconv_avx512.h"
 #include "runtime/kiln_vmath.h"
 
 /* The depthwise loops read the input through its phases: with strides
@@ -49,6 +51,15 @@ s_dw_geometry (const kiln_kplan_t *plan, s_dw_geo_t *g)
 static bool s_dw_lanes (const kiln_kplan_t *plan);
 static size_t s_dw_lanes_ws_floats (const kiln_kplan_t *plan);
 
+static kiln_dw_geo_t
+s_dw_geo16 (const kiln_kplan_t *plan)
+{
+    return (kiln_dw_geo_t) {
+        plan->u.conv.h, plan->u.conv.w, plan->u.conv.oh, plan->u.conv.ow,
+        plan->u.conv.kh, plan->u.conv.kw, plan->u.conv.sh, plan->u.conv.sw,
+        plan->u.conv.dh, plan->u.conv.dw, plan->u.conv.pt, plan->u.conv.pl };
+}
+
 size_t
 kiln_kdw_ws_floats (const kiln_kplan_t *plan)
 {
@@ -56,7 +67,11 @@ kiln_kdw_ws_floats (const kiln_kplan_t *plan)
         return s_dw_lanes_ws_floats (plan);
     s_dw_geo_t g;
     s_dw_geometry (plan, &g);
-    return (size_t) (plan->u.conv.sh * plan->u.conv.sw * g.phase + g.slack + g.acc);
+    size_t loops = (size_t) (plan->u.conv.sh * plan->u.conv.sw * g.phase + g.slack + g.acc);
+    /* room for either path: the ISA is chosen when the model runs */
+    kiln_dw_geo_t geo = s_dw_geo16 (plan);
+    size_t wide = (size_t) kiln_dw16_ws_floats (&geo);
+    return wide > loops ? wide : loops;
 }
 
 /* ac[k] = bv + Σ w[i]·t_i[k]: nine taps in one pass; the accumulators
@@ -211,6 +226,28 @@ s_dw_planes_lanes (const kiln_kplan_t *plan, void *const *data, int64_t first,
     }
 }
 
+/* The planes on AVX-512 (kiln_kernels_dwconv_avx512.h). */
+static void
+s_dw16_planes (const kiln_kplan_t *plan, const kiln_dw_geo_t *geo, void *const *data,
+               int64_t first, int64_t count, float *ws)
+{
+    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    const float *res = plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL;
+    float *y = data[plan->out];
+    int64_t hw = geo->h * geo->w, ohw = geo->oh * geo->ow, taps = geo->kh * geo->kw;
+    int64_t mg = plan->u.conv.m / plan->u.conv.group;
+    for (int64_t pl_i = first; pl_i < first + count; pl_i++) {
+        int64_t ni = pl_i / plan->u.conv.m, o = pl_i % plan->u.conv.m;
+        /* Output channel o reads input channel o / mg (one per group). */
+        kiln_dw16_plane (geo, x + (ni * plan->u.conv.c + o / mg) * hw, wt + o * taps,
+                         bias ? bias[o] : 0.0f, res ? res + pl_i * ohw : NULL,
+                         y + pl_i * ohw, ws);
+        kiln_act_apply (y + pl_i * ohw, ohw, plan->epi.act, plan->epi.a, plan->epi.b);
+    }
+}
+
 /* Output planes [first, first + count) of a depthwise convolution, with
  * `ws` (kiln_kdw_ws_floats) to work in. */
 KILN_VCLONES static void
@@ -219,6 +256,11 @@ s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
 {
     if (s_dw_lanes (plan)) {
         s_dw_planes_lanes (plan, data, first, count, ws);
+        return;
+    }
+    kiln_dw_geo_t geo = s_dw_geo16 (plan);
+    if (kiln_dw16_fits (&geo)) {
+        s_dw16_planes (plan, &geo, data, first, count, ws);
         return;
     }
     const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
