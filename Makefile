@@ -106,6 +106,7 @@ SO_TORCH := $(LIB)/libkiln_torch.so
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
 .PHONY: bench-farm bench-serve bench-large bench-pipeline bench-upload
+.PHONY: bench-kernels bench-kernels-deps
 .PHONY: dist ansible-test
 .PHONY: all deps test unit-test integration-test demo clean install memcheck \
 	python-test conformance bench-runtime bench-deps
@@ -353,6 +354,28 @@ bench-deps:
 	    $$SUDO apt-get install -y -qq --no-install-recommends nodejs npm; }; \
 	  mkdir -p $(BENCH_DEPS) && cd $(BENCH_DEPS) && \
 	  npm install --ignore-scripts --no-audit --no-fund onnxruntime-node; }
+
+# kiln's convolutions and matrix products one at a time against oneDNN,
+# XNNPACK, BLIS and OpenBLAS on the same data (bench/bench_kernels.py,
+# docs/engine.md's table).  The libraries are Debian's; BLIS's serial
+# build is unpacked under build/bench-deps, not installed, so that it
+# never becomes the system's libblas.so.3.  Benchmarks only.
+BLIS_LIB := $(BENCH_DEPS)/blis/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4
+bench-kernels-deps:
+	@test -e /usr/include/oneapi/dnnl/dnnl.h -a -e /usr/include/xnnpack.h \
+	  -a -e /usr/include/pthreadpool.h || { SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get install -y -qq --no-install-recommends libdnnl-dev libxnnpack-dev \
+	    libpthreadpool-dev; }
+	@test -e $(BLIS_LIB) || { mkdir -p $(BENCH_DEPS)/blis-deb && cd $(BENCH_DEPS)/blis-deb && \
+	  apt-get download libblis4-serial && dpkg -x libblis4-serial_*.deb ../blis; }
+
+$(BUILD)/bench/bench_kernels: bench/bench_kernels.c | bench-kernels-deps
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -o $@ $< -ldnnl -lXNNPACK -lopenblas -ldl -lm
+
+bench-kernels: all $(BUILD)/bench/bench_kernels
+	KILN_BIN=$(abspath $(BIN)) $(PYTHON) bench/bench_kernels.py \
+	  --tool $(abspath $(BUILD)/bench/bench_kernels) --blis $(abspath $(BLIS_LIB))
 
 # kiln-serve against kiln-run --bench on the same artifact (bench/bench_serve.py):
 # prints the README's serving table; asserts nothing about time.
