@@ -99,13 +99,45 @@ s_stored (size_t size, char digest[KILN_HEX_LEN], size_t *len)
     return bytes;
 }
 
-/* The next message for the dealer, or NULL when none comes in `ms`. */
+/* The next message for the dealer, or NULL when none comes in `ms`,
+ * pumping `dl` (at most `max_chunks` a pump) whenever its fd says there is
+ * sending to do, as the broker's loop does: the parts are read on the
+ * downloads' reader thread, so they are ready only some time after the
+ * credit that asks for them. */
 static kiln_msg_t *
-s_next (int ms)
+s_next (kiln_downloads_t *dl, int max_chunks, int ms)
 {
-    zsock_set_rcvtimeo (s_dealer, ms);
+    int64_t until = zclock_mono () + ms;
     kiln_err_t err = { 0 };
-    return kiln_msg_recv (s_dealer, NULL, NULL, &err);
+    zsock_set_rcvtimeo (s_dealer, 0);
+    for (;;) {
+        kiln_downloads_pump (dl, max_chunks);
+        zmq_pollitem_t items[] = {
+            { zsock_resolve (s_dealer), 0, ZMQ_POLLIN, 0 },
+            { NULL, kiln_downloads_fd (dl), ZMQ_POLLIN, 0 },
+        };
+        int64_t left = until - zclock_mono ();
+        if (left <= 0)
+            return NULL;
+        if (zmq_poll (items, 2, left > 50 ? 50 : left) < 0)
+            return NULL;
+        if (items[0].revents & ZMQ_POLLIN)
+            return kiln_msg_recv (s_dealer, NULL, NULL, &err);
+    }
+}
+
+/* Pump `dl` until it has no download in progress, at most WAIT_MS. */
+static void
+s_pump_until_idle (kiln_downloads_t *dl)
+{
+    kiln_downloads_stats_t st;
+    for (int64_t until = zclock_mono () + WAIT_MS; zclock_mono () < until;) {
+        kiln_downloads_pump (dl, 10);
+        kiln_downloads_stats (dl, &st);
+        if (st.in_progress == 0)
+            return;
+        zclock_sleep (5);
+    }
 }
 
 START_TEST (test_a_client_gets_the_chunks_it_granted_then_the_rest_as_it_gives_credit)
@@ -119,11 +151,10 @@ START_TEST (test_a_client_gets_the_chunks_it_granted_then_the_rest_as_it_gives_c
     kiln_downloads_t *dl = kiln_downloads_new (s_store, s_router, 32, &err);
     ck_assert_ptr_nonnull (dl);
     ck_assert_int_eq (kiln_downloads_start (dl, s_peer, s_rid, 7, digest, 2, &err), 0);
-    kiln_downloads_pump (dl, 100);
     uint8_t *got = malloc (len);
     size_t at = 0;
     for (int i = 0; i < 2; i++) {
-        kiln_msg_t *part = s_next (WAIT_MS);
+        kiln_msg_t *part = s_next (dl, 100, WAIT_MS);
         ck_assert_ptr_nonnull (part);
         ck_assert_int_eq (part->cmd, KILN_CMD_PART);
         ck_assert_uint_eq (part->req_id, 7);
@@ -137,17 +168,15 @@ START_TEST (test_a_client_gets_the_chunks_it_granted_then_the_rest_as_it_gives_c
         kiln_msg_destroy (&part);
     }
     /* nothing more without credit, however often the pump runs */
-    kiln_downloads_pump (dl, 100);
-    ck_assert_ptr_null (s_next (200));
+    ck_assert_ptr_null (s_next (dl, 100, 200));
     kiln_downloads_stats_t st;
     kiln_downloads_stats (dl, &st);
     ck_assert_uint_eq (st.in_progress, 1);
     /* credit beyond the window is cut to it; the rest arrives in order */
     ck_assert (kiln_downloads_credit (dl, s_peer, 7, 1000));
     for (int round = 0; round < 10 && at < len; round++) {
-        kiln_downloads_pump (dl, 100);
         kiln_msg_t *part;
-        while (at < len && (part = s_next (WAIT_MS))) {
+        while (at < len && (part = s_next (dl, 100, WAIT_MS))) {
             ck_assert_uint_eq (part->offset, at);
             zframe_t *f = kiln_msg_chunk_frame (part);
             memcpy (got + at, zframe_data (f), zframe_size (f));
@@ -220,8 +249,7 @@ START_TEST (test_downloads_without_credit_for_long_are_dropped_and_gone_clients_
     uint8_t *bytes = s_stored (2 * KILN_CHUNK_BYTES, digest, &len);
     kiln_downloads_t *dl = kiln_downloads_new (s_store, s_router, 4, &err);
     ck_assert_int_eq (kiln_downloads_start (dl, s_peer, s_rid, 1, digest, 1, &err), 0);
-    kiln_downloads_pump (dl, 10);
-    kiln_msg_t *part = s_next (WAIT_MS);
+    kiln_msg_t *part = s_next (dl, 10, WAIT_MS);
     ck_assert_ptr_nonnull (part);
     kiln_msg_destroy (&part);
     /* waiting for credit, but not for long yet: kept */
@@ -236,7 +264,7 @@ START_TEST (test_downloads_without_credit_for_long_are_dropped_and_gone_clients_
      * first send */
     zframe_t *ghost = zframe_new ("\0ghost", 6);
     ck_assert_int_eq (kiln_downloads_start (dl, "0067686f7374", ghost, 2, digest, 4, &err), 0);
-    kiln_downloads_pump (dl, 10);
+    s_pump_until_idle (dl);
     kiln_downloads_stats (dl, &st);
     ck_assert_uint_eq (st.in_progress, 0);
     ck_assert_uint_eq (st.served, 0);
