@@ -364,10 +364,20 @@ END_TEST
 
 /* --- the planner ---------------------------------------------------- */
 
+/* Tensor b lies wholly inside tensor a's bytes. */
+static bool
+s_inside (const kiln_prog_tensor_t *a, const kiln_prog_tensor_t *b)
+{
+    return a->offset <= b->offset && b->offset + b->size <= a->offset + a->size;
+}
+
 /* From the program alone: no two arena tensors whose lifetimes overlap
  * share a byte (aliases, which have the same offset and size and are
  * views of one another, are the exception the compiler makes on purpose:
- * they are recognised by identical offset and size). */
+ * they are recognised by identical offset and size).  A tensor no op
+ * writes (the output of a Concat done in place) holds the tensors that
+ * lie inside it: it lives from the first write of any of them, and they
+ * may share its bytes. */
 static void
 s_assert_plan_is_safe (const kiln_program_t *p)
 {
@@ -394,6 +404,16 @@ s_assert_plan_is_safe (const kiln_program_t *p)
     }
     for (int i = 0; i < p->n_outputs; i++)
         last[p->outputs[i]] = INT32_MAX;
+    bool *unwritten = calloc ((size_t) n + 1, sizeof *unwritten);
+    for (int a = 0; a < n; a++)
+        if (p->tensors[a].kind != KILN_TK_WEIGHT && p->tensors[a].kind != KILN_TK_INPUT
+            && def[a] == INT32_MAX) {
+            unwritten[a] = true;
+            for (int b = 0; b < n; b++)
+                if (b != a && p->tensors[b].kind != KILN_TK_WEIGHT && def[b] != INT32_MAX
+                    && s_inside (&p->tensors[a], &p->tensors[b]) && def[b] < def[a])
+                    def[a] = def[b];
+        }
     for (int a = 0; a < n; a++)
         for (int b = a + 1; b < n; b++) {
             const kiln_prog_tensor_t *ta = &p->tensors[a], *tb = &p->tensors[b];
@@ -403,12 +423,15 @@ s_assert_plan_is_safe (const kiln_program_t *p)
                 continue;
             if (ta->offset == tb->offset && ta->size == tb->size)
                 continue;       /* a view */
+            if ((unwritten[a] && s_inside (ta, tb)) || (unwritten[b] && s_inside (tb, ta)))
+                continue;       /* a part of an in-place Concat */
             bool bytes = ta->offset < tb->offset + tb->size
                          && tb->offset < ta->offset + ta->size;
             bool time = def[a] <= last[b] && def[b] <= last[a];
             ck_assert_msg (!(bytes && time), "tensors %d and %d overlap in "
                            "memory and in time", a, b);
         }
+    free (unwritten);
     free (def);
     free (last);
 }
@@ -439,6 +462,55 @@ START_TEST (test_planner_reuses_memory_on_a_chain)
         ck_assert_uint_eq (st.arena_bytes, opt == 0 ? (n + 1) * 4096 : 2 * 4096);
         kiln_program_t *p = testlib_program_of (art);
         s_assert_plan_is_safe (p);
+        kiln_program_destroy (&p);
+        kiln_artifact_destroy (&art);
+    }
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* densenet's nesting on vectors: c1 = cat(r0, r1), c2 = cat(r0, r1, r2)
+ * with r2 computed from c1, temporaries between that the planner may
+ * place anywhere not live, and c1 read again after c2's last reader (its
+ * buffer must live on).  From -O1 both concatenations are free (no
+ * concat op) and the plan is still safe; at -O0 they are copies. */
+START_TEST (test_planner_is_safe_with_nested_concats_in_place)
+{
+    kiln_err_t err = { 0 };
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (1, 16));
+    int t[11];
+    testlib_tensors (g, t, 11);
+    testlib_node (g, "Relu", "r0", &x, 1, t[0]);
+    testlib_node (g, "Sigmoid", "r1", &t[0], 1, t[1]);
+    int n = testlib_node (g, "Concat", "c1", t, 2, t[2]);
+    testlib_int (g, n, "axis", 1);
+    testlib_node (g, "Tanh", "a", &t[2], 1, t[3]);
+    testlib_node (g, "Relu", "r2", &t[3], 1, t[4]);
+    int ins[3] = { t[0], t[1], t[4] };
+    n = testlib_node (g, "Concat", "c2", ins, 3, t[5]);
+    testlib_int (g, n, "axis", -1);
+    testlib_node (g, "Sigmoid", "b", &t[5], 1, t[6]);
+    int both[2] = { t[6], t[5] };
+    testlib_node (g, "Add", "y", both, 2, t[7]);
+    /* after the last read of c2: a new tensor, then c1 read again (its
+     * bytes, inside c2's, must still be live) */
+    testlib_node (g, "Sigmoid", "f", &t[7], 1, t[8]);
+    testlib_node (g, "Relu", "e", &t[2], 1, t[9]);
+    testlib_output (g, t[8]);
+    testlib_output (g, t[9]);
+    for (int opt = 0; opt <= 3; opt++) {
+        char args[32];
+        snprintf (args, sizeof args, "--optlevel %d", opt);
+        kiln_cc_stats_t st;
+        kiln_artifact_t *art = kiln_cc_compile_ex (g, args, &st, &err);
+        ck_assert_msg (art, "%s", err.msg);
+        kiln_program_t *p = testlib_program_of (art);
+        s_assert_plan_is_safe (p);
+        int concats = 0;
+        for (int i = 0; i < p->n_ops; i++)
+            concats += p->ops[i].kernel == KILN_K_CONCAT;
+        ck_assert_int_eq (concats, opt == 0 ? 2 : 0);
         kiln_program_destroy (&p);
         kiln_artifact_destroy (&art);
     }
@@ -490,6 +562,7 @@ s_suite (void)
     tcase_add_test (tc, test_weights_are_aligned_deduplicated_and_exact);
     tcase_add_test (tc, test_planner_reuses_memory_on_a_chain);
     tcase_add_test (tc, test_planner_is_safe_with_branches_scratch_and_views);
+    tcase_add_test (tc, test_planner_is_safe_with_nested_concats_in_place);
     suite_add_tcase (s, tc);
     return s;
 }
