@@ -436,6 +436,22 @@ s_assert_plan_is_safe (const kiln_program_t *p)
     free (last);
 }
 
+/* Graph g compiled at --optlevel opt (*st gets the stats): its program,
+ * which s_assert_plan_is_safe has checked; the caller destroys it. */
+static kiln_program_t *
+s_safe_program (kiln_graph_t *g, int opt, kiln_cc_stats_t *st)
+{
+    kiln_err_t err = { 0 };
+    char args[32];
+    snprintf (args, sizeof args, "--optlevel %d", opt);
+    kiln_artifact_t *art = kiln_cc_compile_ex (g, args, st, &err);
+    ck_assert_msg (art, "%s", err.msg);
+    kiln_program_t *p = testlib_program_of (art);
+    kiln_artifact_destroy (&art);
+    s_assert_plan_is_safe (p);
+    return p;
+}
+
 START_TEST (test_planner_reuses_memory_on_a_chain)
 {
     kiln_err_t err = { 0 };
@@ -476,7 +492,6 @@ END_TEST
  * concat op) and the plan is still safe; at -O0 they are copies. */
 START_TEST (test_planner_is_safe_with_nested_concats_in_place)
 {
-    kiln_err_t err = { 0 };
     kiln_graph_t *g = kiln_graph_new ();
     int x = testlib_input_dt (g, "x", KILN_DT_FLOAT32, SH (1, 16));
     int t[11];
@@ -500,19 +515,13 @@ START_TEST (test_planner_is_safe_with_nested_concats_in_place)
     testlib_output (g, t[8]);
     testlib_output (g, t[9]);
     for (int opt = 0; opt <= 3; opt++) {
-        char args[32];
-        snprintf (args, sizeof args, "--optlevel %d", opt);
         kiln_cc_stats_t st;
-        kiln_artifact_t *art = kiln_cc_compile_ex (g, args, &st, &err);
-        ck_assert_msg (art, "%s", err.msg);
-        kiln_program_t *p = testlib_program_of (art);
-        s_assert_plan_is_safe (p);
+        kiln_program_t *p = s_safe_program (g, opt, &st);
         int concats = 0;
         for (int i = 0; i < p->n_ops; i++)
             concats += p->ops[i].kernel == KILN_K_CONCAT;
         ck_assert_int_eq (concats, opt == 0 ? 2 : 0);
         kiln_program_destroy (&p);
-        kiln_artifact_destroy (&art);
     }
     kiln_graph_destroy (&g);
 }
@@ -520,16 +529,10 @@ END_TEST
 
 START_TEST (test_planner_is_safe_with_branches_scratch_and_views)
 {
-    kiln_err_t err = { 0 };
     for (int opt = 0; opt <= 2; opt++) {
         kiln_graph_t *g = s_resnetish (5);
-        char args[32];
-        snprintf (args, sizeof args, "--optlevel %d", opt);
         kiln_cc_stats_t st;
-        kiln_artifact_t *art = kiln_cc_compile_ex (g, args, &st, &err);
-        ck_assert_msg (art, "%s", err.msg);
-        kiln_program_t *p = testlib_program_of (art);
-        s_assert_plan_is_safe (p);
+        kiln_program_t *p = s_safe_program (g, opt, &st);
         if (opt > 0)
             ck_assert (st.arena_bytes < st.naive_bytes);
         /* Below -O2 the convolutions have an im2col workspace; from -O2
@@ -540,7 +543,6 @@ START_TEST (test_planner_is_safe_with_branches_scratch_and_views)
             scratch += p->ops[i].scratch >= 0;
         ck_assert_int_eq (scratch, opt < 2 ? 2 : 0);
         kiln_program_destroy (&p);
-        kiln_artifact_destroy (&art);
         kiln_graph_destroy (&g);
     }
 }
