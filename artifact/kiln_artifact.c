@@ -920,7 +920,8 @@ s_input_bytes (const s_reader_t *r, uint64_t at, uint8_t *buf, size_t len, kiln_
     }
     ssize_t n = pread (r->src_fd, buf, len, (off_t) at);
     if (n != (ssize_t) len)
-        return kiln_error (err, KILN_EIO, "could not read the end of the archive: %s",
+        return kiln_error (err, KILN_EIO, "could not read %zu bytes of the archive at "
+                           "offset %llu: %s", len, (unsigned long long) at,
                            n < 0 ? strerror (errno) : "short read");
     return 0;
 }
@@ -958,6 +959,31 @@ s_check_end (const s_reader_t *r, uint64_t end, uint64_t input_size, kiln_err_t 
                  || !s_all_zero (buf, (size_t) tail)))
         return rc ? rc : kiln_error (err, KILN_EFORMAT, "%llu bytes follow the archive's end "
                                      "marker, not all of them zero", (unsigned long long) tail);
+    return 0;
+}
+
+/* tar pads each member's data with zeros to its 512-byte block; kiln
+ * refuses anything else there, so that no byte of an accepted artifact
+ * lies outside what its checks cover but tar's own structure (the data
+ * is hashed; headers are checked field by field). */
+static int
+s_check_padding (const s_reader_t *r, const char *name, int64_t data_at, uint64_t size,
+                 uint64_t input_size, kiln_err_t *err)
+{
+    uint64_t pad = (S_TAR_BLOCK - size % S_TAR_BLOCK) % S_TAR_BLOCK;
+    if (!pad || data_at < 0)
+        return 0;
+    uint64_t at = (uint64_t) data_at + size;
+    if (at > input_size || pad > input_size - at)
+        return kiln_error (err, KILN_EFORMAT, "member '%s' is truncated", name);
+    uint8_t buf[S_TAR_BLOCK];
+    int rc = s_input_bytes (r, at, buf, (size_t) pad, err);
+    if (rc)
+        return rc;
+    if (!s_all_zero (buf, (size_t) pad))
+        return kiln_error (err, KILN_EFORMAT, "the %llu bytes that pad member '%s' to "
+                           "tar's 512-byte block are not all zero",
+                           (unsigned long long) pad, name);
     return 0;
 }
 
@@ -1055,6 +1081,10 @@ s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
                                name);
 
         int rc;
+        //  Where the header left the archive is where the data starts.
+        int64_t data_at = archive_filter_bytes (a, 0);
+        if ((rc = s_check_padding (r, name, data_at, size, input_size, err)))
+            return rc;
         if (slot >= 0) {
             if (r->data[slot])
                 return kiln_error (err, KILN_EFORMAT, "member '%s' appears twice", name);
@@ -1084,9 +1114,7 @@ s_read_entries (struct archive *a, uint64_t input_size, kiln_artifact_t *self,
                                name, (unsigned long long) size, r->expected[at].len);
         kiln_member_t *m = &r->got[at];
         snprintf (m->name, sizeof m->name, "%s", name);
-        //  Where the header left the archive is where the data starts; a
-        //  wrong offset could only map bytes whose digest then fails.
-        int64_t data_at = archive_filter_bytes (a, 0);
+        //  A wrong data offset could only map bytes whose digest then fails.
         m->file_offset = data_at > 0 && r->src_fd >= 0 ? (uint64_t) data_at : 0;
         if (r->skim) {
             //  KILN_ARTIFACT_SKIM: the size is checked, the bytes are not.

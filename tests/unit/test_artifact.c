@@ -923,6 +923,68 @@ START_TEST (test_artifact_read_refuses_bytes_after_the_end_marker)
 }
 END_TEST
 
+/* Offsets of the padding after each member's data in a ustar/pax
+ * archive: walks the 512-byte headers (size in octal at 124, type at
+ * 156) up to the end marker. */
+static int
+s_paddings (const uint8_t *tar, size_t len, size_t *at, size_t *n, char types[], int max)
+{
+    int count = 0;
+    size_t pos = 0;
+    while (pos + 512 <= len && tar[pos] && count < max) {
+        char field[13] = { 0 };
+        memcpy (field, tar + pos + 124, 12);
+        size_t size = (size_t) strtoull (field, NULL, 8);
+        size_t pad = (512 - size % 512) % 512;
+        at[count] = pos + 512 + size;
+        n[count] = pad;
+        types[count] = (char) tar[pos + 156];
+        count++;
+        pos += 512 + size + pad;
+    }
+    return count;
+}
+
+START_TEST (test_artifact_read_refuses_nonzero_padding)
+{
+    //  The bytes that pad a member's data to tar's block were covered by
+    //  no check: an artifact changed there was accepted (issue 11, noticed
+    //  in review).  Every member's padding, payload and reserved alike.
+    size_t len;
+    uint8_t *data = s_sample_bytes (&len);
+    size_t at[64], n[64];
+    char types[64];
+    int count = s_paddings (data, len, at, n, types, 64);
+    int tried = 0;
+    for (int i = 0; i < count; i++) {
+        if (n[i] == 0 || types[i] == 'x' || types[i] == 'g')
+            continue;           //  nothing to pad; pax records are libarchive's
+        tried++;
+        uint8_t keep = data[at[i] + n[i] - 1];
+        data[at[i] + n[i] - 1] = 0x5a;
+        kiln_err_t e = { 0 };
+        kiln_artifact_t *a = kiln_artifact_read_mem (data, len, &e);
+        ck_assert_msg (!a, "padding of entry %d accepted", i);
+        ck_assert_msg (e.code == KILN_EFORMAT && strstr (e.msg, "to tar's 512-byte block "
+                                                         "are not all zero"),
+                       "entry %d: %s", i, e.msg);
+        //  The same through a file, as kiln verify and kiln-run read it.
+        s_spit (s_path ("pad.kar"), data, len);
+        a = kiln_artifact_open_verified (s_path ("pad.kar"), s_keys, &e);
+        ck_assert_msg (!a && strstr (e.msg, "are not all zero"), "file entry %d: %s", i,
+                       e.msg);
+        data[at[i] + n[i] - 1] = keep;
+    }
+    ck_assert_int_ge (tried, 3);
+    //  Unchanged, it reads.
+    kiln_err_t err;
+    kiln_artifact_t *a = kiln_artifact_read_mem (data, len, &err);
+    ck_assert_msg (a != NULL, "%s", err.msg);
+    kiln_artifact_destroy (&a);
+    free (data);
+}
+END_TEST
+
 START_TEST (test_artifact_read_refuses_header_metadata_kiln_does_not_write)
 {
     //  Mode, owner and mtime were accepted whatever they said, so an
@@ -1521,6 +1583,7 @@ s_suite (void)
     tcase_add_test (tc, test_artifact_read_rejects_truncated_archives);
     tcase_add_test (tc, test_artifact_read_rejects_unsafe_or_unlisted_members);
     tcase_add_test (tc, test_artifact_read_refuses_bytes_after_the_end_marker);
+    tcase_add_test (tc, test_artifact_read_refuses_nonzero_padding);
     tcase_add_test (tc, test_artifact_read_refuses_header_metadata_kiln_does_not_write);
     tcase_add_test (tc, test_keyring_skips_symlinks_and_files_of_two_pem_blocks);
     tcase_add_test (tc, test_fifos_and_directories_are_refused_without_waiting);
