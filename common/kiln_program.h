@@ -46,6 +46,7 @@
 #include "common/kiln_dtype.h"
 #include "common/kiln_error.h"
 #include "common/kiln_limits.h"
+#include "common/kiln_ops_arith.h"
 #include "common/kiln_ops_binary.h"
 #include "common/kiln_ops_reduce.h"
 #include "common/kiln_ops_unary.h"
@@ -74,16 +75,13 @@
  *  id               name              min_in max_in outputs */
 #define KILN_KERNELS(X)                                    \
     X (COPY,           "copy",            1, 1, 1)         \
-    X (ADD,            "add",             2, 2, 1)         \
-    X (SUB,            "sub",             2, 2, 1)         \
-    X (MUL,            "mul",             2, 2, 1)         \
-    X (DIV,            "div",             2, 2, 1)         \
     X (RELU,           "relu",            1, 1, 1)         \
     X (MATMUL,         "matmul",          2, 4, 1)         \
     X (GEMM,           "gemm",            2, 4, 1)         \
     X (CONV2D,         "conv2d",          2, 4, 1)         \
     X (MAXPOOL2D,      "maxpool2d",       1, 1, 1)         \
     X (GLOBAL_AVGPOOL, "global_avgpool",  1, 1, 1)         \
+    KILN_ARITH_OPS (KILN_ARITH_KERNEL_ROW, X)                     \
     KILN_KERNELS_MATH (X)                                         \
     KILN_KERNELS_SHAPE (X)
 
@@ -112,18 +110,9 @@
     X (NOT,                "not",                1, 1, 1)          \
     X (CAST,               "cast",               1, 1, 1)          \
     X (ROUND_HALF,         "round_half",         1, 1, 1)          \
-    X (POW,                "pow",                2, 2, 1)          \
-    X (PRELU,              "prelu",              2, 2, 1)          \
-    X (MOD,                "mod",                2, 2, 1)          \
     X (FMOD,               "fmod",               2, 2, 1)          \
-    X (MAX,                "max",                1, 8, 1)          \
-    X (MIN,                "min",                1, 8, 1)          \
-    X (SUM,                "sum",                1, 8, 1)          \
-    X (MEAN,               "mean",               1, 8, 1)          \
     X (WHERE,              "where",              3, 3, 1)          \
     X (REDUCE_LOG_SUM_EXP, "reduce_log_sum_exp", 1, 1, 1)          \
-    X (ARGMAX,             "argmax",             1, 1, 1)          \
-    X (ARGMIN,             "argmin",             1, 1, 1)          \
     X (SOFTMAX,            "softmax",            1, 1, 1)          \
     X (LOG_SOFTMAX,        "log_softmax",        1, 1, 1)          \
     X (BATCH_NORM,         "batch_norm",         5, 5, 1)          \

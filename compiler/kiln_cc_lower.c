@@ -1723,10 +1723,6 @@ s_lower_gap (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
  * among their inputs' values (Relu, Max, Where, MaxPool, ...), and Cast,
  * which rounds itself.  (Clip is not: Clip-6's bounds are floats.) */
 static const kiln_cc_lowering_t s_lowerings[] = {
-    { "Add",               kiln_lower_math_arith,  KILN_K_ADD, false },
-    { "Sub",               kiln_lower_math_arith,  KILN_K_SUB, false },
-    { "Mul",               kiln_lower_math_arith,  KILN_K_MUL, false },
-    { "Div",               kiln_lower_math_arith,  KILN_K_DIV, false },
     /* the math ops: compiler/kiln_lower_math.c */
     { "Neg",               kiln_lower_math_unary, KILN_K_NEG, true },
     { "Abs",               kiln_lower_math_unary, KILN_K_ABS, true },
@@ -1750,24 +1746,15 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "Not",               kiln_lower_math_unary, KILN_K_NOT, false },
     { "Cast",              kiln_lower_math_cast, KILN_K_CAST, true },
     { "CastLike",          kiln_lower_math_cast, KILN_K_CAST, true },
-    { "PRelu",             kiln_lower_math_broadcast, KILN_K_PRELU, false },
     { "Clip",              kiln_lower_math_clip, KILN_K_CLIP, false },
-    { "Pow",               kiln_lower_math_broadcast, KILN_K_POW, false },
-    { "Mod",               kiln_lower_math_mod, KILN_K_MOD, false },
     { "NegativeLogLikelihoodLoss", kiln_lower_math_nll, KILN_K_NLL_LOSS, false },
     { "Hardmax",           kiln_lower_math_softmax, KILN_K_HARDMAX, true },
     { "IsInf",             kiln_lower_math_isinf, KILN_K_IS_INF, true },
     { "SoftmaxCrossEntropyLoss", kiln_lower_math_nll, KILN_K_NLL_LOSS, false },
-    { "Max",               kiln_lower_math_broadcast, KILN_K_MAX, true },
-    { "Min",               kiln_lower_math_broadcast, KILN_K_MIN, true },
-    { "Sum",               kiln_lower_math_broadcast, KILN_K_SUM, false },
-    { "Mean",              kiln_lower_math_broadcast, KILN_K_MEAN, false },
     { "Where",             kiln_lower_math_broadcast, KILN_K_WHERE, true },
     { "Softmax",           kiln_lower_math_softmax, KILN_K_SOFTMAX, false },
     { "LogSoftmax",        kiln_lower_math_softmax, KILN_K_LOG_SOFTMAX, false },
     { "ReduceLogSumExp",   kiln_lower_math_reduce, KILN_K_REDUCE_LOG_SUM_EXP, false },
-    { "ArgMax",            kiln_lower_math_arg, KILN_K_ARGMAX, false },
-    { "ArgMin",            kiln_lower_math_arg, KILN_K_ARGMIN, false },
     { "BatchNormalization", kiln_lower_math_norm, KILN_K_BATCH_NORM, false },
     { "InstanceNormalization", kiln_lower_math_norm, KILN_K_INSTANCE_NORM, false },
     { "LayerNormalization", kiln_lower_math_norm, KILN_K_LAYER_NORM, false },
@@ -1825,6 +1812,11 @@ static const kiln_cc_lowering_t s_lowerings[] = {
 #define S_ROW(X_, id, name, onnx, ex, i0, s0, f0, ints, i1, s1, f1) \
     { onnx, kiln_lower_math_reduce, KILN_K_##id, ex },
     KILN_REDUCE_OPS (S_ROW, _)
+#undef S_ROW
+    /* the ops of common/kiln_ops_arith.h */
+#define S_ROW(X_, id, name, onnx, lo, nhi, khi, inf, low, ex, prep) \
+    { onnx, low, KILN_K_##id, ex },
+    KILN_ARITH_OPS (S_ROW, _)
 #undef S_ROW
 };
 

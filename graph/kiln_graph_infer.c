@@ -14,6 +14,7 @@
  * writes its outputs through s_out.  Semantics follow the ONNX operator
  * specification.
  */
+#include "common/kiln_ops_arith.h"
 #include "common/kiln_ops_binary.h"
 #include "common/kiln_ops_reduce.h"
 #include "common/kiln_ops_unary.h"
@@ -787,9 +788,6 @@ s_infer_reshape (s_ctx_t *ctx)
 static const s_op_t s_ops[] = {
     /* op                   in      out   infer */
     { "Abs",               1, 1,   1, 1, kiln_infer_neg_abs },
-    { "Add",                2, 2,   1, 1, kiln_infer_arith },
-    { "ArgMax",            1, 1,   1, 1, kiln_infer_arg },
-    { "ArgMin",            1, 1,   1, 1, kiln_infer_arg },
     { "AveragePool",        1, 1,   1, 1, s_infer_maxpool },
     { "BatchNormalization", 5, 5,   1, 5, kiln_infer_batch_norm },
     { "Cast",              1, 1,   1, 1, kiln_infer_cast },
@@ -802,7 +800,6 @@ static const s_op_t s_ops[] = {
     { "ConvTranspose",      2, 3,   1, 1, kiln_infer_conv_transpose },
     { "CumSum",             2, 2,   1, 1, kiln_infer_cumsum },
     { "DepthToSpace",       1, 1,   1, 1, kiln_infer_depth_to_space },
-    { "Div",                2, 2,   1, 1, kiln_infer_arith },
     { "Einsum",             1, KILN_MAX_NODE_IO, 1, 1, kiln_infer_einsum },
     { "Elu",               1, 1,   1, 1, kiln_infer_float_unary },
     { "Erf",               1, 1,   1, 1, kiln_infer_float_unary },
@@ -832,18 +829,11 @@ static const s_op_t s_ops[] = {
     { "Log",               1, 1,   1, 1, kiln_infer_float_unary },
     { "LogSoftmax",        1, 1,   1, 1, kiln_infer_softmax },
     { "MatMul",             2, 2,   1, 1, s_infer_matmul },
-    { "Max",               1, KILN_MAX_NODE_IO,   1, 1, kiln_infer_variadic },
     { "MaxPool",            1, 1,   1, 2, s_infer_maxpool },
-    { "Mean",              1, KILN_MAX_NODE_IO,   1, 1, kiln_infer_variadic },
-    { "Min",               1, KILN_MAX_NODE_IO,   1, 1, kiln_infer_variadic },
-    { "Mod",               2, 2,   1, 1, kiln_infer_arith },
-    { "Mul",                2, 2,   1, 1, kiln_infer_arith },
     { "Neg",               1, 1,   1, 1, kiln_infer_neg_abs },
     { "NegativeLogLikelihoodLoss", 2, 3, 1, 1, kiln_infer_nll },
     { "Not",               1, 1,   1, 1, kiln_infer_not },
-    { "PRelu",             2, 2,   1, 1, kiln_infer_prelu },
     { "Pad",                1, 4,   1, 1, kiln_infer_pad },
-    { "Pow",               2, 2,   1, 1, kiln_infer_pow },
     { "RNN",                3, 6,   1, 2, kiln_infer_rnn },
     { "Reciprocal",        1, 1,   1, 1, kiln_infer_float_unary },
     { "ReduceLogSumExp",   1, 2,   1, 1, kiln_infer_reduce },
@@ -864,8 +854,6 @@ static const s_op_t s_ops[] = {
     { "Split",              1, 2,   1, KILN_MAX_NODE_IO, kiln_infer_split },
     { "Sqrt",              1, 1,   1, 1, kiln_infer_float_unary },
     { "Squeeze",            1, 2,   1, 1, kiln_infer_squeeze },
-    { "Sub",                2, 2,   1, 1, kiln_infer_arith },
-    { "Sum",               1, KILN_MAX_NODE_IO,   1, 1, kiln_infer_variadic },
     { "Tanh",              1, 1,   1, 1, kiln_infer_float_unary },
     { "Tile",               2, 2,   1, 1, kiln_infer_tile },
     { "TopK",               1, 2,   1, 2, kiln_infer_topk },
@@ -882,8 +870,8 @@ s_op_cmp (const void *key, const void *elem)
     return strcmp ((const char *) key, ((const s_op_t *) elem)->op);
 }
 
-/* The ops of common/kiln_ops_unary.h, _binary.h and _reduce.h, one row
- * each there. */
+/* The ops of common/kiln_ops_unary.h, _binary.h, _reduce.h and
+ * _arith.h, one row each there. */
 static const s_op_t s_row_ops[] = {
 #define S_ROW(X_, id, name, onnx, an, ad, bn, bd, expr) \
     { onnx, 1, 1, 1, 1, kiln_infer_float_unary },
@@ -895,6 +883,10 @@ static const s_op_t s_row_ops[] = {
 #define S_ROW(X_, id, name, onnx, ex, i0, s0, f0, ints, i1, s1, f1) \
     { onnx, 1, 2, 1, 1, kiln_infer_reduce },
     KILN_REDUCE_OPS (S_ROW, _)
+#undef S_ROW
+#define S_ROW(X_, id, name, onnx, lo, nhi, khi, inf, low, ex, prep) \
+    { onnx, lo, nhi, 1, 1, kiln_infer_##inf },
+    KILN_ARITH_OPS (S_ROW, _)
 #undef S_ROW
 };
 

@@ -6,7 +6,7 @@
  * _matmul.c, _conv.c, _pool.c, _math.c, _shape.c, _index.c, _rnn.c,
  * _pool3d.c, _convtr3d.c.
  */
-#include "runtime/kiln_kernels_priv.h"
+#include "runtime/kiln_kernels_math_priv.h"
 
 #include <string.h>
 
@@ -147,7 +147,8 @@ kiln_kget_window (kiln_prog_op_t *op, kiln_kwin_t *w, kiln_err_t *err)
 
 
 /* --- kernels that pick their run at prepare --------------------------
- * Those of kiln_kernels_math.c, _shape.c, _rnn.c, _index.c, _pool3d.c
+ * The rows of common/kiln_ops_arith.h (each names its prepare), and
+ * those of kiln_kernels_math.c, _shape.c, _rnn.c, _index.c, _pool3d.c
  * and _convtr3d.c: their prepare sets plan->run, which kiln_kernel_run
  * calls, so the table's run is never reached.  (The kernels of the other
  * kind files, kiln_kernels_priv.h's KILN_KOWN_KERNELS, define
@@ -164,18 +165,22 @@ kiln_kget_window (kiln_prog_op_t *op, kiln_kwin_t *w, kiln_err_t *err)
     {                                                                         \
         plan->run (plan, data);                                               \
     }
+#define S_ARITH_KERNEL(X_, id, name, onnx, lo, nhi, khi, inf, low, ex, prep) \
+    S_DELEGATED (prep, id)
 #define S_MATH_KERNEL(id) S_DELEGATED (kiln_kmath_prepare, id)
 #define S_SHAPE_KERNEL(id) S_DELEGATED (kiln_kshape_prepare, id)
 #define S_RNN_KERNEL(id) S_DELEGATED (kiln_krnn_prepare, id)
 #define S_INDEX_KERNEL(id) S_DELEGATED (kiln_kindex_prepare, id)
 #define S_POOL3D_KERNEL(id) S_DELEGATED (kiln_kpool3d_prepare, id)
 #define S_CONVTR3D_KERNEL(id) S_DELEGATED (kiln_kconvtr3d_prepare, id)
+KILN_ARITH_OPS (S_ARITH_KERNEL, _)
 KILN_KMATH_KERNELS (S_MATH_KERNEL)
 KILN_KSHAPE_KERNELS (S_SHAPE_KERNEL)
 KILN_KRNN_KERNELS (S_RNN_KERNEL)
 KILN_KINDEX_KERNELS (S_INDEX_KERNEL)
 KILN_KPOOL3D_KERNELS (S_POOL3D_KERNEL)
 KILN_KCONVTR3D_KERNELS (S_CONVTR3D_KERNEL)
+#undef S_ARITH_KERNEL
 #undef S_MATH_KERNEL
 #undef S_SHAPE_KERNEL
 #undef S_RNN_KERNEL

@@ -106,8 +106,8 @@ s_prepare_binary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
 /* One binary kernel per operation; the inner loop is specialised for the
  * common stride patterns (both contiguous, one side a scalar). */
 #define S_BINARY_KERNEL(NAME, EXPR)                                           \
-    KILN_VCLONES void                                                         \
-    kiln_krun_##NAME (const kiln_kplan_t *plan, void *const *data)                \
+    KILN_VCLONES static void                                                  \
+    s_run_##NAME (const kiln_kplan_t *plan, void *const *data)                \
     {                                                                         \
         const float *a = data[plan->in[0]], *b = data[plan->in[1]];           \
         float *y = data[plan->out];                                           \
@@ -161,33 +161,31 @@ S_BINARY_KERNEL (ADD, x0 + x1)
 S_BINARY_KERNEL (SUB, x0 - x1)
 S_BINARY_KERNEL (MUL, x0 * x1)
 S_BINARY_KERNEL (DIV, x0 / x1)
-/* add, sub, mul and div share one prepare (other dtypes: kiln_kernels_math.c) */
-int
-kiln_kprepare_ADD (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
-                   kiln_err_t *err)
-{
-    return s_prepare_binary (p, op, plan, err);
-}
+
+/* (A table, not a switch: gcc 12 warns of a dangling pointer when a
+ * function stores the address of a static target_clones function.) */
+static const struct {
+    kiln_kernel_t kernel;
+    void (*run) (const kiln_kplan_t *plan, void *const *data);
+} s_arith_runs[] = {
+    { KILN_K_ADD, s_run_ADD }, { KILN_K_SUB, s_run_SUB },
+    { KILN_K_MUL, s_run_MUL }, { KILN_K_DIV, s_run_DIV },
+};
 
 int
-kiln_kprepare_SUB (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
-                   kiln_err_t *err)
+kiln_kprepare_arith (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                     kiln_err_t *err)
 {
-    return s_prepare_binary (p, op, plan, err);
-}
-
-int
-kiln_kprepare_MUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
-                   kiln_err_t *err)
-{
-    return s_prepare_binary (p, op, plan, err);
-}
-
-int
-kiln_kprepare_DIV (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
-                   kiln_err_t *err)
-{
-    return s_prepare_binary (p, op, plan, err);
+    int rc = s_prepare_binary (p, op, plan, err);
+    if (rc || plan->run)            /* not float32: kiln_kmath_prepare_arith's */
+        return rc;
+    for (size_t i = 0; i < sizeof s_arith_runs / sizeof s_arith_runs[0]; i++)
+        if (s_arith_runs[i].kernel == plan->kernel) {
+            plan->run = s_arith_runs[i].run;
+            return 0;
+        }
+    return kiln_error (err, KILN_EINVAL, "kernel %s is not add, sub, mul or div",
+                       kiln_kernel_name (plan->kernel));
 }
 
 int

@@ -645,14 +645,7 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     case KILN_K_CAST: return s_prep_cast (p, plan, err);
     case KILN_K_ROUND_HALF: return s_prep_round_half (p, op, plan, err);
     case KILN_K_CLIP: return s_prep_clip (p, op, plan, err);
-    case KILN_K_POW:
-    case KILN_K_PRELU:
     case KILN_K_FMOD:
-    case KILN_K_MOD:
-    case KILN_K_MAX:
-    case KILN_K_MIN:
-    case KILN_K_SUM:
-    case KILN_K_MEAN:
     case KILN_K_WHERE:
         return kiln_km_prep_broadcast (p, op, plan, err);
 #define S_ROW_CASE(X_, id, name, onnx, kind, expr) case KILN_K_##id:
@@ -664,8 +657,6 @@ kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     KILN_REDUCE_OPS (S_ROW_CASE, _)
 #undef S_ROW_CASE
     case KILN_K_REDUCE_LOG_SUM_EXP: return kiln_km_prep_reduce (p, op, plan, kiln_km_tab_rlse, err);
-    case KILN_K_ARGMAX:
-    case KILN_K_ARGMIN: return kiln_km_prep_arg (p, op, plan, err);
     case KILN_K_SOFTMAX:
     case KILN_K_LOG_SOFTMAX: return kiln_km_prep_softmax (p, op, plan, err);
     case KILN_K_NLL_LOSS: return kiln_km_prep_nll (p, op, plan, err);

@@ -37,16 +37,14 @@
 
 struct kiln_kplan;
 
-/* The KILN_KERNELS ids this file implements. */
+/* The KILN_KERNELS ids kiln_kmath_prepare dispatches (those of
+ * common/kiln_ops_arith.h name their prepare in their row). */
 #define KILN_KMATH_KERNELS(X)                                              \
     X (NEG) X (ABS) X (SQRT) X (RECIPROCAL) X (EXP) X (LOG) X (FLOOR)      \
     X (CEIL) X (ERF) X (TANH) X (SIGMOID) X (SOFTPLUS) X (SOFTSIGN)        \
     X (HARD_SWISH) X (LEAKY_RELU) X (ELU) X (SELU) X (CELU)                \
-    X (HARD_SIGMOID) X (CLIP) X (NOT) X (CAST) X (ROUND_HALF) X (POW)     \
-    X (PRELU) X (MOD) X (FMOD)                                             \
-    X (MAX) X (MIN)                                                        \
-    X (SUM) X (MEAN) X (WHERE)                                             \
-    X (REDUCE_LOG_SUM_EXP) X (ARGMAX) X (ARGMIN)                           \
+    X (HARD_SIGMOID) X (CLIP) X (NOT) X (CAST) X (ROUND_HALF)              \
+    X (FMOD) X (WHERE) X (REDUCE_LOG_SUM_EXP)                              \
     X (SOFTMAX) X (LOG_SOFTMAX) X (BATCH_NORM) X (INSTANCE_NORM)           \
     X (LAYER_NORM) X (LAYER_NORM_STATS) X (LRN) X (NLL_LOSS) X (HARDMAX) X (IS_INF) \
     KILN_UNARY_OPS (KILN_UNARY_ID_ROW, X)                                  \

@@ -159,7 +159,7 @@ void kiln_kdw_run (const kiln_kplan_t *plan, void *const *data);
  * Each defines kiln_kprepare_<id> and kiln_krun_<id>; kiln_kernels.c's
  * table points at them. */
 #define KILN_KOWN_KERNELS(X)                                                  \
-    X (COPY) X (ADD) X (SUB) X (MUL) X (DIV) X (RELU)      /* elementwise */  \
+    X (COPY) X (RELU)                                      /* elementwise */  \
     X (MATMUL) X (GEMM)                                    /* matmul */       \
     X (CONV2D) X (CONV3D) X (CONV_TRANSPOSE2D)             /* conv */         \
     X (MAXPOOL2D) X (GLOBAL_AVGPOOL) X (AVGPOOL2D)         /* pool */         \
@@ -171,6 +171,12 @@ void kiln_kdw_run (const kiln_kplan_t *plan, void *const *data);
     void kiln_krun_##id (const kiln_kplan_t *plan, void *const *data);
 KILN_KOWN_KERNELS (KILN_KOWN_DECLARE)
 #undef KILN_KOWN_DECLARE
+
+/* add, sub, mul, div (rows of common/kiln_ops_arith.h): the float32
+ * loops of kiln_kernels_elementwise.c, other dtypes kiln_kmath_prepare_arith;
+ * sets plan->run. */
+int kiln_kprepare_arith (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                         kiln_err_t *err);
 
 #pragma GCC visibility pop
 
