@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "common/kiln_map.h"
+#include "common/kiln_ops_shape.h"
 
 #define S_SCRATCH_MIN_BYTES (1u << 20)   /* made weights this big go to the scratch file */
 #include "common/kiln_pack.h"
@@ -1765,38 +1766,19 @@ static const kiln_cc_lowering_t s_lowerings[] = {
     { "Conv",              s_lower_conv,    KILN_K_CONV2D, false },
     { "MaxPool",           s_lower_maxpool, KILN_K_MAXPOOL2D, true },
     { "GlobalAveragePool", s_lower_gap,     KILN_K_GLOBAL_AVGPOOL, false },
-    { "Flatten",           s_lower_view,    KILN_K_COPY, true },
-    { "Reshape",           s_lower_view,    KILN_K_COPY, true },
-    { "Identity",          s_lower_view,    KILN_K_COPY, true },
-    /* shape, data movement and windows: compiler/kiln_lower_shape.c */
-    { "Squeeze",           s_lower_view,    KILN_K_COPY, true },
-    { "Unsqueeze",         s_lower_view,    KILN_K_COPY, true },
-    { "Transpose",         kiln_lower_shape_strided, KILN_K_STRIDED, true },
-    { "Slice",             kiln_lower_shape_strided, KILN_K_STRIDED, true },
-    { "Expand",            kiln_lower_shape_strided, KILN_K_STRIDED, true },
-    { "Tile",              kiln_lower_shape_strided, KILN_K_STRIDED, true },
-    { "DepthToSpace",      kiln_lower_shape_strided, KILN_K_STRIDED, true },
-    { "SpaceToDepth",      kiln_lower_shape_strided, KILN_K_STRIDED, true },
-    { "Split",             kiln_lower_shape_split, KILN_K_STRIDED, true },
-    { "Concat",            kiln_lower_shape_concat, KILN_K_CONCAT, true },
-    { "Gather",            kiln_lower_shape_gather, KILN_K_GATHER, true },
-    { "Pad",               kiln_lower_shape_pad, KILN_K_PAD, false },
+    /* windows, scatters, recurrent: compiler/kiln_lower_shape.c */
     { "Resize",            kiln_lower_shape_resize, KILN_K_RESIZE, false },
     { "Einsum",            kiln_lower_shape_einsum, KILN_K_MATMUL, false },
     { "ConvTranspose",     kiln_lower_shape_conv_transpose, KILN_K_CONV_TRANSPOSE2D, false },
     { "AveragePool",       kiln_lower_shape_avgpool, KILN_K_AVGPOOL2D, false },
     { "GlobalMaxPool",     kiln_lower_shape_global_pool, KILN_K_GLOBAL_MAXPOOL, true },
-    { "Trilu",             kiln_lower_shape_trilu, KILN_K_TRILU, true },
-    { "EyeLike",           kiln_lower_shape_eyelike, KILN_K_EYE, true },
     { "CumSum",            kiln_lower_shape_cumsum, KILN_K_CUMSUM, false },
-    { "GatherElements",    kiln_lower_shape_gather_elements, KILN_K_GATHER_ELEMENTS, true },
     { "RNN",               kiln_lower_shape_rnn, KILN_K_RNN, false },
     { "GRU",               kiln_lower_shape_rnn, KILN_K_RNN, false },
     { "LSTM",              kiln_lower_shape_rnn, KILN_K_RNN, false },
     { "ScatterND",         kiln_lower_shape_scatter, KILN_K_SCATTER_ND, false },
     { "ScatterElements",   kiln_lower_shape_scatter, KILN_K_SCATTER_ELEMENTS, false },
     { "Scatter",           kiln_lower_shape_scatter, KILN_K_SCATTER_ELEMENTS, false },
-    { "GatherND",          kiln_lower_shape_gather_nd, KILN_K_GATHER_ND, true },
     { "TopK",              kiln_lower_shape_topk, KILN_K_TOPK, true },
     { "GridSample",        kiln_lower_shape_grid_sample, KILN_K_GRID_SAMPLE, false },
     /* the float unary ops of common/kiln_ops_unary.h */
@@ -1812,6 +1794,11 @@ static const kiln_cc_lowering_t s_lowerings[] = {
 #define S_ROW(X_, id, name, onnx, ex, i0, s0, f0, ints, i1, s1, f1) \
     { onnx, kiln_lower_math_reduce, KILN_K_##id, ex },
     KILN_REDUCE_OPS (S_ROW, _)
+#undef S_ROW
+    /* the ops of common/kiln_ops_shape.h */
+#define S_ROW(X_, onnx, ilo, ihi, olo, ohi, infer, lower, kernel, exact) \
+    { onnx, lower, KILN_K_##kernel, exact },
+    KILN_SHAPE_OPS (S_ROW, _)
 #undef S_ROW
     /* the ops of common/kiln_ops_arith.h */
 #define S_ROW(X_, id, name, onnx, lo, nhi, khi, inf, low, ex, prep) \

@@ -17,6 +17,7 @@
 #include "common/kiln_ops_arith.h"
 #include "common/kiln_ops_binary.h"
 #include "common/kiln_ops_reduce.h"
+#include "common/kiln_ops_shape.h"
 #include "common/kiln_ops_unary.h"
 #include "graph/kiln_graph.h"
 #include "graph/kiln_infer.h"
@@ -795,23 +796,15 @@ static const s_op_t s_ops[] = {
     { "Ceil",              1, 1,   1, 1, kiln_infer_float_unary },
     { "Celu",              1, 1,   1, 1, kiln_infer_float_unary },
     { "Clip",              1, 3,   1, 1, kiln_infer_clip },
-    { "Concat",             1, KILN_MAX_NODE_IO, 1, 1, kiln_infer_concat },
     { "Conv",               2, 3,   1, 1, s_infer_conv },
     { "ConvTranspose",      2, 3,   1, 1, kiln_infer_conv_transpose },
     { "CumSum",             2, 2,   1, 1, kiln_infer_cumsum },
-    { "DepthToSpace",       1, 1,   1, 1, kiln_infer_depth_to_space },
     { "Einsum",             1, KILN_MAX_NODE_IO, 1, 1, kiln_infer_einsum },
     { "Elu",               1, 1,   1, 1, kiln_infer_float_unary },
     { "Erf",               1, 1,   1, 1, kiln_infer_float_unary },
     { "Exp",               1, 1,   1, 1, kiln_infer_float_unary },
-    { "Expand",             2, 2,   1, 1, kiln_infer_expand },
-    { "EyeLike",            1, 1,   1, 1, kiln_infer_eyelike },
-    { "Flatten",            1, 1,   1, 1, s_infer_flatten },
     { "Floor",             1, 1,   1, 1, kiln_infer_float_unary },
     { "GRU",                3, 6,   1, 2, kiln_infer_rnn },
-    { "Gather",             2, 2,   1, 1, kiln_infer_gather },
-    { "GatherElements",     2, 2,   1, 1, kiln_infer_gather_elements },
-    { "GatherND",           2, 2,   1, 1, kiln_infer_gather_nd },
     { "Gemm",               2, 3,   1, 1, s_infer_gemm },
     { "GlobalAveragePool",  1, 1,   1, 1, s_infer_global_pool },
     { "GlobalMaxPool",      1, 1,   1, 1, s_infer_global_pool },
@@ -819,7 +812,6 @@ static const s_op_t s_ops[] = {
     { "HardSigmoid",       1, 1,   1, 1, kiln_infer_float_unary },
     { "HardSwish",         1, 1,   1, 1, kiln_infer_float_unary },
     { "Hardmax",           1, 1,   1, 1, kiln_infer_softmax },
-    { "Identity",           1, 1,   1, 1, s_infer_identity },
     { "InstanceNormalization", 3, 3,   1, 1, kiln_infer_instance_norm },
     { "IsInf",             1, 1,   1, 1, kiln_infer_isinf },
     { "LRN",               1, 1,   1, 1, kiln_infer_lrn },
@@ -833,36 +825,35 @@ static const s_op_t s_ops[] = {
     { "Neg",               1, 1,   1, 1, kiln_infer_neg_abs },
     { "NegativeLogLikelihoodLoss", 2, 3, 1, 1, kiln_infer_nll },
     { "Not",               1, 1,   1, 1, kiln_infer_not },
-    { "Pad",                1, 4,   1, 1, kiln_infer_pad },
     { "RNN",                3, 6,   1, 2, kiln_infer_rnn },
     { "Reciprocal",        1, 1,   1, 1, kiln_infer_float_unary },
     { "ReduceLogSumExp",   1, 2,   1, 1, kiln_infer_reduce },
     { "Relu",               1, 1,   1, 1, s_infer_relu },
-    { "Reshape",            2, 2,   1, 1, s_infer_reshape },
     { "Resize",             1, 4,   1, 1, kiln_infer_resize },
     { "Scatter",            3, 3,   1, 1, kiln_infer_scatter },
     { "ScatterElements",    3, 3,   1, 1, kiln_infer_scatter },
     { "ScatterND",          3, 3,   1, 1, kiln_infer_scatter },
     { "Selu",              1, 1,   1, 1, kiln_infer_float_unary },
     { "Sigmoid",           1, 1,   1, 1, kiln_infer_float_unary },
-    { "Slice",              1, 5,   1, 1, kiln_infer_slice },
     { "Softmax",           1, 1,   1, 1, kiln_infer_softmax },
     { "SoftmaxCrossEntropyLoss", 2, 3, 1, 2, kiln_infer_nll },
     { "Softplus",          1, 1,   1, 1, kiln_infer_float_unary },
     { "Softsign",          1, 1,   1, 1, kiln_infer_float_unary },
-    { "SpaceToDepth",       1, 1,   1, 1, kiln_infer_space_to_depth },
-    { "Split",              1, 2,   1, KILN_MAX_NODE_IO, kiln_infer_split },
     { "Sqrt",              1, 1,   1, 1, kiln_infer_float_unary },
-    { "Squeeze",            1, 2,   1, 1, kiln_infer_squeeze },
     { "Tanh",              1, 1,   1, 1, kiln_infer_float_unary },
-    { "Tile",               2, 2,   1, 1, kiln_infer_tile },
     { "TopK",               1, 2,   1, 2, kiln_infer_topk },
-    { "Transpose",          1, 1,   1, 1, kiln_infer_transpose },
-    { "Trilu",              1, 2,   1, 1, kiln_infer_trilu },
-    { "Unsqueeze",          1, 2,   1, 1, kiln_infer_unsqueeze },
     { "Where",             3, 3,   1, 1, kiln_infer_where },
 };
 #define S_N_OPS ((int) (sizeof s_ops / sizeof s_ops[0]))
+
+/* The data-movement ops of common/kiln_ops_shape.h, sorted there too. */
+static const s_op_t s_shape_ops[] = {
+#define S_ROW(X_, onnx, ilo, ihi, olo, ohi, infer, lower, kernel, exact) \
+    { onnx, ilo, ihi, olo, ohi, infer },
+    KILN_SHAPE_OPS (S_ROW, _)
+#undef S_ROW
+};
+#define S_N_SHAPE_OPS ((int) (sizeof s_shape_ops / sizeof s_shape_ops[0]))
 
 static int
 s_op_cmp (const void *key, const void *elem)
@@ -896,6 +887,8 @@ s_op_find (const char *op)
     if (!op)
         return NULL;
     const s_op_t *o = bsearch (op, s_ops, S_N_OPS, sizeof s_ops[0], s_op_cmp);
+    if (!o)
+        o = bsearch (op, s_shape_ops, S_N_SHAPE_OPS, sizeof s_shape_ops[0], s_op_cmp);
     for (size_t i = 0; !o && i < sizeof s_row_ops / sizeof s_row_ops[0]; i++)
         if (strcmp (op, s_row_ops[i].op) == 0)
             o = &s_row_ops[i];
@@ -1321,6 +1314,10 @@ kiln_graph_validate (kiln_graph_t *g, kiln_err_t *err)
         if (strcmp (s_ops[i - 1].op, s_ops[i].op) >= 0)
             return kiln_error (err, KILN_EINVAL, "internal error: op table not sorted at '%s'",
                                s_ops[i].op);
+    for (int i = 1; i < S_N_SHAPE_OPS; i++)
+        if (strcmp (s_shape_ops[i - 1].op, s_shape_ops[i].op) >= 0)
+            return kiln_error (err, KILN_EINVAL, "internal error: KILN_SHAPE_OPS not "
+                               "sorted at '%s'", s_shape_ops[i].op);
     if ((rc = s_check_structure (g, err)))
         return rc;
     size_t nt = (size_t) g->n_tensors + 1, nn = (size_t) g->n_nodes + 1;
