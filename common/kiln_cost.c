@@ -27,13 +27,12 @@ s_ints_product (const kiln_prog_op_t *op, const char *name)
     return v;
 }
 
+/* Elements of a program tensor's shape (checked when the program was
+ * decoded), as a double for the sums here. */
 static double
 s_numel (const kiln_shape_t *s)
 {
-    double n = 1;
-    for (int d = 0; d < s->rank; d++)
-        n *= (double) s->dims[d];
-    return n;
+    return (double) kiln_shape_count (s);
 }
 
 /* Multiply-adds of a convolution, from its input, output and the

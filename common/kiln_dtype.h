@@ -63,6 +63,18 @@ typedef struct kiln_shape {
  * bounds in kiln_limits.h.  `what` names the tensor in the error. */
 int kiln_shape_numel (const kiln_shape_t *shape, const char *what,
                       int64_t *numel, kiln_err_t *err);
+/* Number of elements of a shape that kiln_shape_numel has accepted (its
+ * dims and their product are bounded, so nothing overflows): for the
+ * passes after that check. */
+static inline int64_t
+kiln_shape_count (const kiln_shape_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < shape->rank; i++)
+        n *= shape->dims[i];
+    return n;
+}
+
 /* Bytes for `shape` of `dt`, checked like kiln_shape_numel. */
 int kiln_shape_bytes (const kiln_shape_t *shape, kiln_dtype_t dt,
                       const char *what, uint64_t *bytes, kiln_err_t *err);

@@ -201,15 +201,6 @@ s_seti (kiln_dtype_t dt, uint8_t *base, int64_t i, int64_t v)
     }
 }
 
-static int64_t
-s_numel (const kiln_shape_t *s)
-{
-    int64_t n = 1;
-    for (int i = 0; i < s->rank; i++)
-        n *= s->dims[i];        /* bounded: shapes passed kiln_shape_numel */
-    return n;
-}
-
 /* Allocate output k of `dt` and `shape`; refuses past the fold limit
  * or the pass's budget with S_NOT_FOLDED, except for an op only folding
  * knows, which cannot be left to run: that is an error naming the
@@ -337,7 +328,7 @@ s_eval_size (s_fold_t *f)
     int rc = s_out (f, 0, KILN_DT_INT64, &s);
     if (rc != S_FOLDED)
         return rc;
-    s_seti (KILN_DT_INT64, f->out[0], 0, s_numel (&f->in[0].shape));
+    s_seti (KILN_DT_INT64, f->out[0], 0, kiln_shape_count (&f->in[0].shape));
     return S_FOLDED;
 }
 
@@ -360,7 +351,7 @@ s_gather_strided (const s_val_t *x, uint8_t *y, const kiln_shape_t *loop,
                   int64_t offset, const int64_t *st)
 {
     size_t es = s_esz (x->dt);
-    int64_t n = s_numel (loop);
+    int64_t n = kiln_shape_count (loop);
     for (int64_t i = 0; i < n; i++) {
         int64_t rem = i, src = offset;
         for (int d = loop->rank - 1; d >= 0; d--) {
@@ -499,7 +490,7 @@ s_eval_expand_tile (s_fold_t *f)
         return rc;
     const kiln_shape_t *y = &f->out_shape[0];
     size_t es = s_esz (x->dt);
-    int64_t n = s_numel (y), st[KILN_MAX_RANK];
+    int64_t n = kiln_shape_count (y), st[KILN_MAX_RANK];
     s_strides (&x->shape, st);
     for (int64_t i = 0; i < n; i++) {
         int64_t rem = i, src = 0;
@@ -543,7 +534,7 @@ s_eval_constant_of_shape (s_fold_t *f)
                ? s_fail (f, KILN_ELIMIT, "the constant would have more than %d elements",
                          KILN_FOLD_MAX_ELEMS)
                : rc;
-    int64_t count = s_numel (&s);
+    int64_t count = kiln_shape_count (&s);
     for (int64_t i = 0; i < count; i++) {
         if (v && v->kind == KILN_ATTR_INT)
             s_seti (dt, f->out[0], i, v->i);
@@ -790,7 +781,7 @@ s_eval_elementwise (s_fold_t *f)
         return rc;
     bool fmod_mode = kiln_node_attr_int (f->node, "fmod", 0) != 0;
     bool is_f = s_is_float (v[0]->dt);
-    int64_t count = s_numel (&y);
+    int64_t count = kiln_shape_count (&y);
     for (int64_t i = 0; i < count; i++) {
         int64_t i0 = s_bcast_index (&y, &v[0]->shape, i);
         if (cmp) {
@@ -854,7 +845,7 @@ s_eval_where (s_fold_t *f)
     if ((rc = s_out (f, 0, v[1]->dt, &y)) != S_FOLDED)
         return rc;
     size_t es = s_esz (v[1]->dt);
-    int64_t count = s_numel (&y);
+    int64_t count = kiln_shape_count (&y);
     for (int64_t i = 0; i < count; i++) {
         bool c = v[0]->data[s_bcast_index (&y, &v[0]->shape, i)] != 0;
         const s_val_t *src = c ? v[1] : v[2];
@@ -936,7 +927,7 @@ s_eval_reduce (s_fold_t *f)
     bool is_prod = strcmp (op, "ReduceProd") == 0, is_min = strcmp (op, "ReduceMin") == 0;
     if ((rc = s_out (f, 0, x->dt, &y)) != S_FOLDED)
         return rc;
-    int64_t count = s_numel (&kept);
+    int64_t count = kiln_shape_count (&kept);
     double *acc = malloc ((size_t) (count + 1) * sizeof *acc);
     int64_t *cnt = calloc ((size_t) (count + 1), sizeof *cnt);
     if (!acc || !cnt) {
@@ -1153,7 +1144,7 @@ s_commit_output (s_fold_t *f, int k)
     kiln_tensor_t *tensor = &g->tensors[t];
     tensor->dtype = f->out_dt[k];
     tensor->shape = f->out_shape[k];
-    uint64_t bytes = (uint64_t) s_numel (&f->out_shape[k]) * s_esz (f->out_dt[k]);
+    uint64_t bytes = (uint64_t) kiln_shape_count (&f->out_shape[k]) * s_esz (f->out_dt[k]);
     int rc = kiln_graph_set_weight (g, t, &f->out[k], bytes, f->err);
     if (rc)
         return s_prefixed (f, rc);
@@ -1193,7 +1184,7 @@ s_fold_node (kiln_graph_t *g, int n, kiln_infer_type_t *types, uint64_t *spent,
             continue;
         f.in[i].dt = types[t].dtype;
         f.in[i].shape = types[t].shape;
-        f.in[i].n = s_numel (&types[t].shape);
+        f.in[i].n = kiln_shape_count (&types[t].shape);
         int w = g->tensors[t].weight;
         f.in[i].data = w >= 0 ? g->weights[w].data : NULL;
     }

@@ -44,10 +44,7 @@
 static inline int64_t
 kiln_ktensor_numel (const kiln_prog_tensor_t *t)
 {
-    int64_t n = 1;
-    for (int i = 0; i < t->shape.rank; i++)
-        n *= t->shape.dims[i];
-    return n;
+    return kiln_shape_count (&t->shape);
 }
 
 typedef struct kiln_kplan {
