@@ -98,7 +98,7 @@ size_t kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
 void kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count);
 
 /* Whether kiln_gemm_run computes this product (alone: count 1) by one
- * level of Strassen's algorithm (kiln_gemm.c): a function of its shape,
+ * level of Strassen's algorithm (kiln_gemm_strassen.c): a function of its shape,
  * operand kinds and the CPU, never of the thread count. */
 bool kiln_gemm_strassen (const kiln_gemm_t *g);
 

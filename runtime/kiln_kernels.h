@@ -20,8 +20,9 @@
  * through im2col + sgemm (a 1x1, stride-1, unpadded convolution multiplies
  * the input in place).  Kernels that need per-thread workspace say how
  * much in plan->ws_bytes (kiln_exec.h allocates it at load).  The math
- * kernels (kiln_kernels_math.c; add/sub/mul/div on other dtypes too)
- * dispatch on their operands' dtypes at prepare time.
+ * kernels (kiln_kernels_math.c and its kin; add/sub/mul/div on other
+ * dtypes too) dispatch on their operands' dtypes at prepare time.  Each
+ * kind of kernel has a file of its own (kiln_kernels_priv.h lists them).
  */
 #ifndef KILN_KERNELS_H
 #define KILN_KERNELS_H

@@ -215,7 +215,7 @@ KILN_KM_INTS (S_BIN_SAME, mini)
 KILN_BINARY_OPS (S_BROW, _)
 #undef S_BROW
 
-/* add/sub/mul/div for float64 and integers (float32 is kiln_kernels.c's) */
+/* add/sub/mul/div for float64 and integers (float32 is kiln_kernels_elementwise.c's) */
 static const kiln_km_tab_t s_tab_add = { KILN_KM_TAB_FLOATS (addf), KILN_KM_TAB_INTS (addi) };
 static const kiln_km_tab_t s_tab_sub = { KILN_KM_TAB_FLOATS (subf), KILN_KM_TAB_INTS (subi) };
 static const kiln_km_tab_t s_tab_mul = { KILN_KM_TAB_FLOATS (mulf), KILN_KM_TAB_INTS (muli) };

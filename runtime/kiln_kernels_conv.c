@@ -1,8 +1,8 @@
 /*
  * kiln_kernels_conv — the convolution kernels: conv2d (the matrix
  * engine, Winograd, depthwise direct loops in kiln_kernels_dwconv.c, or
- * im2col + sgemm) and
- * conv3d (im2col of a group, then the engine).  Internal to libkilnrt.
+ * im2col + sgemm), conv3d (im2col of a group, then the engine) and
+ * conv_transpose2d.  Internal to libkilnrt.
  */
 #include "runtime/kiln_kernels_priv.h"
 

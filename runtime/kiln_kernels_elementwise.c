@@ -40,7 +40,7 @@ static int
 s_prepare_binary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                   kiln_err_t *err)
 {
-    /* Other dtypes have their loops in kiln_kernels_math.c. */
+    /* Other dtypes have their loops in kiln_kernels_binary.c. */
     if (kiln_ktensor (p, plan->out)->dtype != KILN_DT_FLOAT32)
         return kiln_kmath_prepare_arith (p, op, plan, err);
     int rc = kiln_kneed_f32 (p, plan, err);

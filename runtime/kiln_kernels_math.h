@@ -87,7 +87,7 @@ int kiln_kmath_prepare (kiln_program_t *p, kiln_prog_op_t *op,
                         struct kiln_kplan *plan, kiln_err_t *err);
 
 /* add, sub, mul, div on operands other than float32 (the float32 loops
- * are kiln_kernels.c's); reads the same shape_a/shape_b parameters. */
+ * are kiln_kernels_elementwise.c's); reads the same shape_a/shape_b parameters. */
 int kiln_kmath_prepare_arith (kiln_program_t *p, kiln_prog_op_t *op,
                               struct kiln_kplan *plan, kiln_err_t *err);
 

@@ -13,8 +13,9 @@
  *   kiln_kernels_dwconv.c       depthwise conv2d;
  *   kiln_kernels_pool.c         maxpool2d, avgpool2d, global_avgpool,
  *                               global_maxpool;
- *   kiln_kernels_math.c         the typed elementwise ops, reductions,
- *                               softmax, normalisations (kiln_kernels_math.h);
+ *   kiln_kernels_math.c         the typed math kernels' dispatch and unary
+ *                               ops (kiln_kernels_math.h), with _binary.c
+ *                               (broadcasting), _reduce.c, _norm.c;
  *   kiln_kernels_shape.c        data movement (kiln_kernels_shape.h);
  *   and _index.c, _rnn.c, _pool3d.c, _convtr3d.c, each with its header.
  * The symbols declared here are hidden: the library calls them directly.
