@@ -5,7 +5,6 @@
 #include "broker/kiln_download.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,21 +25,7 @@ typedef struct {
     char hex[KILN_HEX_LEN];          /* its SHA-256 */
 } s_held_t;
 
-typedef struct s_download s_download_t;
-
-/* A read the reader thread does for a download: `n` bytes at `offset`
- * of its file into `buf`, hashed in order into the download's digest
- * (one read at a time per download), the digest finished with the
- * file's last bytes. */
-typedef struct s_read {
-    s_download_t *d;
-    uint8_t *buf;                    /* owned until it goes to ZeroMQ */
-    uint64_t offset, n;
-    int error;                       /* errno; -1: the file is shorter */
-    struct s_read *next;
-} s_read_t;
-
-struct s_download {
+typedef struct {
     char *peer;                      /* the client's routing id in hex, owned */
     zframe_t *rid;                   /* its routing id, owned */
     uint64_t req_id;                 /* its GET */
@@ -49,18 +34,14 @@ struct s_download {
     uint64_t size;                   /* its bytes */
     uint64_t sent;                   /* bytes sent so far (all in order) */
     uint64_t credit;                 /* chunks it may send now, at most the window */
-    kiln_sha256_t *sha;              /* of the bytes sent: the reader thread's */
-    char digest[KILN_HEX_LEN];       /* the file's, once the reader read its end */
-    bool reading;                    /* a read is with the reader thread */
-    bool dead;                       /* removed while reading: freed when it comes back */
-    s_read_t *ready;                 /* the read bytes at `sent`, not sent yet */
+    kiln_sha256_t *sha;              /* of the bytes sent */
     int64_t last_credit;             /* zclock_mono of the GET or the last CREDIT */
     /* Members the client holds (kiln_downloads_hold): each sent as one
      * PART that names the member, its bytes neither read nor hashed; such
      * a GET's last PART carries no file digest. */
     s_held_t *held;                  /* owned, n_held, by offset */
     size_t n_held, next_held;        /* the next held range at or after `sent` */
-};
+} s_download_t;
 
 struct kiln_downloads {
     kiln_store_t *store;             /* the caller's */
@@ -69,15 +50,8 @@ struct kiln_downloads {
     s_download_t *all[KILN_MAX_DOWNLOADS];   /* owned, n used, in no order */
     size_t n;
     size_t turn;                     /* index of the download whose turn is next */
-    atomic_int in_zmq;               /* chunk buffers being read, read, or held by ZeroMQ */
+    atomic_int in_zmq;               /* chunk buffers ZeroMQ holds */
     int efd;                         /* eventfd: there is sending to do */
-    /* The reader thread: reads (and hashes) the chunks off the loop. */
-    pthread_t reader;
-    bool reader_started, stopping;
-    pthread_mutex_t mu;
-    pthread_cond_t work;
-    s_read_t *todo, *todo_tail;      /* for the reader, in order */
-    s_read_t *done, *done_tail;      /* for the loop */
     uint64_t served, bytes;
     uint64_t held_bytes;             /* bytes named by digest instead of sent */
 };
@@ -90,21 +64,15 @@ s_kick (kiln_downloads_t *self)
     (void) ignored;
 }
 
-/* A chunk buffer is gone: wake the loop if the budget was what stopped
- * the sending. */
-static void
-s_buffer_gone (kiln_downloads_t *self)
-{
-    if (atomic_fetch_sub (&self->in_zmq, 1) == KILN_MAX_DOWNLOAD_CHUNKS)
-        s_kick (self);
-}
-
-/* ZeroMQ is done with a chunk (on its I/O thread): free it. */
+/* ZeroMQ is done with a chunk (on its I/O thread): free it, and wake the
+ * loop if the budget was what stopped the sending. */
 static void
 s_chunk_free (void *data, void *hint)
 {
+    kiln_downloads_t *self = hint;
     free (data);
-    s_buffer_gone (hint);
+    if (atomic_fetch_sub (&self->in_zmq, 1) == KILN_MAX_DOWNLOAD_CHUNKS)
+        s_kick (self);
 }
 
 static void
@@ -116,10 +84,6 @@ s_download_destroy (s_download_t **self_p)
     if (d->fd >= 0)
         close (d->fd);
     kiln_sha256_destroy (&d->sha);
-    if (d->ready) {
-        free (d->ready->buf);
-        free (d->ready);
-    }
     free (d->held);
     zframe_destroy (&d->rid);
     free (d->peer);
@@ -127,18 +91,11 @@ s_download_destroy (s_download_t **self_p)
     *self_p = NULL;
 }
 
-/* Remove download i (the last takes its place).  One whose read is with
- * the reader thread is freed when the read comes back. */
+/* Remove download i (the last takes its place). */
 static void
 s_remove (kiln_downloads_t *self, size_t i)
 {
-    if (self->all[i]->reading)
-        self->all[i]->dead = true;
-    else {
-        if (self->all[i]->ready)
-            s_buffer_gone (self);
-        s_download_destroy (&self->all[i]);
-    }
+    s_download_destroy (&self->all[i]);
     self->all[i] = self->all[--self->n];
     self->all[self->n] = NULL;
     if (self->turn >= self->n)
@@ -154,58 +111,6 @@ s_find (const kiln_downloads_t *self, const char *peer_key, uint64_t req_id, siz
                 *index = i;
             return self->all[i];
         }
-    return NULL;
-}
-
-/* The reader thread: the downloads' reads, in the order asked, each
- * hashed into its download's digest (not for a GET whose client holds
- * members: no file digest is sent then), the loop told of each. */
-static void *
-s_reader_main (void *arg)
-{
-    kiln_downloads_t *self = arg;
-    pthread_mutex_lock (&self->mu);
-    for (;;) {
-        while (!self->todo && !self->stopping)
-            pthread_cond_wait (&self->work, &self->mu);
-        if (self->stopping)
-            break;
-        s_read_t *r = self->todo;
-        self->todo = r->next;
-        if (!self->todo)
-            self->todo_tail = NULL;
-        pthread_mutex_unlock (&self->mu);
-        s_download_t *d = r->d;
-        uint64_t got = 0;
-        while (got < r->n) {
-            ssize_t k = pread (d->fd, r->buf + got, (size_t) (r->n - got),
-                               (off_t) (r->offset + got));
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k <= 0) {
-                r->error = k < 0 ? errno : -1;
-                break;
-            }
-            got += (uint64_t) k;
-        }
-        if (!r->error && !d->n_held) {
-            kiln_sha256_update (d->sha, r->buf, (size_t) r->n);
-            if (r->offset + r->n == d->size) {
-                uint8_t digest[KILN_DIGEST_LEN];
-                kiln_sha256_final (&d->sha, digest);
-                kiln_hex (digest, KILN_DIGEST_LEN, d->digest);
-            }
-        }
-        pthread_mutex_lock (&self->mu);
-        r->next = NULL;
-        if (self->done_tail)
-            self->done_tail->next = r;
-        else
-            self->done = r;
-        self->done_tail = r;
-        s_kick (self);
-    }
-    pthread_mutex_unlock (&self->mu);
     return NULL;
 }
 
@@ -232,14 +137,6 @@ kiln_downloads_new (kiln_store_t *store, zsock_t *router, int window, kiln_err_t
         free (self);
         return NULL;
     }
-    pthread_mutex_init (&self->mu, NULL);
-    pthread_cond_init (&self->work, NULL);
-    self->reader_started = pthread_create (&self->reader, NULL, s_reader_main, self) == 0;
-    if (!self->reader_started) {
-        kiln_error (err, KILN_ESYS, "could not start the downloads' reader thread");
-        kiln_downloads_destroy (&self);
-        return NULL;
-    }
     return self;
 }
 
@@ -249,25 +146,6 @@ kiln_downloads_destroy (kiln_downloads_t **self_p)
     kiln_downloads_t *self = self_p ? *self_p : NULL;
     if (!self)
         return;
-    if (self->reader_started) {
-        pthread_mutex_lock (&self->mu);
-        self->stopping = true;
-        pthread_cond_signal (&self->work);
-        pthread_mutex_unlock (&self->mu);
-        pthread_join (self->reader, NULL);
-    }
-    /* reads not done, and done but not taken: give them back */
-    for (s_read_t **list = &self->todo; list; list = list == &self->todo ? &self->done : NULL)
-        while (*list) {
-            s_read_t *r = *list;
-            *list = r->next;
-            r->d->reading = false;
-            if (r->d->dead)
-                s_download_destroy (&r->d);
-            free (r->buf);
-            free (r);
-            s_buffer_gone (self);
-        }
     while (self->n > 0)
         s_remove (self, self->n - 1);
     /* ZeroMQ calls s_chunk_free with `self` for every buffer it still
@@ -283,8 +161,6 @@ kiln_downloads_destroy (kiln_downloads_t **self_p)
         return;
     }
     close (self->efd);
-    pthread_mutex_destroy (&self->mu);
-    pthread_cond_destroy (&self->work);
     free (self);
     *self_p = NULL;
 }
@@ -354,7 +230,7 @@ kiln_downloads_hold (kiln_downloads_t *self, const char *peer_key, uint64_t req_
                      const kiln_blob_ref_t *have, size_t n_have)
 {
     s_download_t *d = s_find (self, peer_key, req_id, NULL);
-    if (!d || n_have == 0 || d->sent > 0 || d->reading || d->ready)
+    if (!d || n_have == 0 || d->sent > 0)
         return 0;
     /* the headers only (the store wrote and checked the bytes; the
      * client checks every byte it ends up with) */
@@ -475,6 +351,28 @@ s_fail (kiln_downloads_t *self, s_download_t *d, int code, const char *message)
     }
 }
 
+/* Read n bytes at d->sent into buf; false (the client told) on failure. */
+static bool
+s_read_at (kiln_downloads_t *self, s_download_t *d, uint8_t *buf, uint64_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = pread (d->fd, buf + got, (size_t) n - got, (off_t) (d->sent + got));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            char text[160];
+            snprintf (text, sizeof text, "the broker could not read its stored copy at "
+                      "offset %llu: %s", (unsigned long long) (d->sent + got),
+                      k < 0 ? strerror (errno) : "the file is shorter than it was");
+            s_fail (self, d, KILN_EIO, text);
+            return false;
+        }
+        got += (size_t) k;
+    }
+    return true;
+}
+
 /* The PART of `d` at d->sent, or NULL (the client told). */
 static kiln_msg_t *
 s_part_new (kiln_downloads_t *self, s_download_t *d)
@@ -506,82 +404,6 @@ s_part_send (kiln_downloads_t *self, s_download_t *d, kiln_msg_t **part)
     return true;
 }
 
-/* True when the member the client holds starts at d->sent. */
-static bool
-s_held_next (const s_download_t *d)
-{
-    return d->next_held < d->n_held && d->held[d->next_held].offset == d->sent;
-}
-
-/* Hand the reader thread the bytes at d->sent (up to a chunk, up to the
- * next held member).  False (the client told) when out of memory. */
-static bool
-s_read_start (kiln_downloads_t *self, s_download_t *d)
-{
-    uint64_t n = d->size - d->sent < KILN_CHUNK_BYTES ? d->size - d->sent : KILN_CHUNK_BYTES;
-    if (d->next_held < d->n_held && d->held[d->next_held].offset - d->sent < n)
-        n = d->held[d->next_held].offset - d->sent;     /* up to the held member */
-    s_read_t *r = calloc (1, sizeof *r);
-    if (!r || (n && !(r->buf = malloc ((size_t) n)))) {
-        free (r);
-        s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
-        return false;
-    }
-    r->d = d;
-    r->offset = d->sent;
-    r->n = n;
-    atomic_fetch_add (&self->in_zmq, 1);
-    d->reading = true;
-    pthread_mutex_lock (&self->mu);
-    if (self->todo_tail)
-        self->todo_tail->next = r;
-    else
-        self->todo = r;
-    self->todo_tail = r;
-    pthread_cond_signal (&self->work);
-    pthread_mutex_unlock (&self->mu);
-    return true;
-}
-
-/* The reads the reader thread is through with: ready to send, or failed
- * (the client told, the download dropped). */
-static void
-s_take_reads (kiln_downloads_t *self)
-{
-    pthread_mutex_lock (&self->mu);
-    s_read_t *r = self->done;
-    self->done = self->done_tail = NULL;
-    pthread_mutex_unlock (&self->mu);
-    while (r) {
-        s_read_t *next = r->next;
-        s_download_t *d = r->d;
-        d->reading = false;
-        size_t i = 0;
-        if (d->dead || r->error) {
-            if (r->error && !d->dead) {
-                char text[160];
-                snprintf (text, sizeof text, "the broker could not read its stored copy at "
-                          "offset %llu: %s", (unsigned long long) r->offset,
-                          r->error > 0 ? strerror (r->error)
-                                       : "the file is shorter than it was");
-                s_fail (self, d, KILN_EIO, text);
-                for (i = 0; i < self->n && self->all[i] != d; i++)
-                    ;
-            }
-            free (r->buf);
-            free (r);
-            s_buffer_gone (self);
-            if (d->dead)
-                s_download_destroy (&d);
-            else if (i < self->n)
-                s_remove (self, i);
-        }
-        else
-            d->ready = r;
-        r = next;
-    }
-}
-
 /* A held member: one PART that names it (one credit), and nothing of
  * its bytes: they are neither read nor sent.  True while the download
  * goes on. */
@@ -603,58 +425,54 @@ s_send_held (kiln_downloads_t *self, s_download_t *d)
     return true;
 }
 
-/* True when `d` can go on now: credit, and its next bytes read, or a held
- * member next, or room in the budget to read them. */
-static bool
-s_can_go (kiln_downloads_t *self, const s_download_t *d)
-{
-    return d->credit > 0 && !d->reading
-           && (d->ready || s_held_next (d)
-               || atomic_load (&self->in_zmq) < KILN_MAX_DOWNLOAD_CHUNKS);
-}
-
-/* Send the next PART of `d` (s_can_go): a held member's, or the bytes
- * the reader read, then have it read the next ones; or have it read them
- * now.  True while the download goes on; false when it is over
- * (finished, or failed: the client was told when it could be), and the
- * caller removes it. */
+/* Send the next chunk of `d`.  True while the download goes on; false
+ * when it is over (finished, or failed: the client was told when it
+ * could be), and the caller removes it. */
 static bool
 s_send_next (kiln_downloads_t *self, s_download_t *d)
 {
     kiln_err_t err = { 0 };
-    if (!d->ready)
-        return s_held_next (d) ? s_send_held (self, d) : s_read_start (self, d);
-    s_read_t *r = d->ready;
-    d->ready = NULL;
-    uint64_t n = r->n;
-    uint8_t *buf = r->buf;
-    free (r);
+    if (d->next_held < d->n_held && d->held[d->next_held].offset == d->sent)
+        return s_send_held (self, d);
+    uint64_t n = d->size - d->sent < KILN_CHUNK_BYTES ? d->size - d->sent : KILN_CHUNK_BYTES;
+    if (d->next_held < d->n_held && d->held[d->next_held].offset - d->sent < n)
+        n = d->held[d->next_held].offset - d->sent;     /* up to the held member */
+    uint8_t *buf = n ? malloc ((size_t) n) : NULL;
+    if (n && !buf) {
+        s_fail (self, d, KILN_ENOMEM, "the broker is out of memory");
+        return false;
+    }
+    if (!s_read_at (self, d, buf, n)) {
+        free (buf);
+        return false;
+    }
     kiln_msg_t *part = s_part_new (self, d);
     if (!part) {
         free (buf);
-        s_buffer_gone (self);
         return false;
     }
     if (d->n_held)
         part->length = n;                  /* offsets leave the 1 MiB grid */
-    /* The reader hashed it (not for a GET that holds members: no file
-     * digest then, the held bytes are not read; its client checks every
-     * member against the manifest), and took the digest at the end. */
+    /* Hashed before it is sent: once sent, the buffer is ZeroMQ's.  A
+     * GET that holds members gets no file digest (the held bytes are not
+     * read): its client checks every member against the manifest. */
+    if (!d->n_held)
+        kiln_sha256_update (d->sha, buf, (size_t) n);
     bool last = d->sent + n == d->size;
-    if (last && !d->n_held)
-        memcpy (part->digest, d->digest, KILN_HEX_LEN);
+    if (last && !d->n_held) {
+        uint8_t digest[KILN_DIGEST_LEN];
+        kiln_sha256_final (&d->sha, digest);
+        kiln_hex (digest, KILN_DIGEST_LEN, part->digest);
+    }
     if (n) {
+        atomic_fetch_add (&self->in_zmq, 1);
         if (kiln_msg_put_chunk_ref (part, buf, (size_t) n, s_chunk_free, self, &err) != 0) {
+            atomic_fetch_sub (&self->in_zmq, 1);
             free (buf);
-            s_buffer_gone (self);
             kiln_msg_destroy (&part);
             s_fail (self, d, err.code, err.msg);
             return false;
         }
-    }
-    else {
-        free (buf);
-        s_buffer_gone (self);
     }
     /* The message (then ZeroMQ) owns buf now; s_chunk_free releases it. */
     if (!s_part_send (self, d, &part))
@@ -668,9 +486,6 @@ s_send_next (kiln_downloads_t *self, s_download_t *d)
                        (unsigned long long) d->req_id, d->hex, (unsigned long long) d->size);
         return false;
     }
-    /* the next bytes read while these travel */
-    if (!s_held_next (d) && atomic_load (&self->in_zmq) < KILN_MAX_DOWNLOAD_CHUNKS)
-        return s_read_start (self, d);
     return true;
 }
 
@@ -680,15 +495,15 @@ kiln_downloads_pump (kiln_downloads_t *self, int max_chunks)
     uint64_t count;
     ssize_t ignored = read (self->efd, &count, sizeof count);
     (void) ignored;
-    s_take_reads (self);
     for (int sent = 0; sent < max_chunks; sent++) {
-        /* the next download, from `turn` on, that can go on: the reader,
-         * a CREDIT or ZeroMQ letting go of a chunk wakes us for the others */
+        if (atomic_load (&self->in_zmq) >= KILN_MAX_DOWNLOAD_CHUNKS)
+            return;                        /* s_chunk_free wakes us */
+        /* the next download, from `turn` on, that has credit */
         size_t k = 0;
-        while (k < self->n && !s_can_go (self, self->all[(self->turn + k) % self->n]))
+        while (k < self->n && self->all[(self->turn + k) % self->n]->credit == 0)
             k++;
         if (k == self->n)
-            return;
+            return;                        /* nothing may go: a CREDIT wakes us */
         size_t i = (self->turn + k) % self->n;
         if (s_send_next (self, self->all[i]))
             self->turn = (i + 1) % self->n;
@@ -697,7 +512,7 @@ kiln_downloads_pump (kiln_downloads_t *self, int max_chunks)
     }
     /* stopped by `max_chunks`: come back after the loop's other work */
     for (size_t i = 0; i < self->n; i++)
-        if (s_can_go (self, self->all[i])) {
+        if (self->all[i]->credit > 0) {
             s_kick (self);
             break;
         }

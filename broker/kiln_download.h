@@ -19,13 +19,9 @@
  * broker read.  The archive itself is checked by the client (every
  * member against the manifest, the manifest against the content hash).
  *
- * Everything here runs on the broker's loop thread, except two things:
- * the reads of the stored file and their hashing, done by a reader thread
- * of the downloads' own (one read at a time per download, the next one
- * asked for as soon as a chunk is sent, so that the loop only sends what
- * is read), and the release of chunk buffers, which ZeroMQ's I/O thread
- * reports.  Both wake the loop through the eventfd.  The budget counts
- * the buffers being read and read but not sent as well as ZeroMQ's.
+ * Everything here runs on the broker's loop thread, except the release
+ * of chunk buffers, which ZeroMQ's I/O thread reports (an atomic counter
+ * and the eventfd).
  */
 #ifndef KILN_DOWNLOAD_H
 #define KILN_DOWNLOAD_H
@@ -73,8 +69,8 @@ void kiln_downloads_destroy (kiln_downloads_t **self_p);
 /* The client of download (peer_key, req_id), just started, holds the
  * archive members with these digests (its GET's `have`): each payload
  * member of the stored archive listed there goes as one PART naming it
- * (offset, length, member) instead of its bytes, which the broker neither
- * reads nor hashes (the last PART then carries no file digest); the
+ * (offset, length, member) instead of its bytes, which the broker still
+ * reads and hashes for the last PART's digest of the whole file; the
  * bytes around them go as PARTs with `length`.  Reads the archive's
  * headers (not its payload).  Returns the bytes so held (0: sent whole,
  * as when the headers cannot be read). */

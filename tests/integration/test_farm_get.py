@@ -168,45 +168,6 @@ def test_the_broker_sends_no_more_chunks_than_the_client_granted(farm, tmp_path)
     assert all("digest" not in h for h, _ in got[:-1])
 
 
-def test_gets_read_off_the_loop_interleave_restart_and_drop_and_still_arrive_whole(
-        farm, tmp_path):
-    """The broker reads (and hashes) a GET's chunks on a thread of its own
-    and sends them from its loop.  Two GETs on one connection take turns;
-    a third is asked again from the start while its reads are under way,
-    and a second connection leaves in the middle of its GET: the broker
-    stays up, answers STATUS meanwhile, and every finished GET has every
-    byte in order with the file's SHA-256 on its last chunk."""
-    import hashlib
-    built = compile_json(farm, big_model(tmp_path / "big.onnx", 3, seed=8),
-                         tmp_path / "built.kar")
-    data = (tmp_path / "built.kar").read_bytes()
-    chunks = (len(data) + MiB - 1) // MiB
-    assert chunks >= 4
-    get_msg = {"v": 2, "cmd": "GET", "frames": 0, "artifact": built["artifact"]}
-    with RawDealer(farm.port) as leaver:
-        leaver.send(dict(get_msg, req_id=9, credit=chunks))
-        h, _ = leaver.recv()
-        assert h["cmd"] == "PART", h
-    with RawDealer(farm.port) as d:
-        for req in (1, 2, 3):
-            d.send(dict(get_msg, req_id=req, credit=1 if req == 3 else chunks))
-        d.send(dict(get_msg, req_id=3, credit=chunks))      # start 3 over
-        assert farm.status()["transfer"] is not None        # the loop answers meanwhile
-        got = {1: [], 2: [], 3: []}
-        while any(len(v) < chunks for v in got.values()):
-            h, payload = d.recv()
-            assert h["cmd"] == "PART", h
-            got[h["req_id"]].append((h, payload[0] if payload else b""))
-            if h["req_id"] == 3 and h["offset"] == 0 and len(got[3]) == 2:
-                got[3] = [got[3][1]]          # the first go's chunk 0, then the second's
-    for req, parts in got.items():
-        assert [h["offset"] for h, _ in parts] == [i * MiB for i in range(chunks)], req
-        assert b"".join(p for _, p in parts) == data, req
-        assert parts[-1][0]["digest"] == hashlib.sha256(data).hexdigest(), req
-    st = farm.status()
-    assert st["transfer"]["downloaded_bytes"] >= 3 * len(data)
-
-
 def test_hostile_get_messages_do_not_take_the_broker_down(farm, tmp_path):
     built = compile_json(farm, big_model(tmp_path / "big.onnx", 2, seed=7),
                          tmp_path / "built.kar")
