@@ -79,6 +79,26 @@ s_span (int64_t c0, int64_t n, int64_t w)
     return (uint32_t) (upto & ~below);
 }
 
+/* Rows r0 .. r0 + nr - 1, columns q0 .. q0 + nq - 1 of the plane: the
+ * sums (plus the residual).  Inlined, every index of acc is a constant,
+ * so the sums stay in registers. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_store_rows (const kiln_dw_geo_t *g, const __m512 acc[S_ROWS], int64_t r0, int64_t nr,
+              int64_t q0, int64_t nq, const float *res, float *y)
+{
+    __mmask16 sm = (__mmask16) (((uint32_t) 1 << nq) - 1);
+#pragma GCC unroll 8
+    for (int k = 0; k < S_ROWS; k++) {
+        if (k >= nr)
+            break;
+        int64_t at = (r0 + k) * g->ow + q0;
+        __m512 o = acc[k];
+        if (res)
+            o = _mm512_add_ps (o, _mm512_maskz_loadu_ps (sm, res + at));
+        _mm512_mask_storeu_ps (y + at, sm, o);
+    }
+}
+
 /* Stride 1, kernel width KW: the padded plane `pp` (rows pw floats
  * apart; output (r, q) reads rows r .. r + kh - 1, columns q .. q + KW -
  * 1).  Each input row of a block of S_ROWS output rows is loaded once, KW
@@ -113,18 +133,7 @@ s_plane_s1 (const kiln_dw_geo_t *g, const float *pp, int64_t pw, const float *w,
                         acc[k] = _mm512_fmadd_ps (_mm512_set1_ps (wr[j]), v[j], acc[k]);
                 }
             }
-            __mmask16 sm = (__mmask16) (((uint32_t) 1 << nq) - 1);
-            /* every index constant once unrolled: the sums stay in registers */
-#pragma GCC unroll 8
-            for (int k = 0; k < S_ROWS; k++) {
-                if (k >= nr)
-                    break;
-                int64_t at = (r0 + k) * g->ow + q0;
-                __m512 o = acc[k];
-                if (res)
-                    o = _mm512_add_ps (o, _mm512_maskz_loadu_ps (sm, res + at));
-                _mm512_mask_storeu_ps (y + at, sm, o);
-            }
+            s_store_rows (g, acc, r0, nr, q0, nq, res, y);
         }
     }
 }
@@ -167,17 +176,7 @@ s_plane_s2 (const kiln_dw_geo_t *g, const float *x, const float *w, float bias,
                     }
                 }
             }
-            __mmask16 sm = (__mmask16) (((uint32_t) 1 << nq) - 1);
-#pragma GCC unroll 8
-            for (int k = 0; k < S_ROWS; k++) {
-                if (k >= nr)
-                    break;
-                int64_t at = (r0 + k) * g->ow + q0;
-                __m512 o = acc[k];
-                if (res)
-                    o = _mm512_add_ps (o, _mm512_maskz_loadu_ps (sm, res + at));
-                _mm512_mask_storeu_ps (y + at, sm, o);
-            }
+            s_store_rows (g, acc, r0, nr, q0, nq, res, y);
         }
     }
 }
