@@ -10,6 +10,7 @@
 
 #include <string.h>
 
+#include "runtime/kiln_exec.h"
 #include "runtime/kiln_gemm.h"
 
 typedef int (*s_prepare_fn) (kiln_program_t *p, kiln_prog_op_t *op,
@@ -232,3 +233,40 @@ kiln_kernel_run (const kiln_kplan_t *plan, void *const *data)
         s_table[plan->kernel].run (plan, data);
 }
 
+
+/* --- planes over the pool (depthwise convolution, max pooling) ------ */
+
+typedef struct {
+    kiln_kplanes_fn *fn;
+    const kiln_kplan_t *plan;
+    void *const *data;
+    int64_t planes, per;
+    float *ws;
+    size_t ws_stride;               /* floats per worker */
+} s_planes_t;
+
+static void
+s_planes_task (void *arg, int task, int worker)
+{
+    const s_planes_t *d = arg;
+    int64_t first = (int64_t) task * d->per;
+    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
+    d->fn (d->plan, d->data, first, count, d->ws + (size_t) worker * d->ws_stride);
+}
+
+void
+kiln_kplanes_run (kiln_kplanes_fn *fn, const kiln_kplan_t *plan, void *const *data,
+                  int64_t planes, int64_t align)
+{
+    if (planes <= 0)
+        return;
+    int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
+    if (tasks > planes)
+        tasks = planes;
+    int64_t per = (planes + tasks - 1) / tasks;
+    per = (per + align - 1) / align * align;
+    size_t bytes;
+    s_planes_t d = { fn, plan, data, planes, per, kiln_exec_ws (&bytes), 0 };
+    d.ws_stride = bytes / sizeof (float);
+    kiln_exec_parallel (s_planes_task, &d, (int) ((planes + per - 1) / per));
+}

@@ -375,38 +375,11 @@ s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
     }
 }
 
-typedef struct {
-    const kiln_kplan_t *plan;
-    void *const *data;
-    int64_t planes, per;
-    float *ws;
-    size_t ws_stride;               /* floats per worker */
-} s_dw_t;
-
-static void
-s_dw_task (void *arg, int task, int worker)
-{
-    const s_dw_t *d = arg;
-    int64_t first = (int64_t) task * d->per;
-    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
-    s_dw_planes (d->plan, d->data, first, count,
-                 d->ws + (size_t) worker * d->ws_stride);
-}
-
 /* Run depthwise convolution `plan` on the pool, whole groups of lanes to
  * a task when the planes go 16 at a time. */
 void
 kiln_kdw_run (const kiln_kplan_t *plan, void *const *data)
 {
     int64_t planes = plan->u.conv.n * plan->u.conv.m;
-    int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
-    if (tasks > planes)
-        tasks = planes;
-    size_t bytes;
-    int64_t per = (planes + tasks - 1) / tasks;
-    if (s_dw_lanes (plan))          /* whole groups of lanes */
-        per = (per + S_DW_LANES - 1) / S_DW_LANES * S_DW_LANES;
-    s_dw_t d = { plan, data, planes, per, kiln_exec_ws (&bytes), 0 };
-    d.ws_stride = bytes / sizeof (float);
-    kiln_exec_parallel (s_dw_task, &d, (int) ((planes + d.per - 1) / d.per));
+    kiln_kplanes_run (s_dw_planes, plan, data, planes, s_dw_lanes (plan) ? S_DW_LANES : 1);
 }

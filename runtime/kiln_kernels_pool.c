@@ -107,38 +107,13 @@ s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
     }
 }
 
-typedef struct {
-    const kiln_kplan_t *plan;
-    void *const *data;
-    int64_t planes, per;
-    float *ws;
-    size_t ws_stride;               /* floats per worker */
-} s_planes_t;
-
-static void
-s_pool_task (void *arg, int task, int worker)
-{
-    const s_planes_t *d = arg;
-    int64_t first = (int64_t) task * d->per;
-    int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
-    s_pool_planes (d->plan, d->data, first, count,
-                   d->ws + (size_t) worker * d->ws_stride);
-}
-
 void
 kiln_krun_MAXPOOL2D (const kiln_kplan_t *plan, void *const *data)
 {
     int64_t planes = plan->u.pool.planes;
     if (planes == 0 || plan->u.pool.oh == 0 || plan->u.pool.ow == 0)
         return;
-    int64_t tasks = 8 * (int64_t) kiln_exec_threads ();
-    if (tasks > planes)
-        tasks = planes;
-    size_t bytes;
-    s_planes_t d = { plan, data, planes, (planes + tasks - 1) / tasks,
-                     kiln_exec_ws (&bytes), 0 };
-    d.ws_stride = bytes / sizeof (float);
-    kiln_exec_parallel (s_pool_task, &d, (int) ((planes + d.per - 1) / d.per));
+    kiln_kplanes_run (s_pool_planes, plan, data, planes, 1);
 }
 
 int

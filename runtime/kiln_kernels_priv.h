@@ -179,6 +179,17 @@ KILN_KOWN_KERNELS (KILN_KOWN_DECLARE)
 int kiln_kprepare_arith (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                          kiln_err_t *err);
 
+/* Output planes [first, first + count) of `plan`, with `ws` (the
+ * kernel's plan->ws_bytes) to work in. */
+typedef void (kiln_kplanes_fn) (const kiln_kplan_t *plan, void *const *data,
+                                int64_t first, int64_t count, float *ws);
+
+/* Run `fn` over `planes` planes on the pool, about eight tasks a thread,
+ * each a whole number of `align` planes, each worker with its own
+ * workspace (kiln_exec_ws). */
+void kiln_kplanes_run (kiln_kplanes_fn *fn, const kiln_kplan_t *plan, void *const *data,
+                       int64_t planes, int64_t align);
+
 #pragma GCC visibility pop
 
 #endif
