@@ -77,3 +77,14 @@ def kernel_ops(stderr):
         if len(parts) == 4 and parts[2].endswith("%") and parts[3].isdigit():
             ops[parts[0]] = int(parts[3])
     return ops
+
+
+def isas():
+    """The micro-kernels this CPU can run (KILN_RT_ISA values)."""
+    flags = open("/proc/cpuinfo").read()
+    found = ["generic"]
+    if " avx2" in flags and " fma" in flags:
+        found.append("avx2")
+    if " avx512f" in flags:
+        found.append("avx512")
+    return found

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_helpers import compile_kar, export, run_kar, signing_dir
-from test_engine_fusion import _isas
+from engine_helpers import compile_kar, export, isas, run_kar, signing_dir
 
 TOLERANCE = 1e-4
 
@@ -69,7 +68,7 @@ def test_depthwise_matches_torch_on_every_isa(workdir, case):
     want, kgraph, xpath = export(workdir, name, model, torch.randn(1, c, h, w) * 2)
     kar = compile_kar(workdir, kgraph, f"{name}.kar", "--optlevel 3")
     scale = float(np.abs(want).max())
-    for env in [{"KILN_RT_ISA": isa} for isa in _isas()] + [{"KILN_RT_THREADS": "2"}]:
+    for env in [{"KILN_RT_ISA": isa} for isa in isas()] + [{"KILN_RT_THREADS": "2"}]:
         got, _ = run_kar(workdir, kar, xpath, f"{name}.{'.'.join(env.values())}", env)
         assert got.shape == want.shape
         err = float(np.abs(got - want).max())

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_helpers import (compile_kar, export, kernel_ops, run_kar, seeded_model,
+from engine_helpers import (compile_kar, export, isas, kernel_ops, run_kar, seeded_model,
                             signing_dir)
 
 TOLERANCE = 1e-4
@@ -100,16 +100,6 @@ def workdir(tmp_path_factory):
     return signing_dir(tmp_path_factory, "fusion")
 
 
-def _isas():
-    flags = open("/proc/cpuinfo").read()
-    isas = ["generic"]
-    if " avx2" in flags and " fma" in flags:
-        isas.append("avx2")
-    if " avx512f" in flags:
-        isas.append("avx512")
-    return isas
-
-
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_fused_activation_matches_torch(workdir, name):
     make, shape = MODELS[name]
@@ -119,7 +109,7 @@ def test_fused_activation_matches_torch(workdir, name):
     assert scale > 0
     for optlevel in (0, 3):
         kar = compile_kar(workdir, kgraph, f"{name}.O{optlevel}.kar", f"--optlevel {optlevel}")
-        envs = [{"KILN_RT_ISA": isa} for isa in _isas()] + [{"KILN_RT_THREADS": "2"}]
+        envs = [{"KILN_RT_ISA": isa} for isa in isas()] + [{"KILN_RT_THREADS": "2"}]
         for env in envs:
             env = dict(env, KILN_RT_PROFILE="all")
             got, log = run_kar(workdir, kar, xpath,
