@@ -41,6 +41,8 @@
  * runs of the micro-kernel. */
 #define S_V_FLOATS (256 * 1024)
 #define S_MO_FLOATS (256 * 1024)
+/* A shared V (every block of tiles, transformed once) at most: 32 MiB */
+#define S_SHARED_V_FLOATS (8 * 1024 * 1024)
 /* a segment's input row: tile·nb + 2 columns, rounded for vector reads */
 #define S_ROW_MAX (S_TILE_MAX * S_NB_MAX + 64)
 
@@ -67,6 +69,13 @@ static int64_t
 s_min (int64_t a, int64_t b)
 {
     return a < b ? a : b;
+}
+
+/* n floats rounded up to whole 64-byte lines */
+static int64_t
+s_round16 (int64_t n)
+{
+    return (n + 15) / 16 * 16;
 }
 
 void
@@ -117,6 +126,29 @@ kiln_wino_plan (kiln_wino_t *wp, int tile, bool trans, int64_t n, int64_t c,
            && n * wp->tbs * ((m + wp->mchunk - 1) / wp->mchunk) < 4 * threads)
         wp->mchunk = (wp->mchunk / 2 + unit - 1) / unit * unit;
     wp->mcs = (m + wp->mchunk - 1) / wp->mchunk;
+    /* A worker's V (one block of tiles, kc channels), M (its chunk of
+     * output channels) and (T) an A panel, in whole cache lines. */
+    int64_t vfl = wp->points * wp->kc * wp->nb;
+    int64_t mfl = s_round16 (wp->points * wp->mchunk * wp->nb
+                             + (trans ? wp->kc * KILN_PACK_MR : 0));
+    wp->own_floats = wp->w_floats = s_round16 (vfl) + mfl;
+    /* Tasks share a block of tiles when there are not enough blocks for
+     * the threads: each would transform the input under it again (mcs
+     * times in all), which at 14 × 14 costs more than the second thread
+     * gains.  Then the input is transformed once, into a V for every
+     * block that the product tasks read. */
+    int64_t blocks = n * wp->tbs * wp->nkb;
+    if (threads > 1 && wp->mcs > 1 && blocks * vfl <= S_SHARED_V_FLOATS) {
+        wp->shared = true;
+        int64_t per_block = (4 * threads + blocks - 1) / blocks;
+        wp->vpiece = (wp->kc + per_block - 1) / per_block;
+        if (wp->vpiece < 8)
+            wp->vpiece = wp->kc < 8 ? wp->kc : 8;
+        wp->vpieces = (wp->kc + wp->vpiece - 1) / wp->vpiece;
+        wp->v_floats = blocks * s_round16 (vfl);
+        wp->own_floats = mfl;
+        wp->w_floats = mfl + s_round16 ((wp->v_floats + threads - 1) / threads);
+    }
     int64_t per;
     if (trans)
         kiln_pack_b_elems (c, m, &per);
@@ -128,9 +160,7 @@ kiln_wino_plan (kiln_wino_t *wp, int tile, bool trans, int64_t n, int64_t c,
 size_t
 kiln_wino_ws_bytes (const kiln_wino_t *wp)
 {
-    /* V: points × kc × nb; M: points × mchunk × nb; (T) an A panel */
-    return (size_t) (wp->points * (wp->kc + wp->mchunk) * wp->nb
-                     + (wp->trans ? wp->kc * KILN_PACK_MR : 0)) * sizeof (float);
+    return (size_t) wp->w_floats * sizeof (float);
 }
 
 typedef struct {
@@ -434,6 +464,50 @@ typedef struct {
     size_t ws_stride;       /* floats per worker */
 } s_run_t;
 
+/* Worker `worker`'s own part of the workspace: after the shared V. */
+static float *
+s_own (const s_run_t *r, int worker)
+{
+    const kiln_wino_t *wp = r->wp;
+    if (wp->shared)
+        return r->ws + wp->v_floats + (size_t) worker * (size_t) wp->own_floats;
+    return r->ws + (size_t) worker * r->ws_stride;
+}
+
+/* Block `blk` (image, block of tiles, block of channels) of a shared V. */
+static float *
+s_vblock (const s_run_t *r, int64_t blk)
+{
+    const kiln_wino_t *wp = r->wp;
+    return r->ws + blk * s_round16 (wp->points * wp->kc * wp->nb);
+}
+
+/* Transform task of a shared V: vpiece channels of one block. */
+S_CLONES static void
+s_vtask (void *arg, int task, int worker)
+{
+    (void) worker;
+    const s_run_t *r = arg;
+    const kiln_wino_t *wp = r->wp;
+    int64_t piece = task % wp->vpieces, blk = task / wp->vpieces;
+    int64_t kb = blk % wp->nkb, rest = blk / wp->nkb;
+    int64_t tb = rest % wp->tbs, ni = rest / wp->tbs;
+    int64_t nb = wp->nb, t0 = tb * nb, cnt = s_min (nb, wp->tiles - t0);
+    int64_t c0 = kb * wp->kc + piece * wp->vpiece;
+    int64_t kc = s_min (wp->vpiece, s_min (wp->c, (kb + 1) * wp->kc) - c0);
+    if (kc <= 0)
+        return;
+    float *v = s_vblock (r, blk) + piece * wp->vpiece * nb;
+    if (cnt < nb)                       /* columns past the tiles: zero */
+        for (int64_t p = 0; p < wp->points; p++)
+            for (int64_t cc = 0; cc < kc; cc++)
+                memset (v + (p * wp->kc + cc) * nb + cnt, 0,
+                        (size_t) (nb - cnt) * sizeof *v);
+    s_seg_t seg[S_NB_MAX];
+    int nseg = s_segments (wp, t0, cnt, seg);
+    s_input_transform (wp, r->x + ni * wp->c * wp->h * wp->w, c0, kc, seg, nseg, v);
+}
+
 S_CLONES static void
 s_task (void *arg, int task, int worker)
 {
@@ -444,17 +518,20 @@ s_task (void *arg, int task, int worker)
     int64_t t0 = tb * wp->nb, cnt = s_min (wp->nb, wp->tiles - t0);
     int64_t m0 = mi * wp->mchunk, m1 = s_min (wp->m, m0 + wp->mchunk);
     int64_t nb = wp->nb, points = wp->points;
-    float *v = r->ws + (size_t) worker * r->ws_stride;
-    float *mo = v + points * wp->kc * nb;
+    float *own = s_own (r, worker), *v = own;
+    float *mo = own + (wp->shared ? 0 : s_round16 (points * wp->kc * nb));
     s_seg_t seg[S_NB_MAX];
     int nseg = s_segments (wp, t0, cnt, seg);
     const float *x = r->x + ni * wp->c * wp->h * wp->w;
-    if (cnt < nb)                       /* columns past the tiles: zero */
+    if (cnt < nb && !wp->shared)        /* columns past the tiles: zero */
         for (int64_t p = 0; p < points * wp->kc; p++)
             memset (v + p * nb + cnt, 0, (size_t) (nb - cnt) * sizeof *v);
     for (int64_t kb = 0; kb < wp->nkb; kb++) {
         int64_t c0 = kb * wp->kc, kc = s_min (wp->kc, wp->c - c0);
-        s_input_transform (wp, x, c0, kc, seg, nseg, v);
+        if (wp->shared)
+            v = s_vblock (r, (ni * wp->tbs + tb) * wp->nkb + kb);
+        else
+            s_input_transform (wp, x, c0, kc, seg, nseg, v);
         if (wp->trans) {
             /* Each point's product with the tiles as rows: a panel of rp
              * tiles (packed once, the eighth row zero for 7) times the
@@ -531,6 +608,8 @@ kiln_wino_run (const kiln_wino_t *wp, const float *x, const float *u,
     s_run_t r = { wp, x, u, bias, res, y, act, act_a, act_b,
                   kiln_exec_ws (&bytes), 0 };
     r.ws_stride = bytes / sizeof (float);
+    if (wp->shared)
+        kiln_exec_parallel (s_vtask, &r, (int) (wp->n * wp->tbs * wp->nkb * wp->vpieces));
     int64_t tasks = wp->n * wp->tbs * wp->mcs;
     kiln_exec_parallel (s_task, &r, (int) tasks);
 }

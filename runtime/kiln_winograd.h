@@ -47,6 +47,15 @@ typedef struct kiln_wino {
     int64_t u_stride;           /* floats of packed weights per point */
     bool trans;                 /* Winograd-T: tiles as rows, rp to a panel */
     int64_t rp;                 /* rows of a tile panel (trans): 8 or 7 */
+    /* Shared V (threads > 1 and too few tile blocks to go round): the
+     * input is transformed once, by tasks of vpiece channels, into one V
+     * for every block, and the product tasks read it instead of each
+     * transforming the input under their tiles again. */
+    bool shared;
+    int64_t vpiece, vpieces;    /* channels per transform task, per block */
+    int64_t v_floats;           /* shared V: every block, every image */
+    int64_t own_floats;         /* a worker's: V (unless shared), M, panel */
+    int64_t w_floats;           /* workspace per worker (kiln_exec_ws) */
 } kiln_wino_t;
 
 /* Plan F(tile x tile, 3x3) for input [n, c, h, w] and output [n, m, oh,
@@ -55,7 +64,9 @@ void kiln_wino_plan (kiln_wino_t *wp, int tile, bool trans, int64_t n, int64_t c
                      int64_t h, int64_t w, int64_t m, int64_t oh, int64_t ow,
                      int64_t pt, int64_t pl, int threads);
 
-/* Workspace bytes per worker. */
+/* Workspace bytes per worker.  A shared V takes the front of the whole
+ * workspace (threads × these bytes, one block: kiln_exec_ws), the
+ * workers' own parts follow it. */
 size_t kiln_wino_ws_bytes (const kiln_wino_t *wp);
 
 /* Y = act (conv (X, W) + bias + residual) on the intra-op pool, with the
