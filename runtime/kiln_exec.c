@@ -242,14 +242,28 @@ kiln_exec_run (kiln_exec_t *self, void *const *data, kiln_err_t *err)
 
 /* --- the pool ------------------------------------------------------- */
 
-/* One parallel section, on its caller's stack. */
+/* One parallel section, on its caller's stack.  Worker w owns the
+ * tasks [w·n/T, (w+1)·n/T) and runs them first, in order, then takes
+ * what is left of the others' ranges.  So task t runs on the same
+ * worker from one run to the next, and a kernel whose tasks split the
+ * tensors the same way as the kernel before it finds its part in its
+ * own core's cache: taken first come, first served, the tiles of a
+ * product moved between the two cores' caches from run to run (a
+ * pointwise convolution of 28 x 28 x 192 ran slower on two threads than
+ * on one). */
+typedef struct {
+    _Alignas (64) _Atomic int next; /* next task of the range */
+    int end;                        /* (a cache line each) */
+} s_range_t;
+
 typedef struct {
     kiln_exec_task_fn *fn;
     void *arg;
     int n_tasks;
+    int n_ranges;                   /* workers that own a range */
     unsigned gen;                   /* which section this is */
-    _Atomic int next;               /* next task to hand out */
     _Atomic int done;               /* tasks finished */
+    s_range_t range[KILN_EXEC_MAX_THREADS];
 } s_job_t;
 
 static struct {
@@ -286,10 +300,14 @@ s_pause (void)
 static void
 s_run_tasks (s_job_t *job, int worker)
 {
-    int t;
-    while ((t = atomic_fetch_add (&job->next, 1)) < job->n_tasks) {
-        job->fn (job->arg, t, worker);
-        atomic_fetch_add (&job->done, 1);
+    int n = job->n_ranges;
+    for (int i = 0; i < n; i++) {
+        s_range_t *r = &job->range[(worker + i) % n];
+        int t;
+        while ((t = atomic_fetch_add (&r->next, 1)) < r->end) {
+            job->fn (job->arg, t, worker);
+            atomic_fetch_add (&job->done, 1);
+        }
     }
 }
 
@@ -397,11 +415,19 @@ kiln_exec_parallel (kiln_exec_task_fn *fn, void *arg, int n_tasks)
         return;
     }
     /* The pool is ours (busy): nobody else writes gen. */
-    s_job_t job = { .fn = fn, .arg = arg, .n_tasks = n_tasks,
-                    .gen = atomic_load (&s_pool.gen) + 1 };
+    s_job_t job;                    /* (not zeroed: 16 KiB of ranges) */
+    job.fn = fn;
+    job.arg = arg;
+    job.n_tasks = n_tasks;
+    job.gen = atomic_load (&s_pool.gen) + 1;
     if (job.gen == 0)
         job.gen = 1;                /* 0 is what a helper has seen first */
-    atomic_init (&job.next, 0);
+    job.n_ranges = s_pool.n < n_tasks ? s_pool.n : n_tasks;
+    for (int w = 0; w < job.n_ranges; w++) {
+        atomic_init (&job.range[w].next,
+                     (int) ((int64_t) w * n_tasks / job.n_ranges));
+        job.range[w].end = (int) ((int64_t) (w + 1) * n_tasks / job.n_ranges);
+    }
     atomic_init (&job.done, 0);
     atomic_store (&s_pool.current, &job);
     atomic_store (&s_pool.gen, job.gen);
