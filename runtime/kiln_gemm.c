@@ -193,19 +193,28 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
     if (bl->nc < NR)
         bl->nc = NR;
     /* With several threads, cut finer until there are a few tiles per
-     * thread: columns first (each tile then packs its own B block once),
-     * rows when the columns run out. */
+     * thread, along the side whose cut packs nothing twice: columns
+     * first when B is packed here (each tile then packs its own B block
+     * once, where cutting the rows would have every row tile pack the
+     * same B), rows first when A is packed here against a packed weight
+     * B (each column tile would pack the whole A again: a 14 × 14
+     * pointwise convolution with 1024 channels in, run transposed, packed
+     * its 800 KB of activations eight times and gained nothing from a
+     * second thread). */
     if (threads > 1) {
         int64_t want = 4 * (int64_t) threads;
+        bool rows_first = b_packed && !a_packed;
         for (;;) {
             int64_t tiles = count * ((g->m + bl->mc - 1) / bl->mc)
                             * ((g->n + bl->nc - 1) / bl->nc);
             if (tiles >= want)
                 break;
-            if (bl->nc > NR && (g->n + bl->nc / 2 - 1) / (bl->nc / 2)
-                                 > (g->n + bl->nc - 1) / bl->nc)
+            bool cut_n = bl->nc > NR && (g->n + bl->nc / 2 - 1) / (bl->nc / 2)
+                                            > (g->n + bl->nc - 1) / bl->nc;
+            bool cut_m = bl->mc > 4 * MR;
+            if (cut_n && !(rows_first && cut_m))
                 bl->nc = s_round_up (bl->nc / 2, NR);
-            else if (bl->mc > 4 * MR)
+            else if (cut_m)
                 bl->mc = s_round_up (bl->mc / 2, a_packed ? MR : bl->rp);
             else
                 break;
