@@ -63,15 +63,22 @@ s_dw_geo16 (const kiln_kplan_t *plan)
 size_t
 kiln_kdw_ws_floats (const kiln_kplan_t *plan)
 {
-    if (s_dw_lanes (plan))
-        return s_dw_lanes_ws_floats (plan);
+    kiln_dw_geo_t g16 = s_dw_geo16 (plan);
+    if (s_dw_lanes (plan)) {
+        size_t lanes = s_dw_lanes_ws_floats (plan);
+        size_t c16 = (size_t) kiln_dwc16_ws_floats (&g16);
+        return kiln_dwc16_fits (&g16) && c16 > lanes ? c16 : lanes;
+    }
     s_dw_geo_t g;
     s_dw_geometry (plan, &g);
     size_t loops = (size_t) (plan->u.conv.sh * plan->u.conv.sw * g.phase + g.slack + g.acc);
     /* room for either path: the ISA is chosen when the model runs */
     kiln_dw_geo_t geo = s_dw_geo16 (plan);
     size_t wide = (size_t) kiln_dw16_ws_floats (&geo);
-    return wide > loops ? wide : loops;
+    if (wide < loops)
+        wide = loops;
+    size_t c16 = (size_t) kiln_dwc16_ws_floats (&geo);
+    return kiln_dwc16_fits (&geo) && c16 > wide ? c16 : wide;
 }
 
 /* ac[k] = bv + Σ w[i]·t_i[k]: nine taps in one pass; the accumulators
@@ -226,25 +233,61 @@ s_dw_planes_lanes (const kiln_kplan_t *plan, void *const *data, int64_t first,
     }
 }
 
+/* Output plane pi (image pi / m, channel pi % m) of a depthwise
+ * convolution: its input plane (output channel o reads input channel
+ * o / mg, one per group), weights, bias, residual (or NULL) and output. */
+typedef struct {
+    const float *x, *w, *res;
+    float bias, *y;
+} s_dw_plane_t;
+
+static s_dw_plane_t
+s_dw_plane (const kiln_kplan_t *plan, const kiln_dw_geo_t *geo, void *const *data,
+            int64_t pi)
+{
+    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
+    const float *res = plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
+                                               : NULL;
+    int64_t ohw = geo->oh * geo->ow, m = plan->u.conv.m, mg = m / plan->u.conv.group;
+    int64_t ni = pi / m, o = pi % m;
+    return (s_dw_plane_t) {
+        (const float *) data[plan->in[0]] + (ni * plan->u.conv.c + o / mg) * geo->h * geo->w,
+        (const float *) data[plan->in[1]] + o * geo->kh * geo->kw,
+        res ? res + pi * ohw : NULL, bias ? bias[o] : 0.0f,
+        (float *) data[plan->out] + pi * ohw };
+}
+
 /* The planes on AVX-512 (kiln_kernels_dwconv_avx512.h). */
 static void
 s_dw16_planes (const kiln_kplan_t *plan, const kiln_dw_geo_t *geo, void *const *data,
                int64_t first, int64_t count, float *ws)
 {
-    const float *x = data[plan->in[0]], *wt = data[plan->in[1]];
-    const float *bias = plan->u.conv.bias ? data[plan->in[2]] : NULL;
-    const float *res = plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
-                                               : NULL;
-    float *y = data[plan->out];
-    int64_t hw = geo->h * geo->w, ohw = geo->oh * geo->ow, taps = geo->kh * geo->kw;
-    int64_t mg = plan->u.conv.m / plan->u.conv.group;
-    for (int64_t pl_i = first; pl_i < first + count; pl_i++) {
-        int64_t ni = pl_i / plan->u.conv.m, o = pl_i % plan->u.conv.m;
-        /* Output channel o reads input channel o / mg (one per group). */
-        kiln_dw16_plane (geo, x + (ni * plan->u.conv.c + o / mg) * hw, wt + o * taps,
-                         bias ? bias[o] : 0.0f, res ? res + pl_i * ohw : NULL,
-                         y + pl_i * ohw, ws);
-        kiln_act_apply (y + pl_i * ohw, ohw, plan->epi.act, plan->epi.a, plan->epi.b);
+    for (int64_t pi = first; pi < first + count; pi++) {
+        s_dw_plane_t p = s_dw_plane (plan, geo, data, pi);
+        kiln_dw16_plane (geo, p.x, p.w, p.bias, p.res, p.y, ws);
+        kiln_act_apply (p.y, geo->oh * geo->ow, plan->epi.act, plan->epi.a, plan->epi.b);
+    }
+}
+
+/* Small planes on AVX-512, sixteen at a time (kiln_dwc16_planes). */
+static void
+s_dwc16_planes (const kiln_kplan_t *plan, const kiln_dw_geo_t *geo, void *const *data,
+                int64_t first, int64_t count, float *ws)
+{
+    for (int64_t p0 = first; p0 < first + count; p0 += 16) {
+        int nl = first + count - p0 < 16 ? (int) (first + count - p0) : 16;
+        const float *xs[16], *wl[16], *rs[16];
+        float *ys[16], bs[16];
+        for (int l = 0; l < nl; l++) {
+            s_dw_plane_t p = s_dw_plane (plan, geo, data, p0 + l);
+            xs[l] = p.x;
+            wl[l] = p.w;
+            bs[l] = p.bias;
+            rs[l] = p.res;
+            ys[l] = p.y;
+        }
+        kiln_dwc16_planes (geo, nl, xs, wl, bs, plan->epi.residual >= 0 ? rs : NULL, ys,
+                           plan->epi.act, plan->epi.a, plan->epi.b, ws);
     }
 }
 
@@ -254,6 +297,11 @@ KILN_VCLONES static void
 s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
              int64_t count, float *ws)
 {
+    kiln_dw_geo_t g16 = s_dw_geo16 (plan);
+    if (kiln_dwc16_fits (&g16)) {
+        s_dwc16_planes (plan, &g16, data, first, count, ws);
+        return;
+    }
     if (s_dw_lanes (plan)) {
         s_dw_planes_lanes (plan, data, first, count, ws);
         return;
@@ -381,5 +429,7 @@ void
 kiln_kdw_run (const kiln_kplan_t *plan, void *const *data)
 {
     int64_t planes = plan->u.conv.n * plan->u.conv.m;
-    kiln_kplanes_run (s_dw_planes, plan, data, planes, s_dw_lanes (plan) ? S_DW_LANES : 1);
+    kiln_dw_geo_t g16 = s_dw_geo16 (plan);
+    bool lanes = s_dw_lanes (plan) || kiln_dwc16_fits (&g16);
+    kiln_kplanes_run (s_dw_planes, plan, data, planes, lanes ? S_DW_LANES : 1);
 }

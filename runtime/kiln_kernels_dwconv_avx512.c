@@ -24,6 +24,7 @@
 #endif
 
 #include "runtime/kiln_gemm.h"
+#include "runtime/kiln_vmath.h"
 
 #define S_ROWS 8                /* output rows summed at once */
 
@@ -54,16 +55,21 @@ kiln_dw16_ws_floats (const kiln_dw_geo_t *g)
     return s_padded (g) ? s_pad_h (g) * s_pad_w (g) : g->w;
 }
 
+/* The engine runs AVX-512 (not forced narrower by KILN_RT_ISA). */
+static bool
+s_avx512 (void)
+{
+#if defined(__x86_64__)
+    return strcmp (kiln_gemm_isa (), "avx512") == 0;
+#else
+    return false;
+#endif
+}
+
 bool
 kiln_dw16_fits (const kiln_dw_geo_t *g)
 {
-#if defined(__x86_64__)
-    return (s_padded (g) || g->sw == 2) && g->ow >= 8 && g->oh >= 1
-           && strcmp (kiln_gemm_isa (), "avx512") == 0;
-#else
-    (void) g;
-    return false;
-#endif
+    return (s_padded (g) || g->sw == 2) && g->ow >= 8 && g->oh >= 1 && s_avx512 ();
 }
 
 #if defined(__x86_64__)
@@ -226,6 +232,241 @@ kiln_dw16_plane (const kiln_dw_geo_t *g, const float *x, const float *w, float b
                  const float *res, float *y, float *ws)
 {
     (void) g, (void) x, (void) w, (void) bias, (void) res, (void) y, (void) ws;
+}
+
+#endif
+
+/* --- sixteen planes at once, for small planes ----------------------- */
+
+/* The padded extents of the lane layout: every input element has a
+ * place, and so does every element a window reaches. */
+static void
+s_c16_extent (const kiln_dw_geo_t *g, int64_t *hp, int64_t *wp)
+{
+    int64_t need_h = (g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1;
+    int64_t need_w = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1;
+    *hp = g->h + g->pt > need_h ? g->h + g->pt : need_h;
+    *wp = g->w + g->pl > need_w ? g->w + g->pl : need_w;
+}
+
+int64_t
+kiln_dwc16_ws_floats (const kiln_dw_geo_t *g)
+{
+    int64_t hp, wp;
+    s_c16_extent (g, &hp, &wp);
+    /* lanes, weights, bias, a tail of 16 x 16, a spare output plane, and
+     * alignment */
+    return (hp * wp + g->kh * g->kw + 1) * 16 + 256 + g->oh * g->ow + 16;
+}
+
+bool
+kiln_dwc16_fits (const kiln_dw_geo_t *g)
+{
+    int64_t hp, wp;
+    s_c16_extent (g, &hp, &wp);
+    return g->oh * g->ow <= KILN_DWC16_MAX_OUT && hp * wp <= 4 * KILN_DWC16_MAX_OUT
+           && s_avx512 ();
+}
+
+#if defined(__x86_64__)
+
+/* r[i][j] = r[j][i]: a 16 x 16 block of floats, one row a register. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_tr16 (__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps (r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps (r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd (t[4 * i]), b = _mm512_castps_pd (t[4 * i + 2]);
+        __m512d c = _mm512_castps_pd (t[4 * i + 1]), d = _mm512_castps_pd (t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps (_mm512_unpacklo_pd (a, b));
+        r[4 * i + 1] = _mm512_castpd_ps (_mm512_unpackhi_pd (a, b));
+        r[4 * i + 2] = _mm512_castpd_ps (_mm512_unpacklo_pd (c, d));
+        r[4 * i + 3] = _mm512_castpd_ps (_mm512_unpackhi_pd (c, d));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4 (r[i], r[4 + i], 0x88);
+        t[4 + i] = _mm512_shuffle_f32x4 (r[i], r[4 + i], 0xdd);
+        t[8 + i] = _mm512_shuffle_f32x4 (r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4 (r[8 + i], r[12 + i], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4 (t[i], t[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_f32x4 (t[i], t[8 + i], 0xdd);
+        r[4 + i] = _mm512_shuffle_f32x4 (t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4 (t[4 + i], t[12 + i], 0xdd);
+    }
+}
+
+/* Sixteen outputs from position q0 on (n of them; the others are not
+ * used), each lane's taps in row-major order.  The taps are the outer
+ * loop: sixteen independent sums, so that the multiply-adds never wait
+ * on each other.  KH and KW constant when inlined with constants. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_c16_outputs (const kiln_dw_geo_t *g, const float *t, int64_t wp, const float *wv,
+               __m512 bv, int64_t q0, int n, int64_t KH, int64_t KW, __m512 acc[16])
+{
+    const float *base[16];
+    int64_t r = q0 / g->ow, c = q0 % g->ow;
+    for (int j = 0; j < 16; j++) {
+        base[j] = j < n ? t + (r * g->sh * wp + c * g->sw) * 16 : t;
+        if (++c == g->ow) {
+            c = 0;
+            r++;
+        }
+        acc[j] = bv;
+    }
+#pragma GCC unroll 7
+    for (int64_t i = 0; i < KH; i++)
+#pragma GCC unroll 7
+        for (int64_t k = 0; k < KW; k++) {
+            __m512 w = _mm512_load_ps (wv + (i * KW + k) * 16);
+            int64_t off = (i * g->dh * wp + k * g->dw) * 16;
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++)
+                acc[j] = _mm512_fmadd_ps (w, _mm512_load_ps (base[j] + off), acc[j]);
+        }
+}
+
+/* Lane l's sixteen outputs from `at` (acc[l] after the transpose): the
+ * residual, the simple activations (NaN kept: max and min return their
+ * second operand when either is NaN), stored where `keep` says.  RES and
+ * ACT constant when inlined with constants. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_c16_store (__m512 acc[16], float *const y[16], const float *const res[16], int64_t at,
+             __mmask16 keep, bool RES, kiln_act_t ACT, __m512 lo, __m512 hi)
+{
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; l++) {
+        __m512 v = acc[l];
+        if (RES)
+            v = _mm512_add_ps (v, _mm512_loadu_ps (res[l] + at));
+        if (ACT == KILN_ACT_RELU)
+            v = _mm512_max_ps (_mm512_setzero_ps (), v);
+        else if (ACT == KILN_ACT_CLIP)
+            v = _mm512_min_ps (hi, _mm512_max_ps (lo, v));
+        _mm512_mask_storeu_ps (y[l] + at, keep, v);
+    }
+}
+
+__attribute__ ((target ("avx512f"))) void
+kiln_dwc16_planes (const kiln_dw_geo_t *g, int nl, const float *const x_[16],
+                   const float *const w_[16], const float bias[16],
+                   const float *const res_[16], float *const y_[16], kiln_act_t act,
+                   float act_a, float act_b, float *ws)
+{
+    int64_t hp, wp, taps = g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
+    s_c16_extent (g, &hp, &wp);
+    float *t = (float *) (((uintptr_t) ws + 63) & ~(uintptr_t) 63);
+    float *wv = t + hp * wp * 16, *tail = wv + (taps + 1) * 16, *spare = tail + 256;
+    /* Lanes past nl repeat lane 0's input and write to `spare` (or, for
+     * a plane under 16, to `tail`): every loop runs over all sixteen. */
+    const float *x[16], *w[16], *res[16];
+    float *y[16];
+    for (int l = 0; l < 16; l++) {
+        bool in = l < nl;
+        x[l] = x_[in ? l : 0];
+        w[l] = w_[in ? l : 0];
+        res[l] = res_ ? res_[in ? l : 0] : NULL;
+        y[l] = in ? y_[l] : spare;
+    }
+    memset (t, 0, (size_t) (hp * wp * 16) * sizeof *t);
+    for (int64_t k = 0; k < taps; k++)
+        for (int l = 0; l < 16; l++)
+            wv[k * 16 + l] = w[l][k];
+    for (int l = 0; l < 16; l++)
+        wv[taps * 16 + l] = l < nl ? bias[l] : 0.0f;
+    /* the input, 16 positions of the 16 planes at a time, transposed into
+     * [row][column][lane]; the last 16 of a plane read where the previous
+     * ones ended or before (whole vectors in the plane: masked loads
+     * with most lanes off are slow on this CPU), a plane under 16 from a
+     * copy */
+    __m512 r[16];
+    for (int64_t p0 = 0; p0 < hw; p0 += 16) {
+        int64_t at = hw >= 16 && p0 + 16 > hw ? hw - 16 : p0;
+        if (hw >= 16) {
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++)
+                r[l] = _mm512_loadu_ps (x[l] + at);
+        } else {
+            for (int l = 0; l < 16; l++) {
+                memset (tail, 0, 16 * sizeof *tail);
+                memcpy (tail, x[l], (size_t) hw * sizeof *tail);
+                r[l] = _mm512_load_ps (tail);
+            }
+        }
+        s_tr16 (r);
+        int n = hw < 16 ? (int) hw : 16;
+        int64_t ih = at / g->w, iw = at % g->w;
+        for (int j = 0; j < n; j++) {
+            _mm512_store_ps (t + ((ih + g->pt) * wp + iw + g->pl) * 16, r[j]);
+            if (++iw == g->w) {
+                iw = 0;
+                ih++;
+            }
+        }
+    }
+    __m512 bv = _mm512_load_ps (wv + taps * 16);
+    __m512 lo = _mm512_set1_ps (act_a), hi = _mm512_set1_ps (act_b);
+    kiln_act_t inl = act == KILN_ACT_RELU || act == KILN_ACT_CLIP ? act : KILN_ACT_NONE;
+    for (int64_t q0 = 0; q0 < ohw; q0 += 16) {
+        /* the last 16 of a plane end where it ends; only the outputs not
+         * stored yet are (the residual may be read where Y is written) */
+        int64_t at = ohw >= 16 && q0 + 16 > ohw ? ohw - 16 : q0;
+        int n = ohw < 16 ? (int) ohw : 16;
+        __mmask16 keep = (__mmask16) (0xffffu << (q0 - at));
+        __m512 acc[16];
+        if (g->kh == 3 && g->kw == 3)
+            s_c16_outputs (g, t, wp, wv, bv, at, n, 3, 3, acc);
+        else if (g->kh == 5 && g->kw == 5)
+            s_c16_outputs (g, t, wp, wv, bv, at, n, 5, 5, acc);
+        else
+            s_c16_outputs (g, t, wp, wv, bv, at, n, g->kh, g->kw, acc);
+        s_tr16 (acc);
+        if (n < 16) {
+            /* a plane under 16 outputs: by way of `tail` */
+            for (int l = 0; l < nl; l++) {
+                _mm512_store_ps (tail, acc[l]);
+                for (int j = 0; j < n; j++) {
+                    float o = tail[j] + (res[l] ? res[l][j] : 0.0f);
+                    if (inl == KILN_ACT_RELU)
+                        o = o < 0.0f ? 0.0f : o;
+                    else if (inl == KILN_ACT_CLIP)
+                        o = o < act_a ? act_a : o > act_b ? act_b : o;
+                    y[l][j] = o;
+                }
+            }
+            continue;
+        }
+        bool rs = res[0] != NULL;
+        if (inl == KILN_ACT_RELU)
+            rs ? s_c16_store (acc, y, res, at, keep, true, KILN_ACT_RELU, lo, hi)
+               : s_c16_store (acc, y, res, at, keep, false, KILN_ACT_RELU, lo, hi);
+        else if (inl == KILN_ACT_CLIP)
+            rs ? s_c16_store (acc, y, res, at, keep, true, KILN_ACT_CLIP, lo, hi)
+               : s_c16_store (acc, y, res, at, keep, false, KILN_ACT_CLIP, lo, hi);
+        else
+            rs ? s_c16_store (acc, y, res, at, keep, true, KILN_ACT_NONE, lo, hi)
+               : s_c16_store (acc, y, res, at, keep, false, KILN_ACT_NONE, lo, hi);
+    }
+    if (inl != act)
+        for (int l = 0; l < nl; l++)
+            kiln_act_apply (y[l], ohw, act, act_a, act_b);
+}
+
+#else
+
+void
+kiln_dwc16_planes (const kiln_dw_geo_t *g, int nl, const float *const x[16],
+                   const float *const w[16], const float bias[16],
+                   const float *const res[16], float *const y[16], kiln_act_t act,
+                   float act_a, float act_b, float *ws)
+{
+    (void) g, (void) nl, (void) x, (void) w, (void) bias, (void) res, (void) y;
+    (void) act, (void) act_a, (void) act_b, (void) ws;
 }
 
 #endif

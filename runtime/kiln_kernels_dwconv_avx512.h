@@ -12,6 +12,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/kiln_program.h"
+
 typedef struct {
     int64_t h, w;               /* input plane */
     int64_t oh, ow;             /* output plane */
@@ -33,5 +35,21 @@ void kiln_dw16_plane (const kiln_dw_geo_t *g, const float *x, const float *w, fl
 
 /* Floats of workspace kiln_dw16_plane needs. */
 int64_t kiln_dw16_ws_floats (const kiln_dw_geo_t *g);
+
+/* Small planes sixteen at a time, one plane a lane of a vector: the
+ * inputs transposed into a zero-padded [row][column][lane] block, every
+ * tap one multiply-add for sixteen planes, the outputs transposed back.
+ * For output planes up to KILN_DWC16_MAX_OUT elements (there the plane
+ * at a time path spends most of its time on a plane's fixed costs) on
+ * AVX-512. */
+#define KILN_DWC16_MAX_OUT 1024
+bool kiln_dwc16_fits (const kiln_dw_geo_t *g);
+int64_t kiln_dwc16_ws_floats (const kiln_dw_geo_t *g);
+/* Planes 0 .. nl - 1 (nl <= 16): y[l] = act (bias[l] + Σ taps w[l] ·
+ * x[l] (+ res[l] when res and res[l] are not NULL)). */
+void kiln_dwc16_planes (const kiln_dw_geo_t *g, int nl, const float *const x[16],
+                        const float *const w[16], const float bias[16],
+                        const float *const res[16], float *const y[16], kiln_act_t act,
+                        float act_a, float act_b, float *ws);
 
 #endif

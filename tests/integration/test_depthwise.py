@@ -3,7 +3,9 @@
 16-column vectors and 8-row blocks of the AVX-512 planes
 (runtime/kiln_kernels_dwconv_avx512.c), strides 1 and 2, dilations, channel
 multipliers, non-square kernels, fused activations and residuals, and the
-shapes that stay on the portable loops.  Each output within 1e-4 of
+shapes that stay on the portable loops; small planes, which AVX-512 runs
+sixteen at a time, with a last group of fewer than sixteen, groups that
+span two images of a batch, and planes of fewer than sixteen elements.  Each output within 1e-4 of
 torch's largest magnitude.
 """
 
@@ -37,7 +39,8 @@ class Depthwise(torch.nn.Module):
         return self.act(y + x) if self.residual else self.act(y)
 
 
-# c, h, w, multiplier, kernel, stride, dilation, padding, activation, residual:
+# c, h, w, multiplier, kernel, stride, dilation, padding, activation, residual
+# (and the batch, 1 unless given):
 # widths around the 16-column vectors and the 8-row blocks of the AVX-512
 # planes (runtime/kiln_kernels_dwconv_avx512.c), strides 1 and 2, dilations, a non-square
 # kernel and the shapes that stay on the portable loops (dilated stride 1,
@@ -56,16 +59,22 @@ DEPTHWISE = [
     (5, 19, 36, 1, 3, 1, 2, 2, torch.nn.ReLU(), False),
     (4, 18, 18, 1, 4, 1, 1, 1, None, False),
     (4, 6, 6, 1, 3, 1, 1, 1, None, True),
+    # sixteen planes at a time: 40 planes over a batch of 2 (a group
+    # spanning both images, a last group of 8), planes under 16 elements,
+    # a channel multiplier with stride 2
+    (20, 7, 7, 1, 3, 1, 1, 1, torch.nn.ReLU6(), True, 2),
+    (18, 3, 4, 1, 3, 1, 1, 1, torch.nn.ReLU(), False),
+    (6, 9, 10, 2, 3, 2, 1, 1, torch.nn.Hardswish(), False),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(DEPTHWISE)))
 def test_depthwise_matches_torch_on_every_isa(workdir, case):
-    c, h, w, mult, k, stride, dilation, pad, act, residual = DEPTHWISE[case]
+    c, h, w, mult, k, stride, dilation, pad, act, residual, *batch = DEPTHWISE[case]
     torch.manual_seed(case)
     model = Depthwise(c, mult, k, stride, dilation, pad, act, residual).eval()
     name = f"depthwise{case}"
-    want, kgraph, xpath = export(workdir, name, model, torch.randn(1, c, h, w) * 2)
+    want, kgraph, xpath = export(workdir, name, model, torch.randn(batch[0] if batch else 1, c, h, w) * 2)
     kar = compile_kar(workdir, kgraph, f"{name}.kar", "--optlevel 3")
     scale = float(np.abs(want).max())
     for env in [{"KILN_RT_ISA": isa} for isa in isas()] + [{"KILN_RT_THREADS": "2"}]:
