@@ -846,15 +846,24 @@ s_wino_tile (int64_t oh, int64_t ow)
 
 /* A convolution's product runs transposed (output positions as the rows
  * of the engine's 8 × 32 tiles, output channels along the 32) when that
- * computes clearly fewer padding elements: a 7×7 output is 49 positions,
- * 56 as rows but 64 as columns; a 14×14 one 200 against 224. */
+ * computes clearly fewer padding elements (a 7×7 output is 49 positions,
+ * 56 as rows but 64 as columns; a 14×14 one 200 against 224) and each
+ * output sums enough products (k, the input channels times the kernel's
+ * taps) to pay for its transposed store and for gathering the input's
+ * positions into rows: k of 512, or 128 on planes of 64 positions or
+ * fewer, whose columns would be mostly padding (49 in 64).  Measured on
+ * one-op models, pointwise: transposed wins from k = 512 (512→2048 at
+ * 7×7: 0.55 against 0.71 ms; 960→160: 0.090 against 0.110), is level
+ * from 160 to 576 at 14×14, and loses below (64→384 at 14×14: 0.085
+ * against 0.060 ms; 96→576: 0.165 against 0.129); in mobilenet_v2,
+ * 320→1280 at 7×7 took 0.29 ms transposed and 0.49 ms not. */
 static bool
-s_conv_trans (int64_t mg, int64_t positions)
+s_conv_trans (int64_t mg, int64_t positions, int64_t k)
 {
     int64_t mr = KILN_PACK_MR, nr = KILN_PACK_NR;
     int64_t normal = (positions + nr - 1) / nr * nr * ((mg + mr - 1) / mr * mr);
     int64_t trans = (positions + mr - 1) / mr * mr * ((mg + nr - 1) / nr * nr);
-    return trans * 20 < normal * 19;
+    return (k >= 512 || (k >= 128 && positions <= 64)) && trans * 20 < normal * 19;
 }
 
 /* Winograd-T (the tiles as the rows of the engine's tiles, in panels of
@@ -1553,7 +1562,7 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         positions = ps->dims[2] * ps->dims[3];
     }
     bool trans = pack && (wino ? s_wino_trans (c, m, w.out[0], w.out[1], tile)
-                               : s_conv_trans (m / group, positions));
+                               : s_conv_trans (m / group, positions, per));
     float *wfold = NULL, *bfold = NULL;
     if (f->bn >= 0 && (rc = s_fold_bn (cx, f->bn, wdata, bdata, m, per, &wfold,
                                        &bfold, err)))
