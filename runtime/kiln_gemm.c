@@ -434,6 +434,44 @@ s_task (void *arg, int task, int worker)
 }
 
 
+/* --- one row against a packed weight ------------------------------- */
+
+/* A single row of A against a packed float weight B (a batch-1
+ * classifier; a squeeze-and-excitation's small convolutions, run
+ * transposed: one position, C written as a column): the tiles
+ * would compute 7 rows of zeros for each real one, and B, read once, is
+ * the whole cost.  Tasks of KILN_GGEMV_PANELS column panels, streamed side
+ * by side from memory; each panel's k sum in one run, so the results do
+ * not depend on the thread count either. */
+static bool
+s_gemv (const kiln_gemm_t *g)
+{
+    return kiln_gisa.fin_avx512 && g->m == 1 && g->k > 0
+           && g->a.kind == KILN_GSRC_STRIDED && g->b.kind == KILN_GSRC_PACKED
+           && !g->b_half;
+}
+
+static void
+s_gemv_task (void *arg, int task, int worker)
+{
+    (void) worker;
+#if defined(__x86_64__)
+    const kiln_gemm_t *g = arg;
+    int64_t panels = (g->n + NR - 1) / NR, p0 = (int64_t) task * KILN_GGEMV_PANELS;
+    int np = (int) s_min (KILN_GGEMV_PANELS, panels - p0);
+    float out[KILN_GGEMV_PANELS * NR];
+    float tile[MR * NR] __attribute__ ((aligned (64)));
+    kiln_ggemv_avx512 (g->k, g->a.p, g->a.cs, g->b.p + p0 * g->k * NR, np, out);
+    for (int q = 0; q < np; q++) {
+        int64_t j = (p0 + q) * NR;
+        memcpy (tile, out + q * NR, NR * sizeof *tile);
+        kiln_gfinish (g, tile, 0, j, 1, s_min (NR, g->n - j), false, true);
+    }
+#else
+    (void) arg, (void) task;
+#endif
+}
+
 void
 kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count)
 {
@@ -444,6 +482,12 @@ kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count)
     get (ctx, 0, &g);
     if (g.m == 0 || g.n == 0)
         return;
+    if (count == 1 && s_gemv (&g)) {
+        int64_t panels = (g.n + NR - 1) / NR;
+        kiln_exec_parallel (s_gemv_task, &g,
+                            (int) ((panels + KILN_GGEMV_PANELS - 1) / KILN_GGEMV_PANELS));
+        return;
+    }
     s_run_t r = { .get = get, .ctx = ctx };
     s_blocking (&g, count, kiln_exec_threads (), &r.bl);
     size_t bytes;

@@ -485,3 +485,48 @@ kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
 }
 
 #endif
+
+/* Panels 0 .. NP - 1 of kiln_ggemv_avx512, NP constant when inlined. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_gemv_panels (int64_t k, const float *a, int64_t as, const float *b, float *out,
+               const int NP)
+{
+    __m512 c[KILN_GGEMV_PANELS][2];
+#pragma GCC unroll 4
+    for (int q = 0; q < NP; q++)
+        c[q][0] = c[q][1] = _mm512_setzero_ps ();
+    for (int64_t kk = 0; kk < k; kk++) {
+        __m512 x = _mm512_set1_ps (a[kk * as]);
+#pragma GCC unroll 4
+        for (int q = 0; q < NP; q++) {
+            const float *bq = b + (q * k + kk) * NR;
+            c[q][0] = _mm512_fmadd_ps (x, _mm512_loadu_ps (bq), c[q][0]);
+            c[q][1] = _mm512_fmadd_ps (x, _mm512_loadu_ps (bq + 16), c[q][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < NP; q++) {
+        _mm512_storeu_ps (out + q * NR, c[q][0]);
+        _mm512_storeu_ps (out + q * NR + 16, c[q][1]);
+    }
+}
+
+__attribute__ ((target ("avx512f"))) void
+kiln_ggemv_avx512 (int64_t k, const float *a, int64_t as, const float *b, int np,
+                   float *out)
+{
+    switch (np) {
+    case 1:
+        s_gemv_panels (k, a, as, b, out, 1);
+        break;
+    case 2:
+        s_gemv_panels (k, a, as, b, out, 2);
+        break;
+    case 3:
+        s_gemv_panels (k, a, as, b, out, 3);
+        break;
+    default:
+        s_gemv_panels (k, a, as, b, out, 4);
+        break;
+    }
+}

@@ -125,6 +125,13 @@ kiln_gfinish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j
                      int64_t mr, int64_t nr, bool acc, bool last);
 __attribute__ ((target ("avx512f"))) void
 kiln_gact_apply_avx512 (float *v, int64_t n, kiln_act_t act, float a, float b);
+/* One row a (element kk at a[kk·as]) times `np` (at most KILN_GGEMV_PANELS)
+ * packed B panels of k steps from b on: out[q·NR + c] for panel q,
+ * column c.  The panels stream side by side, one sum per half panel. */
+#define KILN_GGEMV_PANELS 4
+__attribute__ ((target ("avx512f"))) void
+kiln_ggemv_avx512 (int64_t k, const float *a, int64_t as, const float *b, int np,
+                   float *out);
 
 /* Eight rows of eight floats into eight columns. */
 __attribute__ ((target ("avx2"))) static inline __attribute__ ((always_inline)) void

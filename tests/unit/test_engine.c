@@ -774,20 +774,32 @@ START_TEST (test_fused_packed_convolution_matches_o0)
     kiln_program_destroy (&p);
     kiln_graph_destroy (&g);
 
-    /* 7×7 outputs: both products run transposed (conv-packed-T weights,
-     * `transposed`), the 3x3 one with the residual and relu fused */
-    g = s_conv_block (24, 64, 14, 14, 1, 2, 1);
-    p = s_check_against_o0 (g, 2, 1e-5, "conv block with 7x7 outputs");
-    ck_assert_int_eq (p->n_ops, 2);
-    for (int i = 0; i < p->n_ops; i++) {
-        bool trans = false;
-        for (int j = 0; j < p->ops[i].n_params; j++)
-            if (strcmp (p->ops[i].params[j].name, "transposed") == 0)
-                trans = p->ops[i].params[j].i == 1;
-        ck_assert_msg (trans, "op %d is not a transposed product", i);
+    /* 7×7 outputs: the 3x3 product (k = 24 · 9 = 216 sums an output)
+     * runs transposed (conv-packed-T weights, `transposed`), with the
+     * residual and relu fused; the 1x1 one (k = 24) does not: too few
+     * products an output to pay for the transposed store.  With 160
+     * input channels both do. */
+    for (int wide = 0; wide < 2; wide++) {
+        g = s_conv_block (wide ? 160 : 24, 64, 14, 14, 1, 2, 1);
+        p = s_check_against_o0 (g, 2, 1e-5, "conv block with 7x7 outputs");
+        ck_assert_int_eq (p->n_ops, 2);
+        for (int i = 0; i < p->n_ops; i++) {
+            bool trans = false;
+            int64_t kh = 0;
+            for (int j = 0; j < p->ops[i].n_params; j++) {
+                const kiln_prog_param_t *pp = &p->ops[i].params[j];
+                if (strcmp (pp->name, "transposed") == 0)
+                    trans = pp->i == 1;
+                if (strcmp (pp->name, "kernel") == 0)
+                    kh = pp->ints[0];
+            }
+            ck_assert_msg (trans == (wide || kh == 3), "op %d (%dx%d, %s): transposed %d",
+                           i, (int) kh, (int) kh,
+                           wide ? "160 channels in" : "24 channels in", trans);
+        }
+        kiln_program_destroy (&p);
+        kiln_graph_destroy (&g);
     }
-    kiln_program_destroy (&p);
-    kiln_graph_destroy (&g);
 }
 END_TEST
 
