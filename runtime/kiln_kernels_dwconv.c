@@ -28,19 +28,14 @@ typedef struct {
     int64_t slack;              /* reads past a phase's last row */
 } s_dw_geo_t;
 
+static kiln_dw_geo_t s_dw_geo16 (const kiln_kplan_t *plan);
+
 static void
 s_dw_geometry (const kiln_kplan_t *plan, s_dw_geo_t *g)
 {
     int64_t sh = plan->u.conv.sh, sw = plan->u.conv.sw;
-    /* rows and columns the windows reach, from -pt / -pl */
-    int64_t need_h = (plan->u.conv.oh - 1) * sh + (plan->u.conv.kh - 1) * plan->u.conv.dh + 1;
-    int64_t need_w = (plan->u.conv.ow - 1) * sw + (plan->u.conv.kw - 1) * plan->u.conv.dw + 1;
-    g->hp = plan->u.conv.h + plan->u.conv.pt;
-    g->wp = plan->u.conv.w + plan->u.conv.pl;
-    if (g->hp < need_h)
-        g->hp = need_h;
-    if (g->wp < need_w)
-        g->wp = need_w;
+    kiln_dw_geo_t geo = s_dw_geo16 (plan);
+    kiln_dw_extent (&geo, &g->hp, &g->wp);
     g->hq = (g->hp + sh - 1) / sh;
     g->wq = (g->wp + sw - 1) / sw;
     g->phase = g->hq * g->wq;
@@ -63,22 +58,22 @@ s_dw_geo16 (const kiln_kplan_t *plan)
 size_t
 kiln_kdw_ws_floats (const kiln_kplan_t *plan)
 {
-    kiln_dw_geo_t g16 = s_dw_geo16 (plan);
-    if (s_dw_lanes (plan)) {
-        size_t lanes = s_dw_lanes_ws_floats (plan);
-        size_t c16 = (size_t) kiln_dwc16_ws_floats (&g16);
-        return kiln_dwc16_fits (&g16) && c16 > lanes ? c16 : lanes;
-    }
-    s_dw_geo_t g;
-    s_dw_geometry (plan, &g);
-    size_t loops = (size_t) (plan->u.conv.sh * plan->u.conv.sw * g.phase + g.slack + g.acc);
-    /* room for either path: the ISA is chosen when the model runs */
+    /* room for every path the plane may take: the ISA is chosen when the
+     * model runs */
     kiln_dw_geo_t geo = s_dw_geo16 (plan);
-    size_t wide = (size_t) kiln_dw16_ws_floats (&geo);
-    if (wide < loops)
-        wide = loops;
+    size_t need;
+    if (s_dw_lanes (plan)) {
+        need = s_dw_lanes_ws_floats (plan);
+    } else {
+        s_dw_geo_t g;
+        s_dw_geometry (plan, &g);
+        need = (size_t) (plan->u.conv.sh * plan->u.conv.sw * g.phase + g.slack + g.acc);
+        size_t wide = (size_t) kiln_dw16_ws_floats (&geo);
+        if (wide > need)
+            need = wide;
+    }
     size_t c16 = (size_t) kiln_dwc16_ws_floats (&geo);
-    return kiln_dwc16_fits (&geo) && c16 > wide ? c16 : wide;
+    return kiln_dwc16_fits (&geo) && c16 > need ? c16 : need;
 }
 
 /* ac[k] = bv + Σ w[i]·t_i[k]: nine taps in one pass; the accumulators

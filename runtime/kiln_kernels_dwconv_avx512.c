@@ -24,7 +24,6 @@
 #endif
 
 #include "runtime/kiln_gemm.h"
-#include "runtime/kiln_vmath.h"
 
 #define S_ROWS 8                /* output rows summed at once */
 
@@ -238,10 +237,8 @@ kiln_dw16_plane (const kiln_dw_geo_t *g, const float *x, const float *w, float b
 
 /* --- sixteen planes at once, for small planes ----------------------- */
 
-/* The padded extents of the lane layout: every input element has a
- * place, and so does every element a window reaches. */
-static void
-s_c16_extent (const kiln_dw_geo_t *g, int64_t *hp, int64_t *wp)
+void
+kiln_dw_extent (const kiln_dw_geo_t *g, int64_t *hp, int64_t *wp)
 {
     int64_t need_h = (g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1;
     int64_t need_w = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1;
@@ -253,7 +250,7 @@ int64_t
 kiln_dwc16_ws_floats (const kiln_dw_geo_t *g)
 {
     int64_t hp, wp;
-    s_c16_extent (g, &hp, &wp);
+    kiln_dw_extent (g, &hp, &wp);
     /* lanes, weights, bias, a tail of 16 x 16, a spare output plane, and
      * alignment */
     return (hp * wp + g->kh * g->kw + 1) * 16 + 256 + g->oh * g->ow + 16;
@@ -263,7 +260,7 @@ bool
 kiln_dwc16_fits (const kiln_dw_geo_t *g)
 {
     int64_t hp, wp;
-    s_c16_extent (g, &hp, &wp);
+    kiln_dw_extent (g, &hp, &wp);
     return g->oh * g->ow <= KILN_DWC16_MAX_OUT && hp * wp <= 4 * KILN_DWC16_MAX_OUT
            && s_avx512 ();
 }
@@ -359,7 +356,7 @@ kiln_dwc16_planes (const kiln_dw_geo_t *g, int nl, const float *const x_[16],
                    float act_a, float act_b, float *ws)
 {
     int64_t hp, wp, taps = g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
-    s_c16_extent (g, &hp, &wp);
+    kiln_dw_extent (g, &hp, &wp);
     float *t = (float *) (((uintptr_t) ws + 63) & ~(uintptr_t) 63);
     float *wv = t + hp * wp * 16, *tail = wv + (taps + 1) * 16, *spare = tail + 256;
     /* Lanes past nl repeat lane 0's input and write to `spare` (or, for

@@ -36,6 +36,10 @@ void kiln_dw16_plane (const kiln_dw_geo_t *g, const float *x, const float *w, fl
 /* Floats of workspace kiln_dw16_plane needs. */
 int64_t kiln_dw16_ws_floats (const kiln_dw_geo_t *g);
 
+/* The zero-padded plane the windows read: every input element has a
+ * place (at pt, pl), and so does every element a window reaches. */
+void kiln_dw_extent (const kiln_dw_geo_t *g, int64_t *hp, int64_t *wp);
+
 /* Small planes sixteen at a time, one plane a lane of a vector: the
  * inputs transposed into a zero-padded [row][column][lane] block, every
  * tap one multiply-add for sixteen planes, the outputs transposed back.
