@@ -48,7 +48,9 @@ s_conv_flops (const kiln_program_t *p, const kiln_prog_op_t *op)
     int64_t group = s_int (op, "group", 1);
     if (group < 1)
         group = 1;
-    double c = (double) x->dims[1] / (double) group;
+    /* a channels-last X ("layout" bit 0) is [N, H, W, C] */
+    double c = (double) x->dims[(s_int (op, "layout", 0) & 1) && x->rank == 4 ? 3 : 1]
+               / (double) group;
     return 2.0 * s_numel (y) * c * s_ints_product (op, "kernel");
 }
 

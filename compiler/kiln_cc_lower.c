@@ -10,6 +10,7 @@
 #define S_SCRATCH_MIN_BYTES (1u << 20)   /* made weights this big go to the scratch file */
 #include "common/kiln_pack.h"
 #include "compiler/kiln_cc_fuse.h"
+#include "compiler/kiln_cc_layout.h"
 #include "compiler/kiln_lower_math.h"
 #include "compiler/kiln_lower_shape.h"
 
@@ -62,8 +63,9 @@ kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
     cx->producer = malloc ((size_t) (g->n_tensors + 1) * sizeof *cx->producer);
     cx->skip = calloc ((size_t) g->n_nodes + 1, 1);
     cx->fusion = calloc ((size_t) g->n_nodes + 1, sizeof *cx->fusion);
+    cx->cl = calloc ((size_t) g->n_tensors + 1, 1);
     if (!cx->prog || !cx->tmap || !cx->hmap || !cx->producer || !cx->skip
-        || !cx->fusion) {
+        || !cx->fusion || !cx->cl) {
         kiln_cc_ctx_release (cx);
         return kiln_error (err, KILN_ENOMEM, "out of memory");
     }
@@ -93,6 +95,7 @@ kiln_cc_ctx_release (kiln_cc_ctx_t *cx)
     free (cx->producer);
     free (cx->skip);
     free (cx->fusion);
+    free (cx->cl);
     free (cx->storage_of);
     free (cx->st);
     memset (cx, 0, sizeof *cx);
@@ -254,6 +257,22 @@ s_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
 }
 
 /* A new arena tensor for graph tensor `gt`, written by the next op. */
+/* [N, C, H, W] reordered to channels-last [N, H, W, C]. */
+static void
+s_cl_shape (kiln_shape_t *s)
+{
+    int64_t c = s->dims[1];
+    s->dims[1] = s->dims[2];
+    s->dims[2] = s->dims[3];
+    s->dims[3] = c;
+}
+
+void
+kiln_cc_cl_shape (kiln_shape_t *s)
+{
+    s_cl_shape (s);
+}
+
 static int
 s_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
 {
@@ -272,7 +291,10 @@ s_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
     int s = s_storage_new (cx, false, -1, bytes, cx->prog->n_ops, err);
     if (s < 0)
         return s;
-    int pt = s_ptensor (cx, s_dtype (cx, gt), &t->shape, KILN_TK_TEMP, s, err);
+    kiln_shape_t shape = t->shape;
+    if (cx->cl[gt])
+        s_cl_shape (&shape);
+    int pt = s_ptensor (cx, s_dtype (cx, gt), &shape, KILN_TK_TEMP, s, err);
     if (pt < 0)
         return pt;
     cx->tmap[gt] = pt;
@@ -1563,6 +1585,15 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     }
     bool trans = pack && (wino ? s_wino_trans (c, m, w.out[0], w.out[1], tile)
                                : s_conv_trans (m / group, positions, per));
+    /* channels-last X or Y (kiln_cc_layout.h): a depthwise convolution
+     * both ways with its weights tap-major, or a packed-T product */
+    bool x_cl = cx->cl[x], y_cl = cx->cl[f->out >= 0 ? f->out : y];
+    if ((x_cl || y_cl)
+        && (depthwise ? !(x_cl && y_cl && m == c) : !pack || wino || group != 1))
+        return s_fail (cx, KILN_ECOMPILE, err, "channels-last where the "
+                       "convolution cannot take it");
+    if (x_cl || y_cl)
+        trans = pack;
     float *wfold = NULL, *bfold = NULL;
     if (f->bn >= 0 && (rc = s_fold_bn (cx, f->bn, wdata, bdata, m, per, &wfold,
                                        &bfold, err)))
@@ -1596,11 +1627,24 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
             kiln_pack_conv (wdata, m, cg, w.kernel[0], w.ns > 1 ? w.kernel[1] : 1,
                             group, pw);
     }
+    if (!rc && depthwise && x_cl) {
+        /* tap-major: [kh, kw, M] */
+        kiln_shape_t ps = { .rank = 1, .dims = { m * per } };
+        float *pw;
+        if ((packed = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
+            rc = packed;
+        for (int64_t o = 0; !rc && o < m; o++)
+            for (int64_t t = 0; t < per; t++)
+                pw[t * m + o] = wdata[o * per + t];
+    }
     int op = rc ? rc : kiln_cc_emit_conv (cx, node, f, k, packed, wfold, bfold, m, per, err);
     free (wfold);
     free (bfold);
     if (op < 0)
         return op;
+    if ((x_cl || y_cl)
+        && (rc = s_set_int (cx, op, "layout", (x_cl ? 1 : 0) | (y_cl ? 2 : 0), err)))
+        return rc;
     if ((rc = s_set_window (cx, op, &w, err))
         || (rc = s_set_int (cx, op, "group", group, err))
         || (pack && (rc = s_set_int (cx, op, wino ? "winograd" : "packed",
@@ -1723,6 +1767,8 @@ s_lower_gap (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     if (py < 0)
         return py;
     int op = s_emit (cx, k, &px, 1, &py, 1, err);
+    if (op >= 0 && cx->cl[x] && (rc = s_set_int (cx, op, "layout", 1, err)))
+        return rc;
     return op < 0 ? op : 0;
 }
 
@@ -1926,7 +1972,7 @@ kiln_cc_lower (kiln_cc_ctx_t *cx, kiln_err_t *err)
         if (s_half (cx, gt) && (rc = s_widen (cx, gt, cx->hmap[gt], err)) < 0)
             return rc;
     }
-    if ((rc = kiln_cc_fuse (cx, err)))
+    if ((rc = kiln_cc_fuse (cx, err)) || (rc = kiln_cc_layout (cx, err)))
         return rc;
     for (int i = 0; i < g->n_nodes; i++) {
         if (cx->skip[i])

@@ -110,6 +110,9 @@ typedef struct kiln_cc_ctx {
     int *producer;                  /* graph tensor -> node writing it, or -1 */
     uint8_t *skip;                  /* per node: 1 when dead or fused away */
     kiln_cc_fusion_t *fusion;       /* per node (kiln_cc_fuse.h) */
+    uint8_t *cl;                    /* per graph tensor: 1 when the program holds
+                                     * it channels-last, [N, H, W, C]
+                                     * (kiln_cc_layout.h) */
     int scratch_fd;                 /* large made weights live in this file, or -1:
                                      * mapped, their pages given back as more are
                                      * made, so that they are never whole in memory */
@@ -213,6 +216,9 @@ int kiln_cc_round (kiln_cc_ctx_t *cx, int px, int py, kiln_dtype_t dt,
 /* Graph tensor gt is, or will be, computed by the time node `node` runs
  * (a graph input, a constant, or the output of an earlier node). */
 bool kiln_cc_available (const kiln_cc_ctx_t *cx, int gt, int node);
+
+/* A 4-D shape [N, C, H, W] reordered to channels-last [N, H, W, C]. */
+void kiln_cc_cl_shape (kiln_shape_t *s);
 
 /* Lower output 0 of `node` as a view of its input 0 (an alias from -O1,
  * a copy at -O0). */

@@ -274,6 +274,15 @@ kiln_lower_math_arith (kiln_cc_ctx_t *cx, const kiln_node_t *node,
             int m = j - (ys.rank - s[i]->rank);
             d[j] = m >= 0 ? s[i]->dims[m] : 1;
         }
+        /* a channels-last Y (kiln_cc_layout.h): each operand is
+         * channels-last, or one value per channel whose bytes read the
+         * same either way */
+        if (cx->cl[y]) {
+            kiln_shape_t p = { .rank = 4 };
+            memcpy (p.dims, d, sizeof p.dims[0] * 4);
+            kiln_cc_cl_shape (&p);
+            memcpy (d, p.dims, sizeof p.dims[0] * 4);
+        }
         int rc = kiln_prog_op_set_ints (&cx->prog->ops[op], names[i], d, ys.rank, err);
         if (rc)
             return rc;

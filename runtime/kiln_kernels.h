@@ -111,6 +111,8 @@ typedef struct kiln_kplan {
             bool trans;             /* W conv-packed-T: Yᵀ = im2col(X)ᵀ · Wᵀ */
             bool depthwise;         /* one channel per group, direct loops */
             bool pointwise;         /* 1x1, stride 1, unpadded */
+            bool x_cl, y_cl;        /* X / Y (and the residual) channels-last:
+                                     * [N, H, W, C] (op attribute "layout") */
             int64_t wpg;            /* packed W floats per group */
             kiln_gconv_t geo;       /* one group's geometry for kiln_gemm */
             bool winograd;          /* W transformed for F(t×t, 3x3) */
@@ -127,6 +129,8 @@ typedef struct kiln_kplan {
         } pool;
         struct {                    /* global_avgpool */
             int64_t planes, spatial;
+            int64_t c;              /* X channels-last [N, spatial, c]: the
+                                     * channels, else 0 */
         } gap;
         kiln_kmath_plan_t math;     /* kiln_kernels_math.h */
         kiln_kshape_plan_t shape;   /* kiln_kernels_shape.h */

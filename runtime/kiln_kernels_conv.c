@@ -24,9 +24,11 @@ kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (rc)
         return rc;
     kiln_kwin_t w;
-    int64_t group, x[4], y[4], want, tile = 0;
+    int64_t group, x[4], y[4], want, tile = 0, layout = 0;
     bool packed, trans;
-    if ((rc = kiln_kget_window (op, &w, err))
+    if ((kiln_prog_op_has (op, "layout")
+         && (rc = kiln_prog_op_int (op, "layout", &layout, err)))
+        || (rc = kiln_kget_window (op, &w, err))
         || (rc = kiln_prog_op_int (op, "group", &group, err))
         || (rc = kiln_kernel_epilogue (p, op, plan, err))
         || (rc = kiln_kget_packed (op, "packed", &packed, err))
@@ -49,9 +51,20 @@ kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         packed = true;          /* the shape checks of packed weights */
     const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *ty = kiln_ktensor (p, plan->out);
     if (!kiln_knchw (tx, x) || !kiln_knchw (ty, y) || tx->shape.rank != ty->shape.rank
-        || (!packed && kiln_ktensor (p, plan->in[1])->shape.rank != tx->shape.rank))
+        || (!packed && !layout
+            && kiln_ktensor (p, plan->in[1])->shape.rank != tx->shape.rank))
         return kiln_error (err, KILN_EFORMAT, "X, W and Y must all have rank 3 "
                            "or all rank 4");
+    if (layout < 0 || layout > 3 || (layout && tx->shape.rank != 4))
+        return kiln_error (err, KILN_EFORMAT, "layout must be 0..3, and only of "
+                           "rank-4 operands");
+    plan->u.conv.x_cl = layout & 1;
+    plan->u.conv.y_cl = layout & 2;
+    /* channels-last operands are [N, H, W, C]: read them as N, C, H, W */
+    if (plan->u.conv.x_cl)
+        kiln_kcl_dims (x);
+    if (plan->u.conv.y_cl)
+        kiln_kcl_dims (y);
     if (group < 1 || x[1] % group != 0 || y[1] % group != 0 || y[0] != x[0])
         return kiln_error (err, KILN_EFORMAT, "group %lld does not divide %lld "
                            "input and %lld output channels", (long long) group,
@@ -96,6 +109,18 @@ kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.conv.depthwise = !packed && cg == 1 && plan->scratch < 0;
     plan->u.conv.im2col = !packed && !plan->u.conv.depthwise
                           && !plan->u.conv.pointwise;
+    /* Channels-last: a depthwise convolution of one channel per group from
+     * and to channels-last (W tap-major, [kh, kw, M]), or an ungrouped
+     * product with packed-T weights from either layout to either (from
+     * channels-last only when pointwise). */
+    if (layout
+        && !(plan->u.conv.depthwise && layout == 3 && mg == 1)
+        && !(packed && trans && !wino && group == 1
+             && (!plan->u.conv.x_cl || plan->u.conv.pointwise)))
+        return kiln_error (err, KILN_EFORMAT, "layout %lld: channels-last only "
+                           "for a depthwise convolution (both ways) or an "
+                           "ungrouped packed-T product (X only when pointwise)",
+                           (long long) layout);
     if (plan->u.conv.im2col) {
         int64_t need;
         if (!kiln_kmul3 (rows, cols, 1, &need))
@@ -208,24 +233,28 @@ s_conv_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
         /* rows: output positions; columns: this group's output channels */
         g->m = ohw;
         g->n = mg;
-        if (plan->u.conv.pointwise)
+        if (plan->u.conv.x_cl)      /* ungrouped: X's rows are positions */
+            g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, x, plan->u.conv.c, 1, NULL };
+        else if (plan->u.conv.pointwise)
             g->a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, x, 1, hw, NULL };
         else
             g->a = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &plan->u.conv.geo };
         g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED,
                                (const float *) data[plan->in[1]] + gi * plan->u.conv.wpg,
                                0, 0, NULL };
+        /* channels-last Y: C as it is, rows of m (ungrouped) */
+        bool ycl = plan->u.conv.y_cl;
         g->c = (float *) data[plan->out] + yoff;
-        g->ldc = ohw;
-        g->c_trans = true;
+        g->ldc = ycl ? plan->u.conv.m : ohw;
+        g->c_trans = !ycl;
         g->alpha = 1.0f;
         if (plan->u.conv.bias)
             g->add[g->n_add++] = (kiln_gadd_t) {
                 (const float *) data[plan->in[2]] + gi * mg, 0, 1, 1.0f };
         if (plan->epi.residual >= 0)
             g->add[g->n_add++] = (kiln_gadd_t) {
-                (const float *) data[plan->in[plan->epi.residual]] + yoff, 1, ohw,
-                1.0f };
+                (const float *) data[plan->in[plan->epi.residual]] + yoff,
+                ycl ? plan->u.conv.m : 1, ycl ? 1 : ohw, 1.0f };
         g->act = plan->epi.act;
         g->act_a = plan->epi.a;
         g->act_b = plan->epi.b;

@@ -62,6 +62,8 @@ kiln_kdw_ws_floats (const kiln_kplan_t *plan)
      * model runs */
     kiln_dw_geo_t geo = s_dw_geo16 (plan);
     size_t need;
+    if (plan->u.conv.x_cl)
+        return 0;               /* channels-last: in place */
     if (s_dw_lanes (plan)) {
         need = s_dw_lanes_ws_floats (plan);
     } else {
@@ -418,11 +420,180 @@ s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
     }
 }
 
+/* --- channels-last ---------------------------------------------------
+ * X [N, H, W, C], W tap-major [kh, kw, C], Y (and the residual) [N, OH,
+ * OW, C]: the channels lie along the vectors, so every tap of sixteen
+ * outputs is one multiply-add of an input vector and a weight vector,
+ * with no transposes and no padded copies (the window's reach is tested
+ * per output column at the borders only).  Eight output columns are
+ * summed at once where their windows lie inside the row, each tap's
+ * weights loaded once for the eight.  A task is one output row of one
+ * block of S_CL_CHUNK channels. */
+#define S_CL_CHUNK 128
+
+typedef float s_v16 __attribute__ ((vector_size (64), aligned (4)));
+typedef float s_v8 __attribute__ ((vector_size (32), aligned (4)));
+typedef float s_v1 __attribute__ ((vector_size (4), aligned (4)));
+
+typedef struct {
+    const float *x, *w, *bias, *res;
+    float *y;
+    int64_t c, h, w_in, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl;
+} s_cl_t;
+
+/* One output column q of output row r, channels ch .. ch + lanes of V -
+ * 1: window rows ilo .. ihi - 1 and columns jlo .. jhi - 1 in reach. */
+#define S_CL_ONE_FN(name, V)                                                   \
+    static inline __attribute__ ((always_inline)) void                        \
+    name (const s_cl_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi, \
+          int64_t q, int64_t jlo, int64_t jhi, int64_t ch, float *yr, const float *rr) \
+    {                                                                          \
+        V acc = { 0 };                                                         \
+        if (d->bias)                                                           \
+            acc = *(const V *) (d->bias + ch);                                 \
+        for (int64_t i = ilo; i < ihi; i++) {                                  \
+            const float *xr = xn + ((r * d->sh - d->pt + i * d->dh) * d->w_in  \
+                                    + q * d->sw - d->pl) * d->c + ch;          \
+            const float *wr = d->w + i * d->kw * d->c + ch;                    \
+            for (int64_t j = jlo; j < jhi; j++)                                \
+                acc += *(const V *) (xr + j * d->dw * d->c) * *(const V *) (wr + j * d->c); \
+        }                                                                      \
+        if (rr)                                                                \
+            acc += *(const V *) (rr + q * d->c + ch);                          \
+        *(V *) (yr + q * d->c + ch) = acc;                                     \
+    }
+/* Eight output columns q .. q + 7 whose windows lie inside the row: eight
+ * sums at once, each tap's weights loaded once for the eight. */
+#define S_CL_EIGHT_FN(name, V)                                                 \
+    static inline __attribute__ ((always_inline)) void                        \
+    name (const s_cl_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi, \
+          int64_t q, int64_t ch, float *yr, const float *rr)                   \
+    {                                                                          \
+        V b = { 0 };                                                           \
+        if (d->bias)                                                           \
+            b = *(const V *) (d->bias + ch);                                   \
+        V a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b;      \
+        int64_t st = d->sw * d->c;                                             \
+        for (int64_t i = ilo; i < ihi; i++) {                                  \
+            const float *xr = xn + ((r * d->sh - d->pt + i * d->dh) * d->w_in  \
+                                    + q * d->sw - d->pl) * d->c + ch;          \
+            const float *wr = d->w + i * d->kw * d->c + ch;                    \
+            for (int64_t j = 0; j < d->kw; j++) {                              \
+                V wv = *(const V *) (wr + j * d->c);                           \
+                const float *xp = xr + j * d->dw * d->c;                       \
+                a0 += *(const V *) (xp) * wv;                                  \
+                a1 += *(const V *) (xp + st) * wv;                             \
+                a2 += *(const V *) (xp + 2 * st) * wv;                         \
+                a3 += *(const V *) (xp + 3 * st) * wv;                         \
+                a4 += *(const V *) (xp + 4 * st) * wv;                         \
+                a5 += *(const V *) (xp + 5 * st) * wv;                         \
+                a6 += *(const V *) (xp + 6 * st) * wv;                         \
+                a7 += *(const V *) (xp + 7 * st) * wv;                         \
+            }                                                                  \
+        }                                                                      \
+        float *y = yr + q * d->c + ch;                                         \
+        if (rr) {                                                              \
+            const float *rp = rr + q * d->c + ch;                              \
+            a0 += *(const V *) (rp);                                           \
+            a1 += *(const V *) (rp + d->c);                                    \
+            a2 += *(const V *) (rp + 2 * d->c);                                \
+            a3 += *(const V *) (rp + 3 * d->c);                                \
+            a4 += *(const V *) (rp + 4 * d->c);                                \
+            a5 += *(const V *) (rp + 5 * d->c);                                \
+            a6 += *(const V *) (rp + 6 * d->c);                                \
+            a7 += *(const V *) (rp + 7 * d->c);                                \
+        }                                                                      \
+        *(V *) (y) = a0;                                                       \
+        *(V *) (y + d->c) = a1;                                                \
+        *(V *) (y + 2 * d->c) = a2;                                            \
+        *(V *) (y + 3 * d->c) = a3;                                            \
+        *(V *) (y + 4 * d->c) = a4;                                            \
+        *(V *) (y + 5 * d->c) = a5;                                            \
+        *(V *) (y + 6 * d->c) = a6;                                            \
+        *(V *) (y + 7 * d->c) = a7;                                            \
+    }
+S_CL_ONE_FN (s_cl_one16, s_v16)
+S_CL_ONE_FN (s_cl_one8, s_v8)
+S_CL_ONE_FN (s_cl_one1, s_v1)
+S_CL_EIGHT_FN (s_cl_eight16, s_v16)
+S_CL_EIGHT_FN (s_cl_eight8, s_v8)
+
+KILN_VCLONES __attribute__ ((optimize ("fp-contract=fast"))) static void
+s_cl_rows (const kiln_kplan_t *plan, void *const *data, int64_t first,
+           int64_t count, float *ws)
+{
+    (void) ws;
+    const s_cl_t d = {
+        data[plan->in[0]], data[plan->in[1]],
+        plan->u.conv.bias ? data[plan->in[2]] : NULL,
+        plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]] : NULL,
+        data[plan->out], plan->u.conv.c, plan->u.conv.h, plan->u.conv.w,
+        plan->u.conv.oh, plan->u.conv.ow, plan->u.conv.kh, plan->u.conv.kw,
+        plan->u.conv.sh, plan->u.conv.sw, plan->u.conv.dh, plan->u.conv.dw,
+        plan->u.conv.pt, plan->u.conv.pl };
+    int64_t chunks = (d.c + S_CL_CHUNK - 1) / S_CL_CHUNK;
+    for (int64_t t = first; t < first + count; t++) {
+        int64_t row = t / chunks, c0 = t % chunks * S_CL_CHUNK;
+        int64_t c1 = c0 + S_CL_CHUNK < d.c ? c0 + S_CL_CHUNK : d.c;
+        int64_t ni = row / d.oh, r = row % d.oh;
+        const float *xn = d.x + ni * d.h * d.w_in * d.c;
+        float *yr = d.y + row * d.ow * d.c;
+        const float *rr = d.res ? d.res + row * d.ow * d.c : NULL;
+        /* the window rows in reach */
+        int64_t ilo = 0, ihi = d.kh;
+        while (ilo < ihi && r * d.sh - d.pt + ilo * d.dh < 0)
+            ilo++;
+        while (ihi > ilo && r * d.sh - d.pt + (ihi - 1) * d.dh >= d.h)
+            ihi--;
+        for (int64_t q = 0; q < d.ow;) {
+            /* the window columns in reach */
+            int64_t jlo = 0, jhi = d.kw, at = q * d.sw - d.pl;
+            while (jlo < jhi && at + jlo * d.dw < 0)
+                jlo++;
+            while (jhi > jlo && at + (jhi - 1) * d.dw >= d.w_in)
+                jhi--;
+            bool eight = jlo == 0 && jhi == d.kw && q + 8 <= d.ow
+                         && (q + 7) * d.sw - d.pl + (d.kw - 1) * d.dw < d.w_in;
+            int64_t ch = c0;
+            if (eight) {
+                for (; ch + 16 <= c1; ch += 16)
+                    s_cl_eight16 (&d, xn, r, ilo, ihi, q, ch, yr, rr);
+                for (; ch + 8 <= c1; ch += 8)
+                    s_cl_eight8 (&d, xn, r, ilo, ihi, q, ch, yr, rr);
+                for (; ch < c1; ch++)
+                    for (int64_t k = 0; k < 8; k++)
+                        s_cl_one1 (&d, xn, r, ilo, ihi, q + k, 0, d.kw, ch, yr, rr);
+                q += 8;
+                continue;
+            }
+            for (; ch + 16 <= c1; ch += 16)
+                s_cl_one16 (&d, xn, r, ilo, ihi, q, jlo, jhi, ch, yr, rr);
+            for (; ch + 8 <= c1; ch += 8)
+                s_cl_one8 (&d, xn, r, ilo, ihi, q, jlo, jhi, ch, yr, rr);
+            for (; ch < c1; ch++)
+                s_cl_one1 (&d, xn, r, ilo, ihi, q, jlo, jhi, ch, yr, rr);
+            q++;
+        }
+        if (plan->epi.act != KILN_ACT_NONE && chunks == 1)
+            kiln_act_apply (yr, d.ow * d.c, plan->epi.act, plan->epi.a, plan->epi.b);
+        else if (plan->epi.act != KILN_ACT_NONE)
+            for (int64_t q = 0; q < d.ow; q++)
+                kiln_act_apply (yr + q * d.c + c0, c1 - c0, plan->epi.act, plan->epi.a,
+                                plan->epi.b);
+    }
+}
+
 /* Run depthwise convolution `plan` on the pool, whole groups of lanes to
  * a task when the planes go 16 at a time. */
 void
 kiln_kdw_run (const kiln_kplan_t *plan, void *const *data)
 {
+    if (plan->u.conv.x_cl) {
+        int64_t chunks = (plan->u.conv.c + S_CL_CHUNK - 1) / S_CL_CHUNK;
+        kiln_kplanes_run (s_cl_rows, plan, data,
+                          plan->u.conv.n * plan->u.conv.oh * chunks, 1);
+        return;
+    }
     int64_t planes = plan->u.conv.n * plan->u.conv.m;
     kiln_dw_geo_t g16 = s_dw_geo16 (plan);
     bool lanes = s_dw_lanes (plan) || kiln_dwc16_fits (&g16);

@@ -124,15 +124,24 @@ kiln_kprepare_GLOBAL_AVGPOOL (kiln_program_t *p, kiln_prog_op_t *op,
     if (rc)
         return rc;
     const kiln_prog_tensor_t *tx = kiln_ktensor (p, plan->in[0]), *ty = kiln_ktensor (p, plan->out);
+    int64_t layout = 0;
+    if (kiln_prog_op_has (op, "layout")
+        && (rc = kiln_prog_op_int (op, "layout", &layout, err)))
+        return rc;
+    if (layout != 0 && !(layout == 1 && tx->shape.rank == 4))
+        return kiln_error (err, KILN_EFORMAT, "layout must be 0, or 1 (X "
+                           "channels-last, [N, H, W, C]) with X of rank 4");
     if (tx->shape.rank < 3 || ty->shape.rank != tx->shape.rank)
         return kiln_error (err, KILN_EFORMAT, "X must have rank >= 3 and Y the "
                            "same rank");
+    int64_t c = tx->shape.dims[layout ? 3 : 1];
     for (int i = 0; i < ty->shape.rank; i++)
-        if (ty->shape.dims[i] != (i < 2 ? tx->shape.dims[i] : 1))
+        if (ty->shape.dims[i] != (i == 0 ? tx->shape.dims[0] : i == 1 ? c : 1))
             return kiln_error (err, KILN_EFORMAT, "Y must be [N, C, 1, ...]");
-    plan->u.gap.planes = tx->shape.dims[0] * tx->shape.dims[1];
+    plan->u.gap.planes = tx->shape.dims[0] * c;
     plan->u.gap.spatial = plan->u.gap.planes
                           ? kiln_ktensor_numel (tx) / plan->u.gap.planes : 0;
+    plan->u.gap.c = layout ? c : 0;
     return 0;
 }
 
@@ -145,6 +154,7 @@ typedef struct {
     const float *x;
     float *y;
     int64_t s, planes, per;
+    int64_t c;                  /* channels-last: the channels; else 0 */
 } s_gap_t;
 
 KILN_VCLONES static void
@@ -164,12 +174,35 @@ s_gap_planes (const float *x, float *y, int64_t s, int64_t first, int64_t count)
     }
 }
 
+/* Channels-last: block `blk` of S_GAP_CL channels of one image (the
+ * image's rows of c, summed in double in row order). */
+#define S_GAP_CL 64
+KILN_VCLONES static void
+s_gap_cl (const float *x, float *y, int64_t s, int64_t c, int64_t blk)
+{
+    int64_t blocks = (c + S_GAP_CL - 1) / S_GAP_CL;
+    int64_t ni = blk / blocks, c0 = blk % blocks * S_GAP_CL;
+    int64_t nc = c - c0 < S_GAP_CL ? c - c0 : S_GAP_CL;
+    const float *xn = x + ni * s * c + c0;
+    double acc[S_GAP_CL] = { 0 };
+    for (int64_t i = 0; i < s; i++)
+        for (int64_t k = 0; k < nc; k++)
+            acc[k] += xn[i * c + k];
+    for (int64_t k = 0; k < nc; k++)
+        y[ni * c + c0 + k] = s ? (float) (acc[k] / (double) s) : NAN;
+}
+
 static void
 s_gap_task (void *arg, int task, int worker)
 {
     const s_gap_t *d = arg;
     int64_t first = (int64_t) task * d->per;
     int64_t count = first + d->per > d->planes ? d->planes - first : d->per;
+    if (d->c) {
+        for (int64_t b = first; b < first + count; b++)
+            s_gap_cl (d->x, d->y, d->s, d->c, b);
+        return;
+    }
     s_gap_planes (d->x, d->y, d->s, first, count);
 }
 
@@ -179,7 +212,15 @@ kiln_krun_GLOBAL_AVGPOOL (const kiln_kplan_t *plan, void *const *data)
     const float *x = data[plan->in[0]];
     float *y = data[plan->out];
     int64_t s = plan->u.gap.spatial;
-    s_gap_t d = { x, y, s, plan->u.gap.planes, 0 };
+    if (plan->u.gap.c) {
+        /* tasks: blocks of channels */
+        int64_t c = plan->u.gap.c, n = plan->u.gap.planes / c;
+        s_gap_t d = { x, y, s, n * ((c + S_GAP_CL - 1) / S_GAP_CL), 1, c };
+        if (d.planes > 0)
+            kiln_exec_parallel (s_gap_task, &d, (int) d.planes);
+        return;
+    }
+    s_gap_t d = { x, y, s, plan->u.gap.planes, 0, 0 };
     int tasks = plan->u.gap.planes * s >= 65536 ? 4 * kiln_exec_threads () : 1;
     if (tasks > plan->u.gap.planes)
         tasks = (int) plan->u.gap.planes;

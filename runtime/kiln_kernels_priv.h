@@ -148,6 +148,17 @@ kiln_knchw (const kiln_prog_tensor_t *t, int64_t v[4])
     return false;
 }
 
+/* Dimensions [N, H, W, C] of a channels-last tensor reordered in place
+ * to N, C, H, W. */
+static inline void
+kiln_kcl_dims (int64_t v[4])
+{
+    int64_t c = v[3];
+    v[3] = v[2];
+    v[2] = v[1];
+    v[1] = c;
+}
+
 /* --- depthwise convolution (kiln_kernels_dwconv.c) ---------------------- */
 
 /* Floats of a worker's workspace for depthwise conv2d `plan`. */

@@ -1,0 +1,156 @@
+"""Mobile-network blocks that -O2 and -O3 keep channels-last
+(compiler/kiln_cc_layout.c): 1x1 expansions, depthwise convolutions from and
+to [N, H, W, C] (runtime/kiln_kernels_dwconv.c), squeeze-and-excitation
+(global average pool of a channels-last tensor, a per-channel Mul), 1x1
+projections with the block's input added back, and the edges where a
+channels-last region meets an op that takes only [N, C, H, W] (a max pool, a
+3x3 convolution, a graph output).  Against torch on every micro-kernel this
+CPU has and with 2 and 3 threads, each output within 1e-4 of torch's largest
+magnitude; channel counts with tails under 16 and under 8, planes from 1x1 to
+130 wide, strides 1 and 2, dilation, kernels 3, 5 and 7, batches of 2.  Each
+case also checks, from the run's profile, that the depthwise convolutions
+really wrote channels-last tensors.
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from engine_helpers import compile_kar, export, isas, run_kar, signing_dir
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return signing_dir(tmp_path_factory, "channels_last")
+
+
+def _bn(c):
+    bn = nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.3, 0.3)
+    return bn
+
+
+class Block(nn.Module):
+    """Inverted residual: 1x1 expansion, depthwise k x k, optional
+    squeeze-and-excitation, 1x1 projection, the input added back when the
+    shapes allow."""
+
+    def __init__(self, cin, cexp, cout, k, stride, dilation, act, se):
+        super().__init__()
+        pad = dilation * (k - 1) // 2
+        self.expand = nn.Sequential(nn.Conv2d(cin, cexp, 1, bias=False), _bn(cexp), act())
+        self.dw = nn.Sequential(nn.Conv2d(cexp, cexp, k, stride, pad, dilation,
+                                          groups=cexp, bias=False), _bn(cexp), act())
+        self.se = None
+        if se:
+            sq = max(cexp // 4, 2)
+            gate = nn.Sigmoid() if se == "sigmoid" else nn.Hardsigmoid()
+            self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(cexp, sq, 1),
+                                    nn.ReLU(), nn.Conv2d(sq, cexp, 1), gate)
+        self.project = nn.Sequential(nn.Conv2d(cexp, cout, 1, bias=False), _bn(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        h = self.dw(self.expand(x))
+        if self.se is not None:
+            h = h * self.se(h)
+        h = self.project(h)
+        return h + x if self.residual else h
+
+
+class Net(nn.Module):
+    """A stem (3x3 stride 2), blocks, then a head (1x1, pool, linear) or
+    the last block's feature map as the output; `mid` puts an op that takes
+    only [N, C, H, W] between two blocks."""
+
+    def __init__(self, c0, blocks, act, head, mid=None):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c0, 3, 2, 1, bias=False), _bn(c0), act())
+        self.blocks = nn.ModuleList(Block(*b) for b in blocks)
+        self.mid = mid
+        last = blocks[-1][2]
+        self.head = None
+        if head:
+            self.head = nn.Sequential(nn.Conv2d(last, head, 1), act(),
+                                      nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                      nn.Linear(head, 10))
+
+    def forward(self, x):
+        h = self.stem(x)
+        for i, b in enumerate(self.blocks):
+            h = b(h)
+            if i == 0 and self.mid is not None:
+                h = self.mid(h)
+        return self.head(h) if self.head is not None else h
+
+
+R6, HS, SI = nn.ReLU6, nn.Hardswish, nn.SiLU
+
+# name: (input shape, stem channels, blocks (cin, cexp, cout, k, stride,
+# dilation, act, se), act, head channels or None, mid op or None,
+# depthwise output shapes [N, H, W, C] the profile must show)
+CASES = {
+    # mobilenet_v2 / v3-like, a batch of 2 over odd planes
+    "mobile": ((2, 3, 37, 45), 16,
+               [(16, 64, 24, 3, 2, 1, R6, None), (24, 72, 24, 3, 1, 1, R6, None),
+                (24, 72, 40, 5, 2, 1, HS, "hardsigmoid"),
+                (40, 120, 40, 5, 1, 1, HS, "hardsigmoid")],
+               HS, 96, None, [(2, 10, 12, 64), (2, 10, 12, 72), (2, 5, 6, 120)]),
+    # efficientnet-like: SiLU, sigmoid gates, 7x7, dilation 2, channel
+    # counts with tails of 8 and under 8
+    "efficient": ((1, 3, 64, 64), 13,
+                  [(13, 200, 24, 3, 1, 1, SI, "sigmoid"),
+                   (24, 184, 24, 7, 1, 1, SI, "sigmoid"),
+                   (24, 40, 36, 3, 2, 2, SI, None), (36, 99, 36, 5, 1, 1, SI, "sigmoid")],
+                  SI, 64, None, [(1, 32, 32, 200), (1, 32, 32, 184), (1, 16, 16, 99)]),
+    # a feature map as the graph output, a max pool between the blocks
+    "edges": ((1, 3, 40, 52), 8,
+              [(8, 48, 16, 3, 1, 1, R6, None), (16, 48, 16, 3, 1, 1, R6, None),
+               (16, 48, 16, 5, 1, 1, R6, "sigmoid")],
+              R6, None, nn.MaxPool2d(2), [(1, 20, 26, 48), (1, 10, 13, 48)]),
+    # planes down to 1x1, kernels wider than the plane
+    "tiny": ((1, 3, 8, 8), 16,
+             [(16, 32, 16, 3, 2, 1, R6, None), (16, 32, 24, 7, 2, 1, HS, "hardsigmoid"),
+              (24, 48, 24, 5, 1, 1, HS, None)],
+             HS, 32, None, [(1, 2, 2, 32), (1, 1, 1, 32), (1, 1, 1, 48)]),
+    # wide planes with few channels: eight-column blocks, 8-lane and
+    # single-channel tails
+    "wide": ((1, 3, 30, 260), 8,
+             [(8, 12, 8, 3, 1, 1, R6, None), (8, 21, 8, 5, 1, 1, R6, None)],
+             R6, 16, None, [(1, 15, 130, 12), (1, 15, 130, 21)]),
+}
+
+
+def _shape_in_profile(stderr, shape):
+    want = "-> [" + ", ".join(map(str, shape)) + "]"
+    return any(want in line for line in stderr.splitlines())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_channels_last_blocks_match_torch(workdir, name):
+    xshape, c0, blocks, act, head, mid, dw_shapes = CASES[name]
+    torch.manual_seed(len(name))
+    model = Net(c0, blocks, act, head, mid).eval()
+    want, kgraph, xpath = export(workdir, name, model, torch.randn(*xshape))
+    scale = float(np.abs(want).max())
+    assert scale > 0
+    for opt in ("2", "3"):
+        kar = compile_kar(workdir, kgraph, f"{name}.O{opt}.kar", f"--optlevel {opt}")
+        envs = [{"KILN_RT_ISA": isa} for isa in isas()]
+        envs += [{"KILN_RT_THREADS": "2"}, {"KILN_RT_THREADS": "3"}]
+        for env in envs:
+            env = dict(env, KILN_RT_PROFILE="all")
+            got, stderr = run_kar(workdir, kar, xpath,
+                                  f"{name}.O{opt}.{'.'.join(env.values())}", env)
+            assert got.shape == want.shape
+            err = float(np.abs(got - want).max())
+            assert err <= TOLERANCE * scale, f"{name} -O{opt} {env}: error {err:.3g} of {scale:.3g}"
+            for s in dw_shapes:
+                assert _shape_in_profile(stderr, s), f"{name}: no channels-last {s}"
