@@ -246,6 +246,11 @@ s_micro (const kiln_gemm_t *g, kiln_gukr_fn *ukr, int64_t rp, int64_t kc,
     int64_t mr = s_min (rp, g->m - i), nr = s_min (NR, g->n - j);
 #if defined(__x86_64__)
     if (x) {
+        if (mr == MR && nr == NR / 2 && (!last || plain || xepi)) {
+            kiln_gukr_avx512_xh (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j, g->ldc,
+                                 acc, last && !plain ? g : NULL, i, j);
+            return;
+        }
         if (mr == MR && nr == NR && (!last || plain || xepi)) {
             if (pf)
                 kiln_gukr_avx512_xp (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j,

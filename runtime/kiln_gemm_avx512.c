@@ -40,7 +40,7 @@ typedef struct {
 } s_epi_tile_t;
 
 __attribute__ ((target ("avx512f"))) static inline __attribute__ ((always_inline)) void
-s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, s_epi_tile_t *e)
+s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, bool half, s_epi_tile_t *e)
 {
     e->n_add = g->n_add;
     for (int a = 0; a < g->n_add && a < 2; a++) {
@@ -50,7 +50,7 @@ s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, s_epi_tile_t *e)
         e->rs[a] = ad->rs;
         if (ad->rs == 0 && ad->cs == 1) {
             e->kind[a] = 0;
-            for (int h = 0; h < 2; h++) {
+            for (int h = 0; h < 2 - half; h++) {
                 __m512 x = _mm512_loadu_ps (ad->p + j + 16 * h);
                 if (ad->scale != 1.0f)
                     x = _mm512_mul_ps (_mm512_set1_ps (ad->scale), x);
@@ -88,7 +88,7 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t ldb, float *c, int64_t ldc,
                  bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
                  const char *pf, const float *acc_src, int64_t acc_ld,
-                 float *t2, int t2_sign, bool t2_first)
+                 float *t2, int t2_sign, bool t2_first, const bool half)
 {
     __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
     __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
@@ -105,11 +105,13 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
     do {                                                          \
         __m512 ar = _mm512_set1_ps (a[o]);                        \
         c##r##0 = _mm512_fmadd_ps (ar, b0, c##r##0);              \
-        c##r##1 = _mm512_fmadd_ps (ar, b1, c##r##1);              \
+        if (!half)                                                \
+            c##r##1 = _mm512_fmadd_ps (ar, b1, c##r##1);          \
     } while (0)
 #pragma GCC unroll 4
     for (int64_t kk = 0; kk < kc; kk++) {
-        __m512 b0 = _mm512_loadu_ps (b), b1 = _mm512_loadu_ps (b + 16);
+        __m512 b0 = _mm512_loadu_ps (b);
+        __m512 b1 = half ? b0 : _mm512_loadu_ps (b + 16);
         S_ROW (0, 0); S_ROW (1, o1); S_ROW (2, o2); S_ROW (3, o3);
         S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6); S_ROW (7, o7);
         if (pf) {
@@ -126,9 +128,12 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
      * for each element as kiln_gfinish_avx512. */
 #define S_ALL(OP)                                                               \
     do {                                                                        \
-        OP (0, 0); OP (0, 1); OP (1, 0); OP (1, 1); OP (2, 0); OP (2, 1);       \
-        OP (3, 0); OP (3, 1); OP (4, 0); OP (4, 1); OP (5, 0); OP (5, 1);       \
-        OP (6, 0); OP (6, 1); OP (7, 0); OP (7, 1);                             \
+        OP (0, 0); OP (1, 0); OP (2, 0); OP (3, 0);                             \
+        OP (4, 0); OP (5, 0); OP (6, 0); OP (7, 0);                             \
+        if (!half) {                                                            \
+            OP (0, 1); OP (1, 1); OP (2, 1); OP (3, 1);                         \
+            OP (4, 1); OP (5, 1); OP (6, 1); OP (7, 1);                         \
+        }                                                                       \
     } while (0)
     /* a second destination, an MR × NR tile (row stride NR) that the
      * product is stored to, added to or subtracted from (s_strassen) */
@@ -161,7 +166,7 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
 #undef S_ACC
     if (epi) {
         s_epi_tile_t et;
-        s_epi_tile_init (epi, i, j, &et);
+        s_epi_tile_init (epi, i, j, half, &et);
         __m512 zero = _mm512_setzero_ps ();
 #define S_MUL(r, h) c##r##h = _mm512_mul_ps (c##r##h, et.alpha)
         if (et.has_alpha)
@@ -222,7 +227,8 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
 #undef S_ALL
     if (epi && kiln_act_heavy (epi->act) && !kiln_act16_has (epi->act))
         for (int r = 0; r < MR; r++)
-            kiln_act_apply (c + r * ldc, NR, epi->act, epi->act_a, epi->act_b);
+            kiln_act_apply (c + r * ldc, half ? NR / 2 : NR, epi->act, epi->act_a,
+                            epi->act_b);
 }
 
 /* The packed 8 × 32 tile: s_ukr_avx512_xb on an A panel (MR floats a
@@ -232,7 +238,7 @@ kiln_gukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
               float *c, int64_t ldc, bool accumulate)
 {
     s_ukr_avx512_xb (kc, a, 1, MR, b, ldb, c, ldc, accumulate, NULL, 0, 0, NULL,
-                     NULL, 0, NULL, 0, false);
+                     NULL, 0, NULL, 0, false, false);
 }
 
 /* 7 × NR, for panels of 7 rows (a 7 × 7 plane's 49 positions are seven
@@ -450,7 +456,19 @@ kiln_gukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
                 bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL,
-                     NULL, 0, NULL, 0, false);
+                     NULL, 0, NULL, 0, false, false);
+}
+
+/* The same for a panel's first 16 columns only (the last column panel of
+ * a product whose columns end there: a channels-last 1×1 convolution to
+ * 16 channels), in half the multiply-adds, written where they go. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_xh (int64_t kc, const float *a, int64_t ars, int64_t acs,
+                     const float *b, int64_t ldb, float *c, int64_t ldc,
+                     bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
+{
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL,
+                     NULL, 0, NULL, 0, false, true);
 }
 
 /* The same, fetching a line from `pf` on into the cache at each step of
@@ -462,7 +480,7 @@ kiln_gukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const char *pf)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, pf,
-                     NULL, 0, NULL, 0, false);
+                     NULL, 0, NULL, 0, false, false);
 }
 
 /* One of s_strassen's seven products for an MR × NR tile (k steps kc,
@@ -478,10 +496,10 @@ kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
     if (fin)
         s_ukr_avx512_xb (kc, a, ars, 1, b, NR, g->c + i * g->ldc + j, g->ldc, true,
                          s_no_epilogue (g) ? NULL : g, i, j, pf, acc, NR,
-                         t2, t2_sign, t2_first);
+                         t2, t2_sign, t2_first, false);
     else
         s_ukr_avx512_xb (kc, a, ars, 1, b, NR, t, NR, acc != NULL, NULL, 0, 0, pf,
-                         acc, NR, t2, t2_sign, t2_first);
+                         acc, NR, t2, t2_sign, t2_first, false);
 }
 
 #endif

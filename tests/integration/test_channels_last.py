@@ -2,7 +2,8 @@
 (compiler/kiln_cc_layout.c): 1x1 expansions, depthwise convolutions from and
 to [N, H, W, C] (runtime/kiln_kernels_dwconv.c), squeeze-and-excitation
 (global average pool of a channels-last tensor, a per-channel Mul), 1x1
-projections with the block's input added back, and the edges where a
+projections with the block's input added back (to 16 channels, half an
+AVX-512 column panel, over several k blocks), and the edges where a
 channels-last region meets an op that takes only [N, C, H, W] (a max pool, a
 3x3 convolution, a graph output).  Against torch on every micro-kernel this
 CPU has and with 2 and 3 threads, each output within 1e-4 of torch's largest
@@ -120,6 +121,11 @@ CASES = {
              [(16, 32, 16, 3, 2, 1, R6, None), (16, 32, 24, 7, 2, 1, HS, "hardsigmoid"),
               (24, 48, 24, 5, 1, 1, HS, None)],
              HS, 32, None, [(1, 2, 2, 32), (1, 1, 1, 32), (1, 1, 1, 48)]),
+    # 1x1 products of 16 channels (half a column panel) over several k
+    # blocks (600 channels in), with the input added back
+    "deep": ((1, 3, 20, 28), 16,
+             [(16, 600, 16, 3, 1, 1, R6, "sigmoid"), (16, 300, 16, 5, 1, 1, HS, None)],
+             R6, 32, None, [(1, 10, 14, 600), (1, 10, 14, 300), (1, 10, 14, 16)]),
     # wide planes with few channels: eight-column blocks, 8-lane and
     # single-channel tails
     "wide": ((1, 3, 30, 260), 8,
