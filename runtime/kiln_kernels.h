@@ -113,6 +113,8 @@ typedef struct kiln_kplan {
             bool pointwise;         /* 1x1, stride 1, unpadded */
             bool x_cl, y_cl;        /* X / Y (and the residual) channels-last:
                                      * [N, H, W, C] (op attribute "layout") */
+            bool few;               /* a few channels to channels-last: direct
+                                     * loops (kiln_kfew_run), not the engine */
             int64_t wpg;            /* packed W floats per group */
             kiln_gconv_t geo;       /* one group's geometry for kiln_gemm */
             bool winograd;          /* W transformed for F(t×t, 3x3) */

@@ -169,6 +169,7 @@ kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
             .kh = w.k[0], .kw = w.k[1], .sh = w.s[0], .sw = w.s[1],
             .dh = w.d[0], .dw = w.d[1], .pt = w.p[0], .pl = w.p[1] };
         plan->ws_bytes = kiln_gemm_ws_bytes (cols, mg, rows, false, true);
+        plan->u.conv.few = kiln_kfew_fits (plan);
     } else if (packed) {
         kiln_pack_conv_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
         plan->u.conv.geo = (kiln_gconv_t) {
@@ -296,6 +297,10 @@ kiln_krun_CONV2D (const kiln_kplan_t *plan, void *const *data)
                        plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]]
                                                : NULL,
                        data[plan->out], plan->epi.act, plan->epi.a, plan->epi.b);
+        return;
+    }
+    if (plan->u.conv.few) {
+        kiln_kfew_run (plan, data);
         return;
     }
     if (plan->u.conv.packed) {

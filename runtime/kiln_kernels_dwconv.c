@@ -583,6 +583,186 @@ s_cl_rows (const kiln_kplan_t *plan, void *const *data, int64_t first,
     }
 }
 
+/* --- a few input channels to channels-last ----------------------------
+ * A network's first convolution (3 channels in, 3×3 stride 2) writing a
+ * channels-last Y: as a product its k is 27, too short for the tiles to
+ * pay for gathering their rows.  Here each output position sums its taps
+ * straight from X's planes, one broadcast input value times a vector of
+ * 16 output channels' weights (the packed-T panels: tap-major, 32
+ * channels a panel), four output columns at once. */
+#define S_FEW_COLS 4
+
+typedef struct {
+    const float *x, *w, *bias, *res;
+    float *y;
+    int64_t c, h, w_in, m, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, k;
+} s_few_t;
+
+/* Store (plus the residual) the sums v0, v1 of output column q, channels
+ * of panel p (o0 .. o0 + no - 1). */
+static inline __attribute__ ((always_inline)) void
+s_few_store (const s_few_t *d, float *yr, const float *rr, int64_t q, int64_t o0,
+             int64_t no, s_v16 v0, s_v16 v1)
+{
+    float *yo = yr + q * d->m + o0;
+    const float *ro = rr ? rr + q * d->m + o0 : NULL;
+    if (no == KILN_PACK_NR) {
+        if (ro) {
+            v0 += *(const s_v16 *) ro;
+            v1 += *(const s_v16 *) (ro + 16);
+        }
+        *(s_v16 *) yo = v0;
+        *(s_v16 *) (yo + 16) = v1;
+        return;
+    }
+    if (no >= 16) {
+        if (ro)
+            v0 += *(const s_v16 *) ro;
+        *(s_v16 *) yo = v0;
+        v0 = v1;
+        yo += 16;
+        ro = ro ? ro + 16 : NULL;
+        no -= 16;
+    }
+    float t[16];
+    memcpy (t, &v0, sizeof t);
+    for (int64_t o = 0; o < no; o++)
+        yo[o] = ro ? t[o] + ro[o] : t[o];
+}
+
+/* Output column q of output row r (window rows ilo .. ihi - 1, columns
+ * jlo .. jhi - 1 in reach), the channels of panel p. */
+static inline __attribute__ ((always_inline)) void
+s_few_one (const s_few_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi,
+           int64_t q, int64_t jlo, int64_t jhi, int64_t p, const float *b, float *yr,
+           const float *rr)
+{
+    enum { NR = KILN_PACK_NR };
+    const float *panel = d->w + p * d->k * NR;
+    s_v16 a0 = *(const s_v16 *) b, a1 = *(const s_v16 *) (b + 16);
+    for (int64_t i = ilo; i < ihi; i++) {
+        int64_t ih = r * d->sh - d->pt + i * d->dh;
+        for (int64_t j = jlo; j < jhi; j++) {
+            int64_t iw = q * d->sw - d->pl + j * d->dw;
+            for (int64_t ci = 0; ci < d->c; ci++) {
+                const float *wk = panel + ((i * d->kw + j) * d->c + ci) * NR;
+                float xv = xn[(ci * d->h + ih) * d->w_in + iw];
+                a0 += *(const s_v16 *) wk * xv;
+                a1 += *(const s_v16 *) (wk + 16) * xv;
+            }
+        }
+    }
+    int64_t o0 = p * NR;
+    s_few_store (d, yr, rr, q, o0, d->m - o0 < NR ? d->m - o0 : NR, a0, a1);
+}
+
+/* Output columns q .. q + 3, their windows inside the row: four columns'
+ * sums at once, each tap's weights loaded once for the four. */
+static inline __attribute__ ((always_inline)) void
+s_few_four (const s_few_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi,
+            int64_t q, int64_t p, const float *b, float *yr, const float *rr)
+{
+    enum { NR = KILN_PACK_NR };
+    const float *panel = d->w + p * d->k * NR;
+    s_v16 b0 = *(const s_v16 *) b, b1 = *(const s_v16 *) (b + 16);
+    s_v16 a00 = b0, a01 = b1, a10 = b0, a11 = b1, a20 = b0, a21 = b1, a30 = b0, a31 = b1;
+    int64_t st = d->sw;
+    for (int64_t i = ilo; i < ihi; i++) {
+        int64_t ih = r * d->sh - d->pt + i * d->dh;
+        for (int64_t j = 0; j < d->kw; j++) {
+            const float *wk = panel + (i * d->kw + j) * d->c * NR;
+            const float *xr = xn + ih * d->w_in + q * d->sw - d->pl + j * d->dw;
+            for (int64_t ci = 0; ci < d->c; ci++) {
+                s_v16 w0 = *(const s_v16 *) (wk + ci * NR);
+                s_v16 w1 = *(const s_v16 *) (wk + ci * NR + 16);
+                const float *xc = xr + ci * d->h * d->w_in;
+                float x0 = xc[0], x1 = xc[st], x2 = xc[2 * st], x3 = xc[3 * st];
+                a00 += w0 * x0;
+                a01 += w1 * x0;
+                a10 += w0 * x1;
+                a11 += w1 * x1;
+                a20 += w0 * x2;
+                a21 += w1 * x2;
+                a30 += w0 * x3;
+                a31 += w1 * x3;
+            }
+        }
+    }
+    int64_t o0 = p * NR, no = d->m - o0 < NR ? d->m - o0 : NR;
+    s_few_store (d, yr, rr, q, o0, no, a00, a01);
+    s_few_store (d, yr, rr, q + 1, o0, no, a10, a11);
+    s_few_store (d, yr, rr, q + 2, o0, no, a20, a21);
+    s_few_store (d, yr, rr, q + 3, o0, no, a30, a31);
+}
+
+KILN_VCLONES __attribute__ ((optimize ("fp-contract=fast"))) static void
+s_few_rows (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_t count,
+            float *ws)
+{
+    (void) ws;
+    const s_few_t d = {
+        data[plan->in[0]], data[plan->in[1]],
+        plan->u.conv.bias ? data[plan->in[2]] : NULL,
+        plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]] : NULL,
+        data[plan->out], plan->u.conv.c, plan->u.conv.h, plan->u.conv.w, plan->u.conv.m,
+        plan->u.conv.oh, plan->u.conv.ow, plan->u.conv.kh, plan->u.conv.kw,
+        plan->u.conv.sh, plan->u.conv.sw, plan->u.conv.dh, plan->u.conv.dw,
+        plan->u.conv.pt, plan->u.conv.pl,
+        plan->u.conv.c * plan->u.conv.kh * plan->u.conv.kw };
+    int64_t panels = (d.m + KILN_PACK_NR - 1) / KILN_PACK_NR;
+    for (int64_t row = first; row < first + count; row++) {
+        int64_t ni = row / d.oh, r = row % d.oh;
+        const float *xn = d.x + ni * d.c * d.h * d.w_in;
+        float *yr = d.y + row * d.ow * d.m;
+        const float *rr = d.res ? d.res + row * d.ow * d.m : NULL;
+        /* the window rows in reach */
+        int64_t ilo = 0, ihi = d.kh;
+        while (ilo < ihi && r * d.sh - d.pt + ilo * d.dh < 0)
+            ilo++;
+        while (ihi > ilo && r * d.sh - d.pt + (ihi - 1) * d.dh >= d.h)
+            ihi--;
+        for (int64_t p = 0; p < panels; p++) {
+            float b[KILN_PACK_NR] = { 0 };
+            int64_t o0 = p * KILN_PACK_NR;
+            if (d.bias)
+                memcpy (b, d.bias + o0, (size_t) (d.m - o0 < KILN_PACK_NR ? d.m - o0
+                                                  : KILN_PACK_NR) * sizeof *b);
+            for (int64_t q = 0; q < d.ow;) {
+                /* the window columns in reach */
+                int64_t jlo = 0, jhi = d.kw, at = q * d.sw - d.pl;
+                while (jlo < jhi && at + jlo * d.dw < 0)
+                    jlo++;
+                while (jhi > jlo && at + (jhi - 1) * d.dw >= d.w_in)
+                    jhi--;
+                if (jlo == 0 && jhi == d.kw && q + S_FEW_COLS <= d.ow
+                    && (q + S_FEW_COLS - 1) * d.sw - d.pl + (d.kw - 1) * d.dw < d.w_in) {
+                    s_few_four (&d, xn, r, ilo, ihi, q, p, b, yr, rr);
+                    q += S_FEW_COLS;
+                } else {
+                    s_few_one (&d, xn, r, ilo, ihi, q, jlo, jhi, p, b, yr, rr);
+                    q++;
+                }
+            }
+        }
+        if (plan->epi.act != KILN_ACT_NONE)
+            kiln_act_apply (yr, d.ow * d.m, plan->epi.act, plan->epi.a, plan->epi.b);
+    }
+}
+
+bool
+kiln_kfew_fits (const kiln_kplan_t *plan)
+{
+    return plan->u.conv.packed && plan->u.conv.trans && plan->u.conv.y_cl
+           && !plan->u.conv.x_cl && plan->u.conv.group == 1
+           && plan->u.conv.c <= KILN_KFEW_MAX_C;
+}
+
+void
+kiln_kfew_run (const kiln_kplan_t *plan, void *const *data)
+{
+    kiln_kplanes_run (s_few_rows, plan, data, plan->u.conv.n * plan->u.conv.oh, 1);
+}
+
 /* Run depthwise convolution `plan` on the pool, whole groups of lanes to
  * a task when the planes go 16 at a time. */
 void

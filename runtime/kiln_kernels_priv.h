@@ -167,6 +167,14 @@ size_t kiln_kdw_ws_floats (const kiln_kplan_t *plan);
 /* Run depthwise conv2d `plan`. */
 void kiln_kdw_run (const kiln_kplan_t *plan, void *const *data);
 
+/* A convolution of at most KILN_KFEW_MAX_C input channels (an image's)
+ * from [N, C, H, W] to a channels-last Y, with packed-T weights: whether
+ * kiln_kfew_run computes it (direct loops, kiln_kernels_dwconv.c), and
+ * running it. */
+#define KILN_KFEW_MAX_C 4
+bool kiln_kfew_fits (const kiln_kplan_t *plan);
+void kiln_kfew_run (const kiln_kplan_t *plan, void *const *data);
+
 /* --- the kernels of the kind files --------------------------------------
  * Each defines kiln_kprepare_<id> and kiln_krun_<id>; kiln_kernels.c's
  * table points at them. */

@@ -5,7 +5,8 @@ to [N, H, W, C] (runtime/kiln_kernels_dwconv.c), squeeze-and-excitation
 projections with the block's input added back (to 16 channels, half an
 AVX-512 column panel, over several k blocks), and the edges where a
 channels-last region meets an op that takes only [N, C, H, W] (a max pool, a
-3x3 convolution, a graph output).  Against torch on every micro-kernel this
+3x3 convolution, a graph output), and the first convolution from the
+image's 3 channels to channels-last (direct loops).  Against torch on every micro-kernel this
 CPU has and with 2 and 3 threads, each output within 1e-4 of torch's largest
 magnitude; channel counts with tails under 16 and under 8, planes from 1x1 to
 130 wide, strides 1 and 2, dilation, kernels 3, 5 and 7, batches of 2.  Each
@@ -126,6 +127,9 @@ CASES = {
     "deep": ((1, 3, 20, 28), 16,
              [(16, 600, 16, 3, 1, 1, R6, "sigmoid"), (16, 300, 16, 5, 1, 1, HS, None)],
              R6, 32, None, [(1, 10, 14, 600), (1, 10, 14, 300), (1, 10, 14, 16)]),
+    # a stem of 40 channels: two weight panels, the second of 8
+    "stem": ((2, 3, 33, 35), 40, [(40, 80, 40, 3, 1, 1, R6, None)], R6, 24, None,
+             [(2, 17, 18, 80), (2, 17, 18, 40)]),
     # wide planes with few channels: eight-column blocks, 8-lane and
     # single-channel tails
     "wide": ((1, 3, 30, 260), 8,
