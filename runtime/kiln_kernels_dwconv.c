@@ -431,6 +431,20 @@ s_dw_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
  * block of S_CL_CHUNK channels. */
 #define S_CL_CHUNK 128
 
+/* The taps t of a window row or column starting at `at` (t·dil apart)
+ * that land inside 0 .. n - 1: lo .. hi - 1. */
+static inline void
+s_reach (int64_t at, int64_t k, int64_t dil, int64_t n, int64_t *lo, int64_t *hi)
+{
+    int64_t l = 0, h = k;
+    while (l < h && at + l * dil < 0)
+        l++;
+    while (h > l && at + (h - 1) * dil >= n)
+        h--;
+    *lo = l;
+    *hi = h;
+}
+
 typedef float s_v16 __attribute__ ((vector_size (64), aligned (4)));
 typedef float s_v8 __attribute__ ((vector_size (32), aligned (4)));
 typedef float s_v1 __attribute__ ((vector_size (4), aligned (4)));
@@ -539,19 +553,11 @@ s_cl_rows (const kiln_kplan_t *plan, void *const *data, int64_t first,
         const float *xn = d.x + ni * d.h * d.w_in * d.c;
         float *yr = d.y + row * d.ow * d.c;
         const float *rr = d.res ? d.res + row * d.ow * d.c : NULL;
-        /* the window rows in reach */
-        int64_t ilo = 0, ihi = d.kh;
-        while (ilo < ihi && r * d.sh - d.pt + ilo * d.dh < 0)
-            ilo++;
-        while (ihi > ilo && r * d.sh - d.pt + (ihi - 1) * d.dh >= d.h)
-            ihi--;
+        int64_t ilo, ihi;           /* the window rows in reach */
+        s_reach (r * d.sh - d.pt, d.kh, d.dh, d.h, &ilo, &ihi);
         for (int64_t q = 0; q < d.ow;) {
-            /* the window columns in reach */
-            int64_t jlo = 0, jhi = d.kw, at = q * d.sw - d.pl;
-            while (jlo < jhi && at + jlo * d.dw < 0)
-                jlo++;
-            while (jhi > jlo && at + (jhi - 1) * d.dw >= d.w_in)
-                jhi--;
+            int64_t jlo, jhi;       /* the window columns in reach */
+            s_reach (q * d.sw - d.pl, d.kw, d.dw, d.w_in, &jlo, &jhi);
             bool eight = jlo == 0 && jhi == d.kw && q + 8 <= d.ow
                          && (q + 7) * d.sw - d.pl + (d.kw - 1) * d.dw < d.w_in;
             int64_t ch = c0;
@@ -715,12 +721,8 @@ s_few_rows (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_t 
         const float *xn = d.x + ni * d.c * d.h * d.w_in;
         float *yr = d.y + row * d.ow * d.m;
         const float *rr = d.res ? d.res + row * d.ow * d.m : NULL;
-        /* the window rows in reach */
-        int64_t ilo = 0, ihi = d.kh;
-        while (ilo < ihi && r * d.sh - d.pt + ilo * d.dh < 0)
-            ilo++;
-        while (ihi > ilo && r * d.sh - d.pt + (ihi - 1) * d.dh >= d.h)
-            ihi--;
+        int64_t ilo, ihi;           /* the window rows in reach */
+        s_reach (r * d.sh - d.pt, d.kh, d.dh, d.h, &ilo, &ihi);
         for (int64_t p = 0; p < panels; p++) {
             float b[KILN_PACK_NR] = { 0 };
             int64_t o0 = p * KILN_PACK_NR;
@@ -728,12 +730,8 @@ s_few_rows (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_t 
                 memcpy (b, d.bias + o0, (size_t) (d.m - o0 < KILN_PACK_NR ? d.m - o0
                                                   : KILN_PACK_NR) * sizeof *b);
             for (int64_t q = 0; q < d.ow;) {
-                /* the window columns in reach */
-                int64_t jlo = 0, jhi = d.kw, at = q * d.sw - d.pl;
-                while (jlo < jhi && at + jlo * d.dw < 0)
-                    jlo++;
-                while (jhi > jlo && at + (jhi - 1) * d.dw >= d.w_in)
-                    jhi--;
+                int64_t jlo, jhi;   /* the window columns in reach */
+                s_reach (q * d.sw - d.pl, d.kw, d.dw, d.w_in, &jlo, &jhi);
                 if (jlo == 0 && jhi == d.kw && q + S_FEW_COLS <= d.ow
                     && (q + S_FEW_COLS - 1) * d.sw - d.pl + (d.kw - 1) * d.dw < d.w_in) {
                     s_few_four (&d, xn, r, ilo, ihi, q, p, b, yr, rr);
