@@ -10,6 +10,8 @@
 #include "runtime/kiln_exec.h"
 #include "runtime/kiln_vmath.h"
 
+static int64_t s_pool_row_floats (const kiln_kplan_t *plan);
+
 int
 kiln_kprepare_MAXPOOL2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                      kiln_err_t *err)
@@ -51,7 +53,7 @@ kiln_kprepare_MAXPOOL2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pl
     plan->u.pool.dw = w.d[1];
     plan->u.pool.pt = w.p[0];
     plan->u.pool.pl = w.p[1];
-    plan->ws_bytes = (size_t) x[3] * sizeof (float);    /* one row's maxima */
+    plan->ws_bytes = (size_t) s_pool_row_floats (plan) * sizeof (float);
     return 0;
 }
 
@@ -62,18 +64,46 @@ s_max_nan (float best, float v)
     return v != v ? v : (v > best ? v : best);
 }
 
+/* The row of column maxima with -inf around it: pl before, and after the
+ * row up to the last column a window reaches. */
+static int64_t
+s_pool_row_floats (const kiln_kplan_t *plan)
+{
+    int64_t reach = (plan->u.pool.ow - 1) * plan->u.pool.sw
+                    + (plan->u.pool.kw - 1) * plan->u.pool.dw + 1;
+    int64_t row = plan->u.pool.pl + plan->u.pool.w;
+    return reach > row ? reach : row;
+}
+
+/* y[q] = max (y[q], cm[q·sw]) for q < n, NaN kept; sw a constant where
+ * inlined, so that the loop vectorises. */
+static inline __attribute__ ((always_inline)) void
+s_max_cols (float *y, const float *cm, int64_t n, int64_t sw)
+{
+    for (int64_t q = 0; q < n; q++)
+        y[q] = s_max_nan (y[q], cm[q * sw]);
+}
+
 /* Output planes [first, first + count): for each output row, the maximum
  * over the window's input rows first (contiguous, vectorised) into
- * `colmax`, then over the window's columns. */
+ * `colmax` (-inf in the padding), then over the window's columns, one
+ * column of the window at a time over the whole output row. */
 KILN_VCLONES static void
 s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
-               int64_t count, float *colmax)
+               int64_t count, float *ws)
 {
     const float *x = data[plan->in[0]];
     float *y = data[plan->out];
     int64_t h = plan->u.pool.h, w = plan->u.pool.w;
     int64_t oh = plan->u.pool.oh, ow = plan->u.pool.ow;
     int64_t kh = plan->u.pool.kh, kw = plan->u.pool.kw;
+    int64_t sw = plan->u.pool.sw, dw = plan->u.pool.dw, padl = plan->u.pool.pl;
+    int64_t wp = s_pool_row_floats (plan);
+    float *colmax = ws + padl;
+    for (int64_t t = 0; t < padl; t++)
+        ws[t] = -INFINITY;
+    for (int64_t t = padl + w; t < wp; t++)
+        ws[t] = -INFINITY;
     for (int64_t pl = first; pl < first + count; pl++) {
         const float *xp = x + pl * h * w;
         float *yp = y + pl * oh * ow;
@@ -93,15 +123,16 @@ s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
                         colmax[t] = s_max_nan (colmax[t], xr[t]);
                 any = true;
             }
-            for (int64_t q = 0; q < ow; q++) {
-                float best = -INFINITY;
-                int64_t w0 = q * plan->u.pool.sw - plan->u.pool.pl;
-                for (int64_t j = 0; any && j < kw; j++) {
-                    int64_t iw = w0 + j * plan->u.pool.dw;
-                    if (iw >= 0 && iw < w)
-                        best = s_max_nan (best, colmax[iw]);
-                }
-                yr[q] = best;
+            for (int64_t q = 0; q < ow; q++)
+                yr[q] = -INFINITY;
+            for (int64_t j = 0; any && j < kw; j++) {
+                const float *cm = ws + j * dw;
+                if (sw == 1)
+                    s_max_cols (yr, cm, ow, 1);
+                else if (sw == 2)
+                    s_max_cols (yr, cm, ow, 2);
+                else
+                    s_max_cols (yr, cm, ow, sw);
             }
         }
     }
