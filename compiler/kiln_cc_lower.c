@@ -256,7 +256,6 @@ s_operand (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
     return s_widen (cx, gt, pt, err);
 }
 
-/* A new arena tensor for graph tensor `gt`, written by the next op. */
 /* [N, C, H, W] reordered to channels-last [N, H, W, C]. */
 static void
 s_cl_shape (kiln_shape_t *s)
@@ -273,6 +272,8 @@ kiln_cc_cl_shape (kiln_shape_t *s)
     s_cl_shape (s);
 }
 
+/* A new arena tensor for graph tensor `gt`, written by the next op (in
+ * the program's layout: channels-last when cx->cl says so). */
 static int
 s_result (kiln_cc_ctx_t *cx, int gt, kiln_err_t *err)
 {

@@ -532,7 +532,7 @@ S_CL_ONE_FN (s_cl_one1, s_v1)
 S_CL_EIGHT_FN (s_cl_eight16, s_v16)
 S_CL_EIGHT_FN (s_cl_eight8, s_v8)
 
-KILN_VCLONES __attribute__ ((optimize ("fp-contract=fast"))) static void
+KILN_VCLONES KILN_FP_CONTRACT static void
 s_cl_rows (const kiln_kplan_t *plan, void *const *data, int64_t first,
            int64_t count, float *ws)
 {
@@ -608,8 +608,9 @@ typedef struct {
  * of panel p (o0 .. o0 + no - 1). */
 static inline __attribute__ ((always_inline)) void
 s_few_store (const s_few_t *d, float *yr, const float *rr, int64_t q, int64_t o0,
-             int64_t no, s_v16 v0, s_v16 v1)
+             int64_t no, const s_v16 *pv0, const s_v16 *pv1)
 {
+    s_v16 v0 = *pv0, v1 = *pv1;
     float *yo = yr + q * d->m + o0;
     const float *ro = rr ? rr + q * d->m + o0 : NULL;
     if (no == KILN_PACK_NR) {
@@ -659,7 +660,7 @@ s_few_one (const s_few_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ih
         }
     }
     int64_t o0 = p * NR;
-    s_few_store (d, yr, rr, q, o0, d->m - o0 < NR ? d->m - o0 : NR, a0, a1);
+    s_few_store (d, yr, rr, q, o0, d->m - o0 < NR ? d->m - o0 : NR, &a0, &a1);
 }
 
 /* Output columns q .. q + 3, their windows inside the row: four columns'
@@ -695,13 +696,13 @@ s_few_four (const s_few_t *d, const float *xn, int64_t r, int64_t ilo, int64_t i
         }
     }
     int64_t o0 = p * NR, no = d->m - o0 < NR ? d->m - o0 : NR;
-    s_few_store (d, yr, rr, q, o0, no, a00, a01);
-    s_few_store (d, yr, rr, q + 1, o0, no, a10, a11);
-    s_few_store (d, yr, rr, q + 2, o0, no, a20, a21);
-    s_few_store (d, yr, rr, q + 3, o0, no, a30, a31);
+    s_few_store (d, yr, rr, q, o0, no, &a00, &a01);
+    s_few_store (d, yr, rr, q + 1, o0, no, &a10, &a11);
+    s_few_store (d, yr, rr, q + 2, o0, no, &a20, &a21);
+    s_few_store (d, yr, rr, q + 3, o0, no, &a30, &a31);
 }
 
-KILN_VCLONES __attribute__ ((optimize ("fp-contract=fast"))) static void
+KILN_VCLONES KILN_FP_CONTRACT static void
 s_few_rows (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_t count,
             float *ws)
 {
