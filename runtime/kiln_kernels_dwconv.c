@@ -60,10 +60,10 @@ kiln_kdw_ws_floats (const kiln_kplan_t *plan)
 {
     /* room for every path the plane may take: the ISA is chosen when the
      * model runs */
-    kiln_dw_geo_t geo = s_dw_geo16 (plan);
-    size_t need;
     if (plan->u.conv.x_cl)
         return 0;               /* channels-last: in place */
+    kiln_dw_geo_t geo = s_dw_geo16 (plan);
+    size_t need;
     if (s_dw_lanes (plan)) {
         need = s_dw_lanes_ws_floats (plan);
     } else {
@@ -449,11 +449,28 @@ typedef float s_v16 __attribute__ ((vector_size (64), aligned (4)));
 typedef float s_v8 __attribute__ ((vector_size (32), aligned (4)));
 typedef float s_v1 __attribute__ ((vector_size (4), aligned (4)));
 
+/* A direct convolution's operands and geometry, from its plan: the
+ * channels-last depthwise loops and the few-channel loops below.  k is
+ * the taps of one output channel (c·kh·kw). */
 typedef struct {
     const float *x, *w, *bias, *res;
     float *y;
-    int64_t c, h, w_in, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl;
+    int64_t c, m, h, w_in, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, k;
 } s_cl_t;
+
+static s_cl_t
+s_cl_of (const kiln_kplan_t *plan, void *const *data)
+{
+    return (s_cl_t) {
+        data[plan->in[0]], data[plan->in[1]],
+        plan->u.conv.bias ? data[plan->in[2]] : NULL,
+        plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]] : NULL,
+        data[plan->out], plan->u.conv.c, plan->u.conv.m, plan->u.conv.h, plan->u.conv.w,
+        plan->u.conv.oh, plan->u.conv.ow, plan->u.conv.kh, plan->u.conv.kw,
+        plan->u.conv.sh, plan->u.conv.sw, plan->u.conv.dh, plan->u.conv.dw,
+        plan->u.conv.pt, plan->u.conv.pl,
+        plan->u.conv.c * plan->u.conv.kh * plan->u.conv.kw };
+}
 
 /* One output column q of output row r, channels ch .. ch + lanes of V -
  * 1: window rows ilo .. ihi - 1 and columns jlo .. jhi - 1 in reach. */
@@ -537,14 +554,7 @@ s_cl_rows (const kiln_kplan_t *plan, void *const *data, int64_t first,
            int64_t count, float *ws)
 {
     (void) ws;
-    const s_cl_t d = {
-        data[plan->in[0]], data[plan->in[1]],
-        plan->u.conv.bias ? data[plan->in[2]] : NULL,
-        plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]] : NULL,
-        data[plan->out], plan->u.conv.c, plan->u.conv.h, plan->u.conv.w,
-        plan->u.conv.oh, plan->u.conv.ow, plan->u.conv.kh, plan->u.conv.kw,
-        plan->u.conv.sh, plan->u.conv.sw, plan->u.conv.dh, plan->u.conv.dw,
-        plan->u.conv.pt, plan->u.conv.pl };
+    const s_cl_t d = s_cl_of (plan, data);
     int64_t chunks = (d.c + S_CL_CHUNK - 1) / S_CL_CHUNK;
     for (int64_t t = first; t < first + count; t++) {
         int64_t row = t / chunks, c0 = t % chunks * S_CL_CHUNK;
@@ -598,16 +608,10 @@ s_cl_rows (const kiln_kplan_t *plan, void *const *data, int64_t first,
  * channels a panel), four output columns at once. */
 #define S_FEW_COLS 4
 
-typedef struct {
-    const float *x, *w, *bias, *res;
-    float *y;
-    int64_t c, h, w_in, m, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, k;
-} s_few_t;
-
 /* Store (plus the residual) the sums v0, v1 of output column q, channels
  * of panel p (o0 .. o0 + no - 1). */
 static inline __attribute__ ((always_inline)) void
-s_few_store (const s_few_t *d, float *yr, const float *rr, int64_t q, int64_t o0,
+s_few_store (const s_cl_t *d, float *yr, const float *rr, int64_t q, int64_t o0,
              int64_t no, const s_v16 *pv0, const s_v16 *pv1)
 {
     s_v16 v0 = *pv0, v1 = *pv1;
@@ -640,7 +644,7 @@ s_few_store (const s_few_t *d, float *yr, const float *rr, int64_t q, int64_t o0
 /* Output column q of output row r (window rows ilo .. ihi - 1, columns
  * jlo .. jhi - 1 in reach), the channels of panel p. */
 static inline __attribute__ ((always_inline)) void
-s_few_one (const s_few_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi,
+s_few_one (const s_cl_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi,
            int64_t q, int64_t jlo, int64_t jhi, int64_t p, const float *b, float *yr,
            const float *rr)
 {
@@ -666,7 +670,7 @@ s_few_one (const s_few_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ih
 /* Output columns q .. q + 3, their windows inside the row: four columns'
  * sums at once, each tap's weights loaded once for the four. */
 static inline __attribute__ ((always_inline)) void
-s_few_four (const s_few_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi,
+s_few_four (const s_cl_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi,
             int64_t q, int64_t p, const float *b, float *yr, const float *rr)
 {
     enum { NR = KILN_PACK_NR };
@@ -707,15 +711,7 @@ s_few_rows (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_t 
             float *ws)
 {
     (void) ws;
-    const s_few_t d = {
-        data[plan->in[0]], data[plan->in[1]],
-        plan->u.conv.bias ? data[plan->in[2]] : NULL,
-        plan->epi.residual >= 0 ? data[plan->in[plan->epi.residual]] : NULL,
-        data[plan->out], plan->u.conv.c, plan->u.conv.h, plan->u.conv.w, plan->u.conv.m,
-        plan->u.conv.oh, plan->u.conv.ow, plan->u.conv.kh, plan->u.conv.kw,
-        plan->u.conv.sh, plan->u.conv.sw, plan->u.conv.dh, plan->u.conv.dw,
-        plan->u.conv.pt, plan->u.conv.pl,
-        plan->u.conv.c * plan->u.conv.kh * plan->u.conv.kw };
+    const s_cl_t d = s_cl_of (plan, data);
     int64_t panels = (d.m + KILN_PACK_NR - 1) / KILN_PACK_NR;
     for (int64_t row = first; row < first + count; row++) {
         int64_t ni = row / d.oh, r = row % d.oh;
