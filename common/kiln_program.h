@@ -78,7 +78,7 @@
     X (RELU,           "relu",            1, 1, 1)         \
     X (MATMUL,         "matmul",          2, 4, 1)         \
     X (GEMM,           "gemm",            2, 4, 1)         \
-    X (CONV2D,         "conv2d",          2, 4, 1)         \
+    X (CONV2D,         "conv2d",          2, 5, 1)         \
     X (MAXPOOL2D,      "maxpool2d",       1, 1, 1)         \
     X (GLOBAL_AVGPOOL, "global_avgpool",  1, 1, 1)         \
     KILN_ARITH_OPS (KILN_ARITH_KERNEL_ROW, X)                     \

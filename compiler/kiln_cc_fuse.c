@@ -666,6 +666,76 @@ s_pool_after (kiln_cc_ctx_t *cx, const s_uses_t *u, int i, int cur, int *pad)
     return n;
 }
 
+/* The BatchNormalization (inference, constant statistics) that alone
+ * makes `t` from a 4-D float32 input, when nothing else reads `t`: its
+ * index, else -1. */
+static int
+s_bn_before (const kiln_cc_ctx_t *cx, const s_uses_t *u, int t)
+{
+    int b = t >= 0 && u->uses[t] == 1 && !u->is_output[t] ? cx->producer[t] : -1;
+    if (b < 0 || cx->skip[b])
+        return -1;
+    const kiln_node_t *bn = &cx->g->nodes[b];
+    if (!s_is (bn, "BatchNormalization") || bn->n_inputs != 5 || bn->inputs[0] < 0
+        || bn->outputs[0] != t || !s_only_first_output (cx, u, bn)
+        || kiln_node_attr_int (bn, "training_mode", 0) != 0
+        || !s_f32 (cx, bn->inputs[0]) || s_gt (cx, bn->inputs[0])->shape.rank != 4)
+        return -1;
+    for (int i = 1; i < 5; i++)
+        if (bn->inputs[i] < 0 || !s_f32 (cx, bn->inputs[i])
+            || !kiln_cc_const_f32 (cx, bn->inputs[i])
+            || s_numel (&s_gt (cx, bn->inputs[i])->shape)
+                   != s_gt (cx, t)->shape.dims[1])
+            return -1;
+    return b;
+}
+
+/* A pre-activation block before Conv node i (DenseNet's BatchNormalization
+ * and Relu over the concatenated features): when the Conv is pointwise
+ * (1×1, stride 1, unpadded, one group, constant weights) and its X is
+ * made, for it alone, by a BatchNormalization, or by a Relu of one, the
+ * Conv reads the BatchNormalization's input and applies both per input
+ * channel as its product packs X, so that the normalised tensor is
+ * never written.  Not with a pool run first on X (the Relu is not
+ * linear). */
+static void
+s_plan_prologue (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
+{
+    const kiln_node_t *p = &cx->g->nodes[i];
+    kiln_cc_fusion_t *f = &cx->fusion[i];
+    int x = p->inputs[0], wt = p->inputs[1];
+    if (f->pool >= 0 || x < 0 || wt < 0 || !s_f32 (cx, x) || !kiln_cc_const_f32 (cx, wt))
+        return;
+    const kiln_shape_t *sx = &s_gt (cx, x)->shape, *sw = &s_gt (cx, wt)->shape;
+    const char *pad = kiln_node_attr_string (p, "auto_pad", "NOTSET");
+    const kiln_attr_t *pads = kiln_node_attr (p, "pads");
+    const kiln_attr_t *st = kiln_node_attr (p, "strides");
+    if (sx->rank != 4 || sw->rank != 4 || sw->dims[2] != 1 || sw->dims[3] != 1
+        || sw->dims[1] != sx->dims[1] || kiln_node_attr_int (p, "group", 1) != 1
+        || (strcmp (pad, "NOTSET") != 0 && strcmp (pad, "VALID") != 0))
+        return;
+    for (size_t k = 0; pads && k < pads->n; k++)
+        if (pads->kind != KILN_ATTR_INTS || pads->ints[k] != 0)
+            return;
+    for (size_t k = 0; st && k < st->n; k++)
+        if (st->kind != KILN_ATTR_INTS || st->ints[k] != 1)
+            return;
+    int relu = x >= 0 && u->uses[x] == 1 && !u->is_output[x] ? cx->producer[x] : -1;
+    if (relu >= 0 && !cx->skip[relu] && s_is (&cx->g->nodes[relu], "Relu")
+        && cx->g->nodes[relu].n_inputs == 1 && cx->g->nodes[relu].n_outputs == 1)
+        x = cx->g->nodes[relu].inputs[0];
+    else
+        relu = -1;
+    int b = s_bn_before (cx, u, x);
+    if (b < 0)
+        return;
+    f->pre_bn = b;
+    f->pre_relu = relu;
+    cx->skip[b] = 1;
+    if (relu >= 0)
+        cx->skip[relu] = 1;
+}
+
 static void
 s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
 {
@@ -721,6 +791,8 @@ s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
             cx->skip[n] = 1;
             cur = cx->g->nodes[n].outputs[0];
         }
+        if (conv)
+            s_plan_prologue (cx, u, i);
     }
     if (cur != p->outputs[0])
         f->out = cur;
@@ -909,7 +981,8 @@ kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
     kiln_graph_t *g = cx->g;
     for (int i = 0; i < g->n_nodes; i++) {
         cx->skip[i] = 0;
-        cx->fusion[i] = (kiln_cc_fusion_t) { .bn = -1, .pool = -1, .bias = -1, .residual = -1,
+        cx->fusion[i] = (kiln_cc_fusion_t) { .bn = -1, .pool = -1, .pre_bn = -1,
+                                             .pre_relu = -1, .bias = -1, .residual = -1,
                                              .act = KILN_ACT_NONE, .out = -1,
                                              .alpha = 1.0, .src = { -1, -1 },
                                              .ln_scale = -1, .ln_bias = -1 };

@@ -21,7 +21,11 @@
  *        strides and scales by alpha; after one with nothing else fused,
  *        a Transpose keeping the last axis last: the product writes
  *        through strides.  A Transpose whose input is such a view of
- *        another tensor copies from that tensor.
+ *        another tensor copies from that tensor.  Before a pointwise Conv (1×1,
+ *        stride 1, unpadded, one group, constant weights), the
+ *        BatchNormalization, or BatchNormalization and Relu, that made its
+ *        input: the Conv reads the BatchNormalization's input and applies
+ *        both per channel as it packs it (a prologue).
  *
  * A node is taken over only when the tensor between the two is read by
  * that node alone and is not a graph output, so no intermediate anyone

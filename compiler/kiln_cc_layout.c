@@ -58,7 +58,7 @@ s_conv (const kiln_cc_ctx_t *cx, int i)
     s_conv_t c = { 0 };
     const kiln_node_t *n = &cx->g->nodes[i];
     const kiln_cc_fusion_t *f = &cx->fusion[i];
-    if (n->n_inputs < 2 || n->n_outputs < 1 || f->pool >= 0
+    if (n->n_inputs < 2 || n->n_outputs < 1 || f->pool >= 0 || f->pre_bn >= 0
         || !s_f32_4d (cx, n->inputs[0]) || !s_f32_4d (cx, n->inputs[1])
         || !s_f32_4d (cx, n->outputs[0]) || !kiln_cc_const_f32 (cx, n->inputs[1])
         || (n->n_inputs > 2 && n->inputs[2] >= 0 && !kiln_cc_const_f32 (cx, n->inputs[2])))
@@ -216,6 +216,10 @@ kiln_cc_layout (kiln_cc_ctx_t *cx, kiln_err_t *err)
             for (int k = -1; k < n->n_inputs; k++) {
                 int t = k < 0 ? (s_is (n, "Conv") ? cx->fusion[i].residual : -1)
                               : n->inputs[k];
+                /* a Conv with a prologue reads its BatchNormalization's
+                 * input as X (kiln_cc_fuse.h) */
+                if (k == 0 && s_is (n, "Conv") && cx->fusion[i].pre_bn >= 0)
+                    t = g->nodes[cx->fusion[i].pre_bn].inputs[0];
                 if (t < 0 || t >= nt)
                     continue;
                 if (pass == 0) {

@@ -867,6 +867,25 @@ s_wino_tile (int64_t oh, int64_t ow)
     return pick;
 }
 
+/* Whether Winograd pays on an oh × ow output of m channels from c by
+ * F(2x2, 3x3) (s_wino_tile's pick for small outputs): not on one block
+ * of 16 tiles or fewer (a 7 × 7 or 8 × 8 output) when its transformed
+ * weights, 16/9 of the direct ones, are over 1 MiB: each transformed
+ * weight then serves 16 tiles, and the weights, streamed from memory in a
+ * model too large for the cache, cost more than the 2.25 times fewer
+ * products save.  resnet50's 512 → 512 at 7 × 7 (16 MiB transformed):
+ * 1.80 ms by Winograd against 1.40-1.45 direct inside the model, level
+ * (1.15 ms) when the weights stay in cache; 128 → 128 (1 MiB) gains 6 %
+ * by Winograd even then.  F(4x4, 3x3), four times fewer products, still
+ * wins on its 16 tiles of a 14 × 14 output (0.77 against 1.28 ms). */
+static bool
+s_wino_pays (int64_t c, int64_t m, int64_t oh, int64_t ow, int tile)
+{
+    int64_t tiles = ((oh + tile - 1) / tile) * ((ow + tile - 1) / tile);
+    return tile != 2 || tiles > KILN_PACK_NR / 2
+           || (double) c * (double) m * KILN_PACK_WINO_POINTS (2) * 4.0 <= 1024.0 * 1024.0;
+}
+
 /* A convolution's product runs transposed (output positions as the rows
  * of the engine's 8 × 32 tiles, output channels along the 32) when that
  * computes clearly fewer padding elements (a 7×7 output is 49 positions,
@@ -1407,7 +1426,10 @@ kiln_cc_emit_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, const kiln_cc_fus
              int64_t per, kiln_err_t *err)
 {
     int x = s_in (node, 0), wt = s_in (node, 1), b = s_in (node, 2), y = node->outputs[0];
-    int ins[4], n_in = 0, rc = 0;
+    int ins[5], n_in = 0, rc = 0;
+    const kiln_node_t *pre = f && f->pre_bn >= 0 ? &cx->g->nodes[f->pre_bn] : NULL;
+    if (pre)
+        x = pre->inputs[0];
     if ((ins[n_in++] = s_operand (cx, x, err)) < 0)
         return ins[0];
     if (f && f->pool >= 0) {
@@ -1428,8 +1450,36 @@ kiln_cc_emit_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, const kiln_cc_fus
     kiln_shape_t bs = { .rank = 1, .dims = { m } };
     if ((bfold || b >= 0) && (rc = s_folded_operand (cx, b, bfold, &bs, m, ins, &n_in, err)))
         return rc;
-    if (f)
-        return s_emit_fused (cx, f, y, k, ins, n_in, err);
+    if (pre) {
+        /* X's prologue: [2, C], the BatchNormalization's scale s =
+         * scale / sqrt(var + epsilon) and shift beta − mean·s, in double */
+        int64_t c = s_gt (cx, x)->shape.dims[1];
+        const float *sc = kiln_cc_const_f32 (cx, pre->inputs[1]);
+        const float *bb = kiln_cc_const_f32 (cx, pre->inputs[2]);
+        const float *mean = kiln_cc_const_f32 (cx, pre->inputs[3]);
+        const float *var = kiln_cc_const_f32 (cx, pre->inputs[4]);
+        double eps = kiln_node_attr_float (pre, "epsilon", 1e-5);
+        kiln_shape_t ps = { .rank = 2, .dims = { 2, c } };
+        float *pw;
+        if (!sc || !bb || !mean || !var)
+            return s_fail (cx, KILN_ECOMPILE, err, "internal error: a prologue "
+                           "needs constant statistics");
+        if ((ins[n_in] = kiln_cc_made_weight (cx, &ps, &pw, err)) < 0)
+            return ins[n_in];
+        n_in++;
+        for (int64_t i = 0; i < c; i++) {
+            double s = (double) sc[i] / sqrt ((double) var[i] + eps);
+            pw[i] = (float) s;
+            pw[c + i] = (float) ((double) bb[i] - (double) mean[i] * s);
+        }
+    }
+    if (f) {
+        int op = s_emit_fused (cx, f, y, k, ins, n_in, err);
+        if (op >= 0 && pre
+            && (rc = s_set_int (cx, op, "prologue", f->pre_relu >= 0 ? 2 : 1, err)))
+            return rc;
+        return op;
+    }
     int py = s_result (cx, y, err);
     return py < 0 ? py : s_emit (cx, k, ins, n_in, &py, 1, err);
 }
@@ -1579,6 +1629,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                  * are 16/9 of the direct ones to stream */
                 && ((w.out[0] + 1) / 2) * ((w.out[1] + 1) / 2) >= 8;
     int tile = wino ? s_wino_tile (w.out[0], w.out[1]) : 0;
+    if (wino && !s_wino_pays (c, m, w.out[0], w.out[1], tile))
+        wino = false, tile = 0;
     int64_t positions = w.out[0] * (w.ns > 1 ? w.out[1] : 1);
     if (f->pool >= 0) {
         const kiln_shape_t *ps = &s_gt (cx, cx->g->nodes[f->pool].outputs[0])->shape;
@@ -1588,7 +1640,11 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                                : s_conv_trans (m / group, positions, per));
     /* channels-last X or Y (kiln_cc_layout.h): a depthwise convolution
      * both ways with its weights tap-major, or a packed-T product */
-    bool x_cl = cx->cl[x], y_cl = cx->cl[f->out >= 0 ? f->out : y];
+    bool x_cl = cx->cl[f->pre_bn >= 0 ? cx->g->nodes[f->pre_bn].inputs[0] : x];
+    bool y_cl = cx->cl[f->out >= 0 ? f->out : y];
+    if (f->pre_bn >= 0 && (!pack || x_cl))
+        return s_fail (cx, KILN_ECOMPILE, err, "internal error: a prologue "
+                       "without packed weights or from channels-last");
     if ((x_cl || y_cl)
         && (depthwise ? !(x_cl && y_cl && m == c) : !pack || wino || group != 1))
         return s_fail (cx, KILN_ECOMPILE, err, "channels-last where the "

@@ -73,6 +73,10 @@ typedef struct kiln_cc_fusion {
     int bn;                 /* BatchNormalization folded into the weights, or -1 */
     int pool;               /* AveragePool after a pointwise Conv, run before it
                              * on its input instead (both are linear), or -1 */
+    int pre_bn, pre_relu;   /* a pointwise Conv's X made by a BatchNormalization
+                             * (and a Relu after it): applied to the
+                             * BatchNormalization's input as the product packs
+                             * it (op attribute "prologue"), or -1 */
     int bias;               /* MatMul: constant tensor of n added per row, or -1 */
     int residual;           /* tensor added before the activation, or -1 */
     kiln_act_t act;         /* activation applied last */

@@ -61,7 +61,8 @@ fuzz-test:
 SAN_BUILD       := $(BUILD)/san
 SAN_INTEGRATION ?= tests/integration/test_hostile_inputs.py tests/integration/test_release.py \
 	tests/integration/test_farm.py tests/integration/test_models.py tests/integration/test_depthwise.py \
-	tests/integration/test_winograd.py tests/integration/test_gemv.py tests/integration/test_channels_last.py
+	tests/integration/test_winograd.py tests/integration/test_gemv.py tests/integration/test_channels_last.py \
+	tests/integration/test_prologue.py
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LSAN_OPTIONS=suppressions=$(CURDIR)/fuzz/lsan.supp
 san-test: deps

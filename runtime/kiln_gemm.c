@@ -188,7 +188,7 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
      * 0.78 of the time of 7-row panels, on a 7 × 7 one (49 rows computed
      * as 56) 0.87-0.93 (mobilenet_v2, side by side). */
     if (kiln_gisa.fin_avx512 && !g->c_trans && g->a.kind == KILN_GSRC_STRIDED
-        && g->a.cs == 1)
+        && g->a.cs == 1 && !g->a_pro.s)
         bl->rp = MR;
     bl->mc = a_packed ? s_round_up (g->m, MR)
                       : s_min (s_round_up (g->m, bl->rp), S_MC / bl->rp * bl->rp);
@@ -329,7 +329,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
      * they lie: only a last panel of fewer than MR rows is packed. */
     bool x = kiln_gisa.fin_avx512 && !g->c_trans && rp == MR;
     bool xepi = x && kiln_gfinish_fast (g);
-    bool direct = x && g->a.kind == KILN_GSRC_STRIDED && g->a.cs == 1;
+    bool direct = x && g->a.kind == KILN_GSRC_STRIDED && g->a.cs == 1 && !g->a_pro.s;
     int64_t m_full = m0 + (m1 - m0) / MR * MR;  /* rows read where they lie */
     for (int64_t kb = 0; kb < bl->nkb; kb++) {
         int64_t k0 = kb * bl->kc, kc = s_min (bl->kc, g->k - k0);
@@ -350,7 +350,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             if (g->b.kind == KILN_GSRC_CONV)
                 kiln_gpack_conv (&g->b, k0, kc, n0, n1 - n0, bws, NR, NR);
             else
-                kiln_gpack_b_strided (&g->b, k0, kc, n0, n1 - n0, bws);
+                kiln_gpack_b_strided (&g->b, &g->b_pro, k0, kc, n0, n1 - n0, bws);
             bp = bws;
             bstride = kc * NR;
         }
@@ -359,14 +359,14 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             astride = g->k * MR;
         } else if (direct) {
             if (m_full < m1)
-                kiln_gpack_a_strided (&g->a, m_full, m1 - m_full, k0, kc, aws, MR);
+                kiln_gpack_a_strided (&g->a, &g->a_pro, m_full, m1 - m_full, k0, kc, aws, MR);
             ap = aws;
             astride = 0;
         } else {
             if (g->a.kind == KILN_GSRC_CONV)
                 kiln_gpack_conv (&g->a, k0, kc, m0, m1 - m0, aws, MR, rp);
             else
-                kiln_gpack_a_strided (&g->a, m0, m1 - m0, k0, kc, aws, rp);
+                kiln_gpack_a_strided (&g->a, &g->a_pro, m0, m1 - m0, k0, kc, aws, rp);
             ap = aws;
             astride = kc * MR;
         }
@@ -460,8 +460,8 @@ static bool
 s_gemv (const kiln_gemm_t *g)
 {
     return kiln_gisa.fin_avx512 && g->m == 1 && g->k > 0
-           && g->a.kind == KILN_GSRC_STRIDED && g->b.kind == KILN_GSRC_PACKED
-           && !g->b_half;
+           && g->a.kind == KILN_GSRC_STRIDED && !g->a_pro.s
+           && g->b.kind == KILN_GSRC_PACKED && !g->b_half;
 }
 
 static void

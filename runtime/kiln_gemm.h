@@ -61,6 +61,16 @@ typedef struct kiln_gsrc {
     const kiln_gconv_t *conv;
 } kiln_gsrc_t;
 
+/* A STRIDED operand's prologue, or s NULL: its element at kk along k is
+ * read as v · s[kk] + b[kk], then max (·, 0) when relu, as it is packed
+ * (a pre-activation BatchNormalization and Relu before a pointwise
+ * convolution).  Such an operand is always packed: never read in place,
+ * by Strassen or by the gemv path. */
+typedef struct kiln_gpro {
+    const float *s, *b;
+    bool relu;
+} kiln_gpro_t;
+
 /* An addend: scale · p[i·rs + j·cs] (a stride of 0 broadcasts). */
 typedef struct kiln_gadd {
     const float *p;
@@ -83,6 +93,7 @@ typedef struct kiln_gemm {
     int n_add;
     kiln_act_t act;
     float act_a, act_b;         /* clip's bounds, leaky_relu's slope */
+    kiln_gpro_t a_pro, b_pro;   /* the operands' prologues (s NULL: none) */
 } kiln_gemm_t;
 
 /* Products with one shape that a kernel runs together (a batch, the

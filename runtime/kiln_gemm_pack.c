@@ -10,11 +10,44 @@
 #include "runtime/kiln_convert.h"
 #include "runtime/kiln_vmath.h"
 
+/* An operand's prologue (kiln_gpro_t) at step k of n floats: from src
+ * into d (the same, or apart).  Inlined in the callers' clones, so that
+ * it vectorises for each; a constant n (a panel's MR, 7 or NR) is one
+ * or two vectors. */
+static inline __attribute__ ((always_inline)) void
+s_pro_run (const kiln_gpro_t *pro, int64_t k, float *d, const float *src, int64_t n)
+{
+    float sc = pro->s[k], sh = pro->b[k];
+    if (pro->relu)
+        for (int64_t j = 0; j < n; j++) {
+            float v = src[j] * sc + sh;
+            d[j] = v < 0.0f ? 0.0f : v;
+        }
+    else
+        for (int64_t j = 0; j < n; j++)
+            d[j] = src[j] * sc + sh;
+}
+
+/* The prologue in place on the `used` first of the `width` floats of
+ * each of the kc steps (k0..) of a packed panel. */
+static inline __attribute__ ((always_inline)) void
+s_prologue (const kiln_gpro_t *pro, float *panel, int64_t width, int64_t used, int64_t k0,
+            int64_t kc)
+{
+    for (int64_t kk = 0; kk < kc; kk++) {
+        float *d = panel + kk * width;
+        if (used == NR)
+            s_pro_run (pro, k0 + kk, d, d, NR);
+        else
+            s_pro_run (pro, k0 + kk, d, d, used);
+    }
+}
+
 /* Rows m0..m0+mr-1, k0..k0+kc-1 of a strided A into panels of kc × MR,
  * `rp` rows (MR or 7) to a panel; the rest of a panel is zero. */
 KILN_VCLONES void
-kiln_gpack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
-                  int64_t kc, float *dst, int64_t rp)
+kiln_gpack_a_strided (const kiln_gsrc_t *s, const kiln_gpro_t *pro, int64_t m0,
+                      int64_t mr, int64_t k0, int64_t kc, float *dst, int64_t rp)
 {
     for (int64_t p = 0; p * rp < mr; p++) {
         float *panel = dst + p * kc * MR;
@@ -25,7 +58,16 @@ kiln_gpack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
             /* Rows are adjacent (a matrix read transposed, a convolution's
              * positions): a run of `rows` floats per step of k. */
             const float *src = s->p + m0 + p * rp + k0 * s->cs;
-            if (rows == MR)
+            if (pro && pro->s && rows == MR)
+                for (int64_t kk = 0; kk < kc; kk++)
+                    s_pro_run (pro, k0 + kk, panel + kk * MR, src + kk * s->cs, MR);
+            else if (pro && pro->s && rows == 7)
+                for (int64_t kk = 0; kk < kc; kk++)
+                    s_pro_run (pro, k0 + kk, panel + kk * MR, src + kk * s->cs, 7);
+            else if (pro && pro->s)
+                for (int64_t kk = 0; kk < kc; kk++)
+                    s_pro_run (pro, k0 + kk, panel + kk * MR, src + kk * s->cs, rows);
+            else if (rows == MR)
                 for (int64_t kk = 0; kk < kc; kk++)
                     memcpy (panel + kk * MR, src + kk * s->cs, MR * sizeof *panel);
             else if (rows == 7)
@@ -41,6 +83,8 @@ kiln_gpack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
             /* rows along k: a panel is a transpose of rows × kc */
             kiln_gisa.panel_rows (panel, s->p + (m0 + p * rp) * s->rs + k0, NULL, 0, rows,
                           kc, s->rs);
+            if (pro && pro->s)
+                s_prologue (pro, panel, MR, rows, k0, kc);
             continue;
         }
         for (int64_t r = 0; r < rows; r++) {
@@ -52,17 +96,24 @@ kiln_gpack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
                 for (int64_t kk = 0; kk < kc; kk++)
                     panel[kk * MR + r] = src[kk * s->cs];
         }
+        if (pro && pro->s)
+            s_prologue (pro, panel, MR, rows, k0, kc);
     }
 }
 
 /* Columns n0..n0+nw-1, k0..k0+kc-1 of a strided B into panels of kc × NR. */
 KILN_VCLONES void
-kiln_gpack_b_strided (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
-                  int64_t nw, float *dst)
+kiln_gpack_b_strided (const kiln_gsrc_t *s, const kiln_gpro_t *pro, int64_t k0,
+                      int64_t kc, int64_t n0, int64_t nw, float *dst)
 {
     for (int64_t q = 0; q * NR < nw; q++) {
         float *panel = dst + q * kc * NR;
         int64_t j0 = n0 + q * NR, cols = s_min (NR, nw - q * NR);
+        if (s->cs == 1 && cols == NR && pro && pro->s) {
+            for (int64_t kk = 0; kk < kc; kk++)
+                s_pro_run (pro, k0 + kk, panel + kk * NR, s->p + (k0 + kk) * s->rs + j0, NR);
+            continue;
+        }
         if (s->cs == 1 && cols == NR) {
             /* a constant size: the copy is two vector moves */
             for (int64_t kk = 0; kk < kc; kk++)
@@ -86,6 +137,8 @@ kiln_gpack_b_strided (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
                     panel[kk * NR + j] = src[kk * s->rs];
             }
         }
+        if (pro && pro->s)
+            s_prologue (pro, panel, NR, cols, k0, kc);
     }
 }
 

@@ -166,12 +166,12 @@ kiln_gtranspose8 (__m256 r[8])
 
 /* Rows m0..m0+mr-1, k0..k0+kc-1 of a strided A into panels of kc × MR,
  * `rp` rows (MR or 7) to a panel; the rest of a panel is zero. */
-void kiln_gpack_a_strided (const kiln_gsrc_t *s, int64_t m0, int64_t mr, int64_t k0,
-                           int64_t kc, float *dst, int64_t rp);
+void kiln_gpack_a_strided (const kiln_gsrc_t *s, const kiln_gpro_t *pro, int64_t m0,
+                           int64_t mr, int64_t k0, int64_t kc, float *dst, int64_t rp);
 
 /* Columns n0..n0+nw-1, k0..k0+kc-1 of a strided B into panels of kc × NR. */
-void kiln_gpack_b_strided (const kiln_gsrc_t *s, int64_t k0, int64_t kc, int64_t n0,
-                           int64_t nw, float *dst);
+void kiln_gpack_b_strided (const kiln_gsrc_t *s, const kiln_gpro_t *pro, int64_t k0,
+                           int64_t kc, int64_t n0, int64_t nw, float *dst);
 
 /* Columns n0..n0+nw-1 (output positions), k0..k0+kc-1 (tap-major) of the
  * im2col matrix of a convolution input, into panels of kc × `width`,

@@ -115,6 +115,9 @@ typedef struct kiln_kplan {
                                      * [N, H, W, C] (op attribute "layout") */
             bool few;               /* a few channels to channels-last: direct
                                      * loops (kiln_kfew_run), not the engine */
+            int pro;                /* operand index of X's prologue ([2, C]:
+                                     * scales, then shifts) or -1 */
+            bool pro_relu;          /* and max (·, 0) after it */
             int64_t wpg;            /* packed W floats per group */
             kiln_gconv_t geo;       /* one group's geometry for kiln_gemm */
             bool winograd;          /* W transformed for F(t×t, 3x3) */

@@ -24,10 +24,12 @@ kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     if (rc)
         return rc;
     kiln_kwin_t w;
-    int64_t group, x[4], y[4], want, tile = 0, layout = 0;
+    int64_t group, x[4], y[4], want, tile = 0, layout = 0, pro = 0;
     bool packed, trans;
     if ((kiln_prog_op_has (op, "layout")
          && (rc = kiln_prog_op_int (op, "layout", &layout, err)))
+        || (kiln_prog_op_has (op, "prologue")
+            && (rc = kiln_prog_op_int (op, "prologue", &pro, err)))
         || (rc = kiln_kget_window (op, &w, err))
         || (rc = kiln_prog_op_int (op, "group", &group, err))
         || (rc = kiln_kernel_epilogue (p, op, plan, err))
@@ -92,16 +94,30 @@ kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
         return rc;
     if (!kiln_kblas_ok (rows) || !kiln_kblas_ok (cols) || !kiln_kblas_ok (mg))
         return kiln_error (err, KILN_EFORMAT, "convolution too large for BLAS");
-    int extra = plan->n_in - 2 - (plan->epi.residual >= 0);
+    if (pro < 0 || pro > 2)
+        return kiln_error (err, KILN_EFORMAT, "prologue must be 0, 1 (scale and "
+                           "shift) or 2 (and relu), not %lld", (long long) pro);
+    int extra = plan->n_in - 2 - (plan->epi.residual >= 0) - (pro != 0);
     if (extra < 0 || extra > 1)
-        return kiln_error (err, KILN_EFORMAT, "takes X, W, an optional bias and "
-                           "an optional residual");
+        return kiln_error (err, KILN_EFORMAT, "takes X, W, an optional bias, "
+                           "the prologue when it has one and an optional residual");
     plan->u.conv.bias = extra == 1;
     if (plan->u.conv.bias && (rc = kiln_kneed_numel (p, plan->in[2], y[1], "bias", err)))
         return rc;
     plan->u.conv.pointwise = w.k[0] == 1 && w.k[1] == 1 && w.s[0] == 1
                              && w.s[1] == 1 && w.p[0] == 0 && w.p[1] == 0
                              && w.p[2] == 0 && w.p[3] == 0;
+    /* X's prologue (scale, shift and relu per input channel, applied as
+     * the engine packs X): a packed, ungrouped pointwise product from
+     * NCHW only, whose X is always packed */
+    plan->u.conv.pro = pro ? 2 + plan->u.conv.bias : -1;
+    plan->u.conv.pro_relu = pro == 2;
+    if (pro && (!packed || wino || group != 1 || !plan->u.conv.pointwise || layout & 1))
+        return kiln_error (err, KILN_EFORMAT, "a prologue only on a packed, "
+                           "ungrouped pointwise convolution from NCHW");
+    if (pro && (rc = kiln_kneed_numel (p, plan->in[plan->u.conv.pro], 2 * x[1],
+                                       "the prologue", err)))
+        return rc;
     plan->u.conv.packed = packed;
     /* Without packed weights and without a workspace, one input channel
      * per group runs the direct depthwise loops; anything else unpacked
@@ -169,7 +185,7 @@ kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
             .kh = w.k[0], .kw = w.k[1], .sh = w.s[0], .sw = w.s[1],
             .dh = w.d[0], .dw = w.d[1], .pt = w.p[0], .pl = w.p[1] };
         plan->ws_bytes = kiln_gemm_ws_bytes (cols, mg, rows, false, true);
-        plan->u.conv.few = kiln_kfew_fits (plan);
+        plan->u.conv.few = plan->u.conv.pro < 0 && kiln_kfew_fits (plan);
     } else if (packed) {
         kiln_pack_conv_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
         plan->u.conv.geo = (kiln_gconv_t) {
@@ -213,6 +229,17 @@ s_im2col (const kiln_kplan_t *plan, const float *x, int64_t cg, float *col)
             }
 }
 
+/* X's prologue, when the plan has one, on the operand that reads X. */
+static void
+s_prologue_of (const kiln_kplan_t *plan, void *const *data, kiln_gpro_t *pro)
+{
+    if (plan->u.conv.pro < 0)
+        return;
+    pro->s = data[plan->in[plan->u.conv.pro]];
+    pro->b = pro->s + plan->u.conv.c;
+    pro->relu = plan->u.conv.pro_relu;
+}
+
 /* Product `idx` (batch element idx / group, group idx % group) of a
  * convolution with packed weights. */
 static void
@@ -243,6 +270,7 @@ s_conv_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
         g->b = (kiln_gsrc_t) { KILN_GSRC_PACKED,
                                (const float *) data[plan->in[1]] + gi * plan->u.conv.wpg,
                                0, 0, NULL };
+        s_prologue_of (plan, data, &g->a_pro);
         /* channels-last Y: C as it is, rows of m (ungrouped) */
         bool ycl = plan->u.conv.y_cl;
         g->c = (float *) data[plan->out] + yoff;
@@ -270,6 +298,7 @@ s_conv_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
         g->b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, x, hw, 1, NULL };
     else
         g->b = (kiln_gsrc_t) { KILN_GSRC_CONV, x, 0, 0, &plan->u.conv.geo };
+    s_prologue_of (plan, data, &g->b_pro);
     g->c = (float *) data[plan->out] + yoff;
     g->ldc = ohw;
     g->alpha = 1.0f;

@@ -35,6 +35,18 @@ def seeded_model(make):
     return model
 
 
+def random_bn(c, weight=(0.5, 1.5)):
+    """A BatchNorm2d of c channels with non-trivial running statistics,
+    its scales drawn from `weight`, its shifts from [-0.3, 0.3]."""
+    bn = torch.nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(*weight)
+        bn.bias.uniform_(-0.3, 0.3)
+    return bn
+
+
 def export(workdir, name, model, x):
     """torch's output for x (float64), and the model exported (opset 14)
     and imported: (want, kgraph, path of x as .npy)."""
@@ -66,6 +78,29 @@ def run_kar(workdir, kar, xpath, out_name, env):
                 f"x={xpath}", "--output-dir", out], env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return np.load(os.path.join(out, "y.npy")), proc.stderr
+
+
+def profiles_within(workdir, name, kgraph, xpath, want, tolerance):
+    """Compile at -O2 and -O3, run on every micro-kernel this CPU has and
+    with 2 and 3 threads (KILN_RT_PROFILE=all), assert each output within
+    tolerance of want's largest magnitude, and return the runs' profiles
+    (stderr)."""
+    scale = float(np.abs(want).max())
+    assert scale > 0
+    profiles = []
+    for opt in ("2", "3"):
+        kar = compile_kar(workdir, kgraph, f"{name}.O{opt}.kar", f"--optlevel {opt}")
+        envs = [{"KILN_RT_ISA": isa} for isa in isas()]
+        envs += [{"KILN_RT_THREADS": "2"}, {"KILN_RT_THREADS": "3"}]
+        for env in envs:
+            env = dict(env, KILN_RT_PROFILE="all")
+            got, stderr = run_kar(workdir, kar, xpath,
+                                  f"{name}.O{opt}.{'.'.join(env.values())}", env)
+            assert got.shape == want.shape
+            err = float(np.abs(got - want).max())
+            assert err <= tolerance * scale, f"{name} -O{opt} {env}: error {err:.3g} of {scale:.3g}"
+            profiles.append(stderr)
+    return profiles
 
 
 def kernel_ops(stderr):
