@@ -1116,11 +1116,14 @@ START_TEST (test_malformed_packed_programs_are_refused)
     size_t plen, wlen;
     const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
     kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
-    /* the last two: an unknown weight layout, and the transposed layout
-     * declared for weights of the other one (a different size) */
+    /* then an unknown weight layout, and the transposed layout declared
+     * for weights of the other one (a different size); last, an unknown
+     * prologue and a prologue on the 3x3 convolution (its bias, the
+     * operand after W, read as the prologue's) */
     const char *want[] = { "unknown activation", "residual", "packed W", "winograd",
-                           "packed must be 0 or 1", "packed W" };
-    for (int c = 0; c < 6; c++) {
+                           "packed must be 0 or 1", "packed W", "prologue must be",
+                           "a prologue only on a packed, ungrouped pointwise" };
+    for (int c = 0; c < 8; c++) {
         kiln_program_t *p = kiln_program_decode (prog, plen, wlen, &err);
         ck_assert_msg (p, "%s", err.msg);
         int op = -1;            /* the conv the residual and relu went into */
@@ -1140,6 +1143,12 @@ START_TEST (test_malformed_packed_programs_are_refused)
             t->size -= KILN_PACK_MR * 4;
         } else if (c == 3) {
             ck_assert (kiln_prog_op_set_int (o, "winograd", 1, &err) == 0);
+        } else if (c >= 6) {
+            for (int i = 0; c == 7 && i < p->n_ops; i++)
+                if (p->ops[i].kernel == KILN_K_CONV2D && i != op)
+                    o = &p->ops[i];
+            ck_assert (c == 6 || o != &p->ops[op]);
+            ck_assert (kiln_prog_op_set_int (o, "prologue", c == 6 ? 3 : 2, &err) == 0);
         } else {
             ck_assert (kiln_prog_op_set_int (o, c == 4 ? "packed" : "transposed",
                                              c == 4 ? 3 : 1, &err) == 0);
