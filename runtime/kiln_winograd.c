@@ -106,6 +106,16 @@ kiln_wino_plan (kiln_wino_t *wp, int tile, bool trans, int64_t n, int64_t c,
         wp->rp = (wp->tiles + 6) / 7 * 7 < (wp->tiles + 7) / 8 * 8 ? 7 : 8;
         int64_t all = (wp->tiles + wp->rp - 1) / wp->rp * wp->rp;
         wp->nb = all < 7 * wp->rp ? all : 7 * wp->rp;
+        /* Fewer blocks of tiles times 32-channel panels than threads (a
+         * DenseNet layer's 32 output channels at 28 × 28: one task): blocks
+         * of fewer panels, so that every thread has one. */
+        int64_t mpan = (m + KILN_PACK_NR - 1) / KILN_PACK_NR;
+        int64_t blocks = (wp->tiles + wp->nb - 1) / wp->nb;
+        if (threads > 1 && n * blocks * mpan < threads) {
+            int64_t need = (threads + n * mpan - 1) / (n * mpan);
+            int64_t panels = all / wp->rp;
+            wp->nb = (panels + need - 1) / need * wp->rp;
+        }
     }
     int64_t kc_max = S_V_FLOATS / (wp->points * wp->nb);
     wp->nkb = (c + kc_max - 1) / kc_max;
@@ -124,6 +134,12 @@ kiln_wino_plan (kiln_wino_t *wp, int tile, bool trans, int64_t n, int64_t c,
      * products while a chunk has 32 channels or more). */
     while (threads > 1 && wp->mchunk > 4 * KILN_PACK_MR && wp->mchunk > unit
            && n * wp->tbs * ((m + wp->mchunk - 1) / wp->mchunk) < 4 * threads)
+        wp->mchunk = (wp->mchunk / 2 + unit - 1) / unit * unit;
+    /* and smaller than 32 while there are fewer tasks than threads (a
+     * DenseNet layer's 32 output channels on one block of 16 tiles ran on
+     * one thread): the input is then transformed once, shared (below) */
+    while (threads > 1 && wp->mchunk > unit
+           && n * wp->tbs * ((m + wp->mchunk - 1) / wp->mchunk) < threads)
         wp->mchunk = (wp->mchunk / 2 + unit - 1) / unit * unit;
     wp->mcs = (m + wp->mchunk - 1) / wp->mchunk;
     /* A worker's V (one block of tiles, kc channels), M (its chunk of
