@@ -234,6 +234,41 @@ kiln_kernel_run (const kiln_kplan_t *plan, void *const *data)
 }
 
 
+/* --- rows over the pool (softmax, layer norm) ----------------------- */
+
+typedef struct {
+    kiln_krows_fn *fn;
+    void *arg;
+    int64_t rows, per;
+} s_rows_t;
+
+static void
+s_rows_task (void *arg, int task, int worker)
+{
+    (void) worker;
+    const s_rows_t *d = arg;
+    int64_t first = (int64_t) task * d->per;
+    d->fn (d->arg, first, first + d->per > d->rows ? d->rows - first : d->per);
+}
+
+void
+kiln_krows_run (kiln_krows_fn *fn, void *arg, int64_t rows, int64_t min)
+{
+    if (rows <= 0)
+        return;
+    int64_t tasks = 4 * (int64_t) kiln_exec_threads ();
+    if (min < 1)
+        min = 1;
+    if (tasks > rows / min)
+        tasks = rows / min;
+    if (tasks <= 1) {
+        fn (arg, 0, rows);
+        return;
+    }
+    s_rows_t d = { fn, arg, rows, (rows + tasks - 1) / tasks };
+    kiln_exec_parallel (s_rows_task, &d, (int) ((rows + d.per - 1) / d.per));
+}
+
 /* --- planes over the pool (depthwise convolution, max pooling) ------ */
 
 typedef struct {

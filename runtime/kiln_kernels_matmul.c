@@ -321,12 +321,50 @@ s_mm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
     g->act_b = plan->epi.b;
 }
 
+/* The batch elements of a matmul left to OpenBLAS (activations by
+ * activations: attention's scores and their product with V), a run of
+ * them a task: OpenBLAS runs single-threaded here (kiln_cores.c), so each
+ * element is one sgemm, the same whatever the thread count. */
+typedef struct {
+    const kiln_kplan_t *plan;
+    const float *a, *b;
+    float *y;
+    CBLAS_TRANSPOSE ta, tb;
+    int lda, ldb;
+    int64_t per;
+} s_mm_batch_t;
+
+static void
+s_mm_batch_task (void *arg, int task, int worker)
+{
+    (void) worker;
+    const s_mm_batch_t *t = arg;
+    const kiln_kplan_t *plan = t->plan;
+    int r = plan->u.mm.rank;
+    int64_t b0 = task * t->per, b1 = b0 + t->per;
+    if (b1 > plan->u.mm.nbatch)
+        b1 = plan->u.mm.nbatch;
+    for (int64_t bi = b0; bi < b1; bi++) {
+        int64_t rest = bi, oa = 0, ob = 0, oy = 0;
+        for (int i = r - 1; i >= 0; i--) {
+            int64_t ii = rest % plan->u.mm.batch[i];
+            rest /= plan->u.mm.batch[i];
+            oa += ii * plan->u.mm.sa[i];
+            ob += ii * plan->u.mm.sb[i];
+            oy += ii * plan->u.mm.sy[i];
+        }
+        cblas_sgemm (CblasRowMajor, t->ta, t->tb, (int) plan->u.mm.m, (int) plan->u.mm.n,
+                     (int) plan->u.mm.k, plan->u.mm.alpha, t->a + oa, t->lda, t->b + ob,
+                     t->ldb, 0.0f, t->y + oy, (int) plan->u.mm.yrs);
+    }
+}
+
 void
 kiln_krun_MATMUL (const kiln_kplan_t *plan, void *const *data)
 {
     const float *a = data[plan->in[0]], *b = data[plan->in[1]];
     float *y = data[plan->out];
-    int m = plan->u.mm.m, n = plan->u.mm.n, k = plan->u.mm.k, r = plan->u.mm.rank;
+    int m = plan->u.mm.m, n = plan->u.mm.n, k = plan->u.mm.k;
     if (plan->u.mm.nbatch == 0 || m == 0 || n == 0)
         return;
     if (plan->u.mm.engine) {
@@ -353,23 +391,12 @@ kiln_krun_MATMUL (const kiln_kplan_t *plan, void *const *data)
                      b, ldb, 0.0f, y, n);
         return;
     }
-    int64_t idx[KILN_MAX_RANK] = { 0 }, oa = 0, ob = 0, oy = 0;
-    for (int64_t bi = 0; bi < plan->u.mm.nbatch; bi++) {
-        cblas_sgemm (CblasRowMajor, ta, tb, m, n, k, plan->u.mm.alpha,
-                     a + oa, lda, b + ob, ldb, 0.0f, y + oy, (int) plan->u.mm.yrs);
-        for (int i = r - 1; i >= 0; i--) {
-            idx[i]++;
-            oa += plan->u.mm.sa[i];
-            ob += plan->u.mm.sb[i];
-            oy += plan->u.mm.sy[i];
-            if (idx[i] < plan->u.mm.batch[i])
-                break;
-            oa -= plan->u.mm.sa[i] * plan->u.mm.batch[i];
-            ob -= plan->u.mm.sb[i] * plan->u.mm.batch[i];
-            oy -= plan->u.mm.sy[i] * plan->u.mm.batch[i];
-            idx[i] = 0;
-        }
-    }
+    int64_t tasks = 4 * (int64_t) kiln_exec_threads ();
+    if (tasks > plan->u.mm.nbatch)
+        tasks = plan->u.mm.nbatch;
+    s_mm_batch_t t = { plan, a, b, y, ta, tb, lda, ldb,
+                       (plan->u.mm.nbatch + tasks - 1) / tasks };
+    kiln_exec_parallel (s_mm_batch_task, &t, (int) ((plan->u.mm.nbatch + t.per - 1) / t.per));
 }
 
 int

@@ -153,16 +153,23 @@ S_IN (f64, double)
     }
 S_LN (f64, double)
 
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+} s_ln_rows_t;
+
 static void
-s_run_ln_f32 (const kiln_kplan_t *plan, void *const *data)
+s_ln_rows (void *arg, int64_t first, int64_t count)
 {
+    const kiln_kplan_t *plan = ((const s_ln_rows_t *) arg)->plan;
+    void *const *data = ((const s_ln_rows_t *) arg)->data;
     const kiln_kmath_plan_t *mp = &plan->u.math;
     const float *x = data[plan->in[0]], *sc = data[plan->in[1]];
     const float *bi = plan->n_in > 2 ? data[plan->in[2]] : NULL;
     float *y = data[plan->out];
     float *smean = mp->out2 >= 0 ? data[mp->out2] : NULL;
     float *sinv = mp->out3 >= 0 ? data[mp->out3] : NULL;
-    for (int64_t o = 0; o < mp->pre; o++) {
+    for (int64_t o = first; o < first + count; o++) {
         double mean, inv;
         kiln_vlayer_norm_row (x + o * mp->len, y + o * mp->len, mp->len, sc,
                               mp->sc_st, bi, mp->b_st, mp->f[0], &mean, &inv);
@@ -171,6 +178,14 @@ s_run_ln_f32 (const kiln_kplan_t *plan, void *const *data)
         if (sinv)
             sinv[o] = (float) inv;
     }
+}
+
+/* Rows spread over the pool (a transformer's 128 or 197 tokens). */
+static void
+s_run_ln_f32 (const kiln_kplan_t *plan, void *const *data)
+{
+    s_ln_rows_t r = { plan, data };
+    kiln_krows_run (s_ln_rows, &r, plan->u.math.pre, 4096 / (plan->u.math.len + 1) + 1);
 }
 
 /* LRN across channels: y = x / (bias + alpha / size * sum x^2)^beta, the

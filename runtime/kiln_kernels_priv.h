@@ -203,6 +203,16 @@ int kiln_kprepare_arith (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pl
 typedef void (kiln_kplanes_fn) (const kiln_kplan_t *plan, void *const *data,
                                 int64_t first, int64_t count, float *ws);
 
+/* Rows [first, first + count) of a kernel whose rows are independent
+ * (a softmax's, a layer norm's), by `arg`. */
+typedef void (kiln_krows_fn) (void *arg, int64_t first, int64_t count);
+
+/* Run `fn` over `rows` rows on the pool, about four tasks a thread, each
+ * of at least `min` rows (work too small to share stays on the caller).
+ * Each row is computed as it would be alone, so the results do not depend
+ * on the thread count. */
+void kiln_krows_run (kiln_krows_fn *fn, void *arg, int64_t rows, int64_t min);
+
 /* Run `fn` over `planes` planes on the pool, about eight tasks a thread,
  * each a whole number of `align` planes, each worker with its own
  * workspace (kiln_exec_ws). */

@@ -286,7 +286,23 @@ static const kiln_km_tab_t s_tab_arg = {
 S_SOFTMAX (f32_any, float)
 S_SOFTMAX (f64, double)
 
-/* float32 rows that are contiguous: the vectorised row (kiln_vmath.h). */
+typedef struct {
+    const kiln_kmath_plan_t *mp;
+    const float *x;
+    float *y;
+} s_rows_t;
+
+static void
+s_softmax_rows (void *arg, int64_t first, int64_t count)
+{
+    const s_rows_t *r = arg;
+    int64_t len = r->mp->len;
+    for (int64_t o = first; o < first + count; o++)
+        kiln_vsoftmax_row (r->x + o * len, r->y + o * len, len, r->mp->i0 != 0);
+}
+
+/* float32 rows that are contiguous: the vectorised row (kiln_vmath.h),
+ * rows spread over the pool (attention's 12 × 197 rows of 197). */
 static void
 s_softmax_f32 (const kiln_kmath_plan_t *mp, const void *x_, void *y_)
 {
@@ -294,10 +310,8 @@ s_softmax_f32 (const kiln_kmath_plan_t *mp, const void *x_, void *y_)
         s_softmax_f32_any (mp, x_, y_);
         return;
     }
-    const float *x = x_;
-    float *y = y_;
-    for (int64_t o = 0; o < mp->pre; o++)
-        kiln_vsoftmax_row (x + o * mp->len, y + o * mp->len, mp->len, mp->i0 != 0);
+    s_rows_t r = { mp, x_, y_ };
+    kiln_krows_run (s_softmax_rows, &r, mp->pre, 4096 / (mp->len + 1) + 1);
 }
 static const kiln_km_tab_t s_tab_softmax = { [KILN_KM_F32] = (kiln_km_fn_t) s_softmax_f32,
                                        [KILN_KM_F64] = (kiln_km_fn_t) s_softmax_f64 };

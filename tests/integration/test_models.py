@@ -187,3 +187,19 @@ def test_profile_threads_and_isa_settings_keep_results(workdir, exported):
               env={"KILN_RT_THREADS": "lots"})
     assert bad.returncode == 0          # a bad value warns and runs on one thread
     assert "KILN_RT_THREADS" in bad.stderr
+
+
+def test_transformer_threads_give_the_same_bytes(workdir, exported):
+    """Attention's per-head products (OpenBLAS, a run of heads a task), its
+    softmax rows and the layer norms' rows go to the pool in pieces, each
+    computed as it would be alone: 1, 2 and 3 threads give torch's values
+    and the same bytes."""
+    kgraph, xpath, want = exported("transformer")
+    kar = _compile(workdir, kgraph, 3)
+    outs = []
+    for threads in ("1", "2", "3"):
+        got, _ = _run(workdir, kar, xpath, env={"KILN_RT_THREADS": threads},
+                      tag=f"threads{threads}")
+        _assert_close(got, want, f"transformer with {threads} threads")
+        outs.append(got)
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
