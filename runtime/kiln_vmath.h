@@ -79,8 +79,11 @@ void kiln_vlayer_norm_row (const float *x, float *y, int64_t n, const float *sc,
  * twice, so the values are no longer the portable loop's bit for bit
  * (within an ulp of them; tests/unit/test_engine.c checks both against
  * double), for a fifth of the softmax's time. */
+/* The same without the last step's mask: below -103.97 the result is 0
+ * or a subnormal under 2^-149 rather than 0 (for callers to whom that
+ * difference is nothing). */
 __attribute__ ((target ("avx512f"))) static inline __m512
-kiln_exp_nonpos16 (__m512 x)
+kiln_exp_nonpos16_raw (__m512 x)
 {
     __m512 c = _mm512_max_ps (x, _mm512_set1_ps (-104.0f));
     __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (c, _mm512_set1_ps (1.44269504088896341f)),
@@ -94,15 +97,40 @@ kiln_exp_nonpos16 (__m512 x)
     p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.6666665459e-1f));
     p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (5.0000001201e-1f));
     p = _mm512_add_ps (_mm512_fmadd_ps (_mm512_mul_ps (p, r), r, r), _mm512_set1_ps (1.0f));
-    __m512 e = _mm512_scalef_ps (p, n);
+    return _mm512_scalef_ps (p, n);
+}
+
+__attribute__ ((target ("avx512f"))) static inline __m512
+kiln_exp_nonpos16 (__m512 x)
+{
+    __m512 e = kiln_exp_nonpos16_raw (x);
     __mmask16 tiny = _mm512_cmp_ps_mask (x, _mm512_set1_ps (-103.972694f), _CMP_LT_OQ);
     return _mm512_mask_mov_ps (e, tiny, _mm512_setzero_ps ());
+}
+
+/* SiLU on sixteen lanes, v · σ(v) with σ as kiln_act16 computes it (e =
+ * e^-|v|, 1 / (1 + e), times e for v < 0) but without the masks SiLU
+ * does not need: a NaN v gives NaN through the last product whatever σ
+ * is, and e^-|v| below 2^-149 (|v| over 103.97) times v is a subnormal
+ * or 0 either way.  -|v| is v with its sign bit set.  Seven operations of
+ * the 26 a vector fewer, where SiLU was a fifth of efficientnet_b0's
+ * time; the same values elsewhere. */
+__attribute__ ((target ("avx512f"))) static inline __m512
+kiln_silu16 (__m512 v)
+{
+    __m512 one = _mm512_set1_ps (1.0f);
+    __m512 nav = _mm512_castsi512_ps (_mm512_or_epi32 (_mm512_castps_si512 (v),
+                                                       _mm512_set1_epi32 (INT32_MIN)));
+    __m512 e = kiln_exp_nonpos16_raw (nav);
+    __m512 s = _mm512_div_ps (one, _mm512_add_ps (one, e));
+    s = _mm512_mask_mul_ps (s, _mm512_cmp_ps_mask (v, _mm512_setzero_ps (), _CMP_LT_OQ), s, e);
+    return _mm512_mul_ps (v, s);
 }
 
 /* The heavy epilogue activations (kiln_act_heavy) that have an AVX-512
  * form, on sixteen lanes: sigmoid as 1 / (1 + e^-|v|), times e^-|v| for
  * v < 0, with the exponential above (so no overflow and no cancellation);
- * SiLU as v times that; hard swish and hard sigmoid as the C computes
+ * SiLU as v times that (kiln_silu16); hard swish and hard sigmoid as the C computes
  * them.  Within a few ulp of the portable loops (tests/unit/test_engine.c
  * checks both against double); GELU by kiln_gelu16 below.  Tanh is not
  * here (false). */
@@ -151,6 +179,8 @@ kiln_act16 (__m512 v, int act, __m512 a, __m512 b)
     __m512 zero = _mm512_setzero_ps (), one = _mm512_set1_ps (1.0f);
     if (act == 6)
         return kiln_gelu16 (v);
+    if (act == 5)
+        return kiln_silu16 (v);
     if (act == 7 || act == 8) {
         __m512 h = act == 7 ? _mm512_add_ps (_mm512_div_ps (v, _mm512_set1_ps (6.0f)),
                                              _mm512_set1_ps (0.5f))
