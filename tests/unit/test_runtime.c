@@ -533,7 +533,15 @@ START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
         { 1, 2, 7, 7, 3, 2, 2, 3, 1, 0, 1, 1, 1, 1, true },     /* ceil_mode */
         { 1, 1, 9, 8, 2, 3, 1, 2, 0, 1, 0, 1, 2, 2, false },    /* dilations */
         { 1, 2, 6, 6, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true },
+        /* long rows (the vectorised column pass over whole output rows):
+         * padded, with ceil_mode, unpadded; NaNs in the last, which must
+         * come out in every window that holds one */
+        { 1, 3, 9, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false },
+        { 1, 2, 8, 67, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true },
+        { 2, 2, 5, 64, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1, false },
+        { 1, 2, 7, 99, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false },
     };
+    size_t nan_case = sizeof cases / sizeof cases[0] - 1;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         __typeof__ (cases[0]) *c = &cases[ci];
         kiln_graph_t *g = kiln_graph_new ();
@@ -550,6 +558,8 @@ START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
         int64_t ow = s_out (c->w, c->pl, c->pr, c->kw, c->sw, c->dw, c->ceil);
         kiln_shape_t ys = SH (c->n, c->c, oh, ow);
         float *xv = testlib_rand (c->n * c->c * c->h * c->w);
+        for (int64_t i = 0; ci == nan_case && i < c->n * c->c * c->h * c->w; i += 97 * 3)
+            xv[i] = NAN;
         double *ref = malloc ((size_t) testlib_numel (&ys) * sizeof *ref);
         for (int64_t p = 0; p < c->n * c->c; p++)
             for (int64_t r = 0; r < oh; r++)
@@ -559,14 +569,28 @@ START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
                         for (int64_t j = 0; j < c->kw; j++) {
                             int64_t ih = r * c->sh - c->pt + i * c->dh;
                             int64_t iw = q * c->sw - c->pl + j * c->dw;
-                            if (ih >= 0 && ih < c->h && iw >= 0 && iw < c->w
-                                && xv[(p * c->h + ih) * c->w + iw] > best)
-                                best = xv[(p * c->h + ih) * c->w + iw];
+                            if (ih < 0 || ih >= c->h || iw < 0 || iw >= c->w)
+                                continue;
+                            float v = xv[(p * c->h + ih) * c->w + iw];
+                            if (v != v || best != best)     /* a NaN window is NaN */
+                                best = NAN;
+                            else if (v > best)
+                                best = v;
                         }
                     ref[(p * oh + r) * ow + q] = best;
                 }
         kiln_model_t *m = s_build (g, NULL, NULL);
         float *got = s_run1 (m, xv, ys);
+        int nans = 0;
+        for (int64_t i = 0; i < testlib_numel (&ys); i++)
+            if (ref[i] != ref[i]) {
+                ck_assert_msg (got[i] != got[i], "maxpool case %zu: element %lld is %g, "
+                               "its window holds a NaN", ci, (long long) i, (double) got[i]);
+                got[i] = 0.0f;
+                ref[i] = 0.0;
+                nans++;
+            }
+        ck_assert (ci != nan_case || nans > 10);
         s_assert_close (got, ref, testlib_numel (&ys), "maxpool");
         free (got);
         free (ref);
