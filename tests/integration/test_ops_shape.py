@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import kiln_bin, run
+from engine_helpers import isas
 
 RNG = np.random.default_rng(7)
 
@@ -820,12 +821,11 @@ def test_transformer_encoder_layer_matches_torch(tmp_path, env):
 
 # --- products reading their operands through strides ---------------------------
 
-def _attention_case(n_):
+def _attention_case(n_, t_=6, e_=8, h_=2):
     """Torch's attention at opset 14, by hand: slices of one QKV tensor,
     head splits, K transposed, Q divided by sqrt(d), the heads merged.
     With a batch (n_) of 1 every slice and split is a strided view of
     QKV; with 2 the split merges the batch with the heads and is not."""
-    t_, e_, h_ = 6, 8, 2
     d_ = e_ // h_
     qkv = _rand(t_, n_, 3 * e_)
     nodes = [helper.make_node("Slice", ["qkv", "s0", "s1", "ax"], ["q0"]),
@@ -885,6 +885,23 @@ def _broadcast_case():
     z = xc.astype(np.float64).T @ xd
     return (nodes, {"xa": xa, "xb": xb, "xc": xc, "xd": xd}, inits,
             {"y": y.astype(np.float32), "z": z.astype(np.float32)})
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("tokens,width,heads", [(37, 96, 3), (70, 64, 2)])
+def test_attention_products_on_every_isa_match_numpy(tmp_path, env, tokens, width, heads,
+                                                     isa, threads):
+    """The products of activations by activations (each head's Q·Kᵀ and
+    its P·V: K read transposed through strides, Q scaled by alpha) run on
+    the matrix engine on every micro-kernel and thread count: token
+    counts that leave partial row and column panels (37 and 70 rows of
+    8, scores of 37 and 70 columns of 32), head widths of 32."""
+    e, keys = env
+    nodes, feeds, inits, expected = _attention_case(1, tokens, width, heads)
+    _check(nodes, feeds, expected, tmp_path,
+           (dict(e, KILN_RT_ISA=isa, KILN_RT_THREADS=str(threads)), keys), inits,
+           opset=14, tol=1e-5, optlevel=2)
 
 
 @pytest.mark.parametrize("case", [lambda: _attention_case(1), lambda: _attention_case(2),
