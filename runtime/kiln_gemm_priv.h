@@ -117,6 +117,11 @@ kiln_gukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
                      const char *pf);
 __attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_xpk (int64_t kc, const float *a, int64_t ars, int64_t acs,
+                      const float *b, int64_t ldb, float *c, int64_t ldc,
+                      bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
+                      float *bpk, const kiln_gpro_t *pro);
+__attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_xh (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      const float *b, int64_t ldb, float *c, int64_t ldc,
                      bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j);
