@@ -41,6 +41,15 @@
 #define KILN_FP_CONTRACT
 #endif
 
+/* Keep a function's short loops of copies and zeros as loops: gcc turns
+ * them into memcpy and memset calls, which cost more than runs of a few
+ * floats (gcc only: clang's builds do without). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define KILN_NO_LIBCALLS __attribute__ ((optimize ("no-tree-loop-distribute-patterns")))
+#else
+#define KILN_NO_LIBCALLS
+#endif
+
 /* y[i] = f (x[i]); x and y are the same buffer or do not overlap. */
 void kiln_vexp (const float *x, float *y, int64_t n);
 void kiln_vtanh (const float *x, float *y, int64_t n);

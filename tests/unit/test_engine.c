@@ -803,6 +803,26 @@ START_TEST (test_fused_packed_convolution_matches_o0)
 }
 END_TEST
 
+START_TEST (test_winograd_skips_few_output_channels)
+{
+    /* DenseNet's 3x3 layers, 128 channels to 32: on one block of 16
+     * tiles (14 x 14 by F(4x4), 7 x 7 by F(2x2)) the input's transform
+     * outweighs what it saves, so they run direct; at 28 x 28 (49 tiles)
+     * by Winograd.  Each against -O0. */
+    int64_t cases[][4] = { { 14, 14, 0 }, { 7, 7, 0 }, { 28, 28, 1 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_graph_t *g = s_conv_block (128, 32, cases[i][0], cases[i][1], 1, 1, 1);
+        kiln_program_t *p = s_check_against_o0 (g, 3, 1e-5, "densenet 3x3 block");
+        const kiln_prog_param_t *wino = s_param (p, KILN_K_CONV2D, "winograd");
+        ck_assert_msg ((wino != NULL) == (cases[i][2] == 1), "case %zu (%lld x %lld): %s",
+                       i, (long long) cases[i][0], (long long) cases[i][1],
+                       wino ? "winograd" : "direct");
+        kiln_program_destroy (&p);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
 START_TEST (test_winograd_convolution_matches_o0)
 {
     /* c, m, h, w, pad, the output tile the compiler should pick, and
@@ -810,9 +830,11 @@ START_TEST (test_winograd_convolution_matches_o0)
      * partial last tile), no padding, enough channels for two or more
      * channel blocks of the transform, F(4x4) where the tiles fill its
      * blocks better and F(2x2) where they do not; transposed, tile panels
-     * of 7 (49 tiles) and of 8 (40, the last tiles partial) */
-    int64_t cases[][7] = { { 16, 24, 9, 13, 1, 4, 0 }, { 32, 16, 14, 14, 1, 4, 0 },
-                           { 300, 20, 7, 7, 1, 2, 0 }, { 17, 40, 12, 5, 0, 2, 0 },
+     * of 7 (49 tiles) and of 8 (40, the last tiles partial).  (One block
+     * of 16 tiles or fewer needs more than 32 output channels: fewer run
+     * direct, test_winograd_skips_few_output_channels.) */
+    int64_t cases[][7] = { { 16, 40, 9, 13, 1, 4, 0 }, { 32, 48, 14, 14, 1, 4, 0 },
+                           { 300, 40, 7, 7, 1, 2, 0 }, { 17, 40, 12, 5, 0, 2, 0 },
                            { 2000, 16, 28, 30, 1, 4, 0 },
                            { 600, 64, 28, 28, 1, 4, 1 }, { 128, 64, 20, 31, 1, 4, 1 } };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1229,6 +1251,7 @@ s_suite (void)
     tcase_add_test (tc, test_softmax_rows_match_double_into_the_subnormals);
     tcase_add_test (tc, test_fused_packed_convolution_matches_o0);
     tcase_add_test (tc, test_winograd_convolution_matches_o0);
+    tcase_add_test (tc, test_winograd_skips_few_output_channels);
     tcase_add_test (tc, test_depthwise_convolution_matches_o0);
     tcase_add_test (tc, test_batch_norm_folds_into_the_convolution);
     tcase_add_test (tc, test_batch_norm_folds_into_a_gemm);
