@@ -241,15 +241,13 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
      * B (each column tile would pack the whole A again: a 14 × 14
      * pointwise convolution with 1024 channels in, run transposed, packed
      * its 800 KB of activations eight times and gained nothing from a
-     * second thread). */
-    if (threads > 1) {
-        bool rows_first = b_packed && !a_packed;
+     * second thread).  One product in one tile with A packed here is cut
+     * by s_split_one instead. */
+    bool rows_first = b_packed && !a_packed;
+    if (threads > 1 && rows_first && count == 1 && g->m <= bl->mc && g->n <= bl->nc) {
+        s_split_one (g, threads, bl);
+    } else if (threads > 1) {
         int64_t want = 4 * (int64_t) threads;
-        /* one product in one tile, A packed here: s_split_one */
-        if (rows_first && count == 1 && g->m <= bl->mc && g->n <= bl->nc) {
-            s_split_one (g, threads, bl);
-            want = 0;
-        }
         for (;;) {
             int64_t tiles = count * ((g->m + bl->mc - 1) / bl->mc)
                             * ((g->n + bl->nc - 1) / bl->nc);
@@ -477,18 +475,18 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             for (int64_t i = m0; i < m1; i += rp) {
                 S_A_OF (i);
                 for (int64_t j = n0; j < n1; j += NR) {
-                    float *bj = (float *) bp + (j - n0) / NR * bstride;
 #if defined(__x86_64__)
                     if (packing && i == m0 && j + NR <= n1) {
                         kiln_gukr_avx512_xpk (kc, ai, ars, acs, g->b.p + k0 * g->b.rs + j,
                                               g->b.rs, g->c + i * g->ldc + j, g->ldc, acc,
-                                              last && !plain ? g : NULL, i, j, bj,
+                                              last && !plain ? g : NULL, i, j,
+                                              bws + (j - n0) / NR * bstride,
                                               g->b_pro.s ? &pro_k : NULL);
                         continue;
                     }
 #endif
-                    s_micro (g, ukr, rp, kc, ai, bj, i, j, acc, last, plain, tmp, NULL, 0,
-                             x, xepi, ars, acs, NULL);
+                    s_micro (g, ukr, rp, kc, ai, bp + (j - n0) / NR * bstride, i, j, acc,
+                             last, plain, tmp, NULL, 0, x, xepi, ars, acs, NULL);
                 }
             }
         }

@@ -507,11 +507,12 @@ kiln_gukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
 
 /* kiln_gukr_avx512_x on a B read where it lies (its rows ldb apart) that
  * also stores the panel it reads, packed (NR floats a step of k), to
- * `bpk` (with B's prologue applied first when `pro`: its s and b
- * from this k block's first step), and fetches B's rows S_PK_AHEAD steps ahead (rows a plane
- * apart, which the hardware's prefetchers do not follow: 1×1
- * convolutions 3-4 % faster with it at 8-32 steps, 16 taken): the first row panel of a block packs B for the
- * others as it computes, instead of a pass of its own before them. */
+ * `bpk`, B's prologue applied first when `pro` (its s and b from this
+ * k block's first step), and fetches B's rows S_PK_AHEAD steps ahead
+ * (rows a plane apart, which the hardware's prefetchers do not follow:
+ * 1×1 convolutions 1-7 % faster with it at 8-32 steps, 16 taken).  The
+ * first row panel of a block packs B for the others as it computes,
+ * instead of a pass of its own before them. */
 __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_xpk (int64_t kc, const float *a, int64_t ars, int64_t acs,
                       const float *b, int64_t ldb, float *c, int64_t ldc,

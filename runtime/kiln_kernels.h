@@ -86,8 +86,7 @@ typedef struct kiln_kplan {
             int64_t yrs;            /* Y's element (i, j) at y[i·yrs + j] */
             float alpha;            /* Y = alpha·A·B (+ bias, residual) */
             int64_t nbatch;
-            bool flat;              /* B shared: one sgemm over all rows */
-            bool engine;            /* kiln_gemm (packed B or an epilogue) */
+            bool flat;              /* B shared: one product over all rows */
             bool packed_b;          /* B is the weight, packed */
             kiln_dtype_t b_half;    /* its 2-byte dtype, or 0 for float32 */
             int bias;               /* operand index of the bias or -1 */
@@ -98,7 +97,6 @@ typedef struct kiln_kplan {
             float alpha, beta;
             bool has_c;
             int64_t c0, c1;         /* C's shape broadcast to [m, n] */
-            bool engine;            /* kiln_gemm (packed B or an epilogue) */
             bool packed_b;          /* op(B) is the weight, packed */
             kiln_dtype_t b_half;    /* its 2-byte dtype, or 0 for float32 */
         } gemm;

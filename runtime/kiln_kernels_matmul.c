@@ -233,18 +233,13 @@ kiln_kprepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.mm.flat = nb == 1 && na == nbatch && !a_strided && !y_strided
                       && !__builtin_mul_overflow (nbatch, m, &rows)
                       && kiln_kblas_ok (rows);
-    /* Every product runs on the engine but one of k = 0 with nothing to
-     * add, which is zeros.  (OpenBLAS ran the products of activations
-     * until the engine was measured beside it on a Sapphire Rapids
-     * vCPU: attention's per-head products at 22 GFLOP/s there against
-     * the engine's 115.) */
-    plan->u.mm.engine = k > 0 || plan->u.mm.packed_b || plan->u.mm.bias >= 0
-                        || kiln_khas_epilogue (plan);
-    if (plan->u.mm.engine) {
-        int64_t rows_a = plan->u.mm.flat ? nbatch * m : m;
-        plan->ws_bytes = kiln_gemm_ws_bytes (rows_a, n, k, false,
-                                             plan->u.mm.packed_b);
-    }
+    /* Every product runs on the engine, k = 0 too (its epilogue of
+     * zeros).  (OpenBLAS ran the products of activations until the
+     * engine was measured beside it on a Sapphire Rapids vCPU:
+     * attention's per-head products at 22 GFLOP/s there against the
+     * engine's 115.) */
+    plan->ws_bytes = kiln_gemm_ws_bytes (plan->u.mm.flat ? nbatch * m : m, n, k, false,
+                                         plan->u.mm.packed_b);
     return 0;
 }
 
@@ -302,18 +297,10 @@ s_mm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
 void
 kiln_krun_MATMUL (const kiln_kplan_t *plan, void *const *data)
 {
-    float *y = data[plan->out];
-    int m = plan->u.mm.m, n = plan->u.mm.n;
-    if (plan->u.mm.nbatch == 0 || m == 0 || n == 0)
+    if (plan->u.mm.nbatch == 0 || plan->u.mm.m == 0 || plan->u.mm.n == 0)
         return;
-    if (plan->u.mm.engine) {
-        kiln_kgctx_t ctx = { plan, data };
-        kiln_gemm_run (s_mm_get, &ctx, plan->u.mm.flat ? 1 : plan->u.mm.nbatch);
-        return;
-    }
-    /* k = 0 and nothing to add: a strided Y is a permutation of the
-     * whole output */
-    memset (y, 0, (size_t) (plan->u.mm.nbatch * m * n) * sizeof *y);
+    kiln_kgctx_t ctx = { plan, data };
+    kiln_gemm_run (s_mm_get, &ctx, plan->u.mm.flat ? 1 : plan->u.mm.nbatch);
 }
 
 int
@@ -370,9 +357,7 @@ kiln_kprepare_GEMM (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
     plan->u.gemm.tb = tb;
     plan->u.gemm.alpha = (float) alpha;
     plan->u.gemm.beta = (float) beta;
-    plan->u.gemm.engine = k > 0 || plan->u.gemm.packed_b || kiln_khas_epilogue (plan);
-    if (plan->u.gemm.engine)
-        plan->ws_bytes = kiln_gemm_ws_bytes (m, n, k, false, plan->u.gemm.packed_b);
+    plan->ws_bytes = kiln_gemm_ws_bytes (m, n, k, false, plan->u.gemm.packed_b);
     return 0;
 }
 
@@ -415,23 +400,8 @@ s_gemm_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
 void
 kiln_krun_GEMM (const kiln_kplan_t *plan, void *const *data)
 {
-    float *y = data[plan->out];
-    int m = plan->u.gemm.m, n = plan->u.gemm.n;
-    if (m == 0 || n == 0)
+    if (plan->u.gemm.m == 0 || plan->u.gemm.n == 0)
         return;
-    if (plan->u.gemm.engine) {
-        kiln_kgctx_t ctx = { plan, data };
-        kiln_gemm_run (s_gemm_get, &ctx, 1);
-        return;
-    }
-    /* k = 0: Y = beta · broadcast (C), or zeros */
-    if (!plan->u.gemm.has_c) {
-        memset (y, 0, (size_t) m * (size_t) n * sizeof *y);
-        return;
-    }
-    const float *c = data[plan->in[2]];
-    int64_t c0 = plan->u.gemm.c0, c1 = plan->u.gemm.c1;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++)
-            y[i * n + j] = plan->u.gemm.beta * c[(c0 == 1 ? 0 : i) * c1 + (c1 == 1 ? 0 : j)];
+    kiln_kgctx_t ctx = { plan, data };
+    kiln_gemm_run (s_gemm_get, &ctx, 1);
 }

@@ -887,6 +887,24 @@ def _broadcast_case():
             {"y": y.astype(np.float32), "z": z.astype(np.float32)})
 
 
+@pytest.mark.parametrize("isa", isas())
+def test_products_of_empty_k_are_their_addends(tmp_path, env, isa):
+    """k = 0 on the matrix engine (its epilogue of zeros): a MatMul is
+    zeros, a Gemm beta times C broadcast with its fused Relu, values the
+    engine must write."""
+    e, keys = env
+    c = np.array([-1.0, 0.5, 2.0, -3.0, 4.0], np.float32)
+    x = np.zeros((3, 0), np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Gemm", ["x", "w", "c"], ["g"], beta=2.0),
+             helper.make_node("Relu", ["g"], ["z"])]
+    inits = {"w": np.zeros((0, 5), np.float32), "c": c}
+    expected = {"y": np.zeros((3, 5), np.float32),
+                "z": np.broadcast_to(np.maximum(2.0 * c, 0.0), (3, 5))}
+    _check(nodes, {"x": x}, expected, tmp_path, (dict(e, KILN_RT_ISA=isa), keys), inits,
+           opset=14)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("isa", isas())
 @pytest.mark.parametrize("tokens,width,heads", [(37, 96, 3), (70, 64, 2)])
