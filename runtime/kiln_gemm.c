@@ -70,20 +70,40 @@ kiln_gisa_init (void)
 
 void
 kiln_gemm_ukr (int width, int64_t kc, const float *a, const float *b,
-               int64_t ldb, float *c, int64_t ldc, bool accumulate)
+               int64_t ldb, float *c, int64_t ldc, bool accumulate,
+               const void *pf, int64_t pf_n)
 {
     pthread_once (&s_isa_once, s_isa_init);
+#if defined(__x86_64__)
+    if (pf && kiln_gisa.fin_avx512) {
+        if (width == NR)
+            kiln_gukr_avx512_xp (kc, a, 1, MR, b, ldb, c, ldc, accumulate, NULL, 0, 0,
+                                 pf, pf_n);
+        else
+            kiln_gukr_avx512_16p (kc, a, b, ldb, c, ldc, accumulate, pf, pf_n);
+        return;
+    }
+#endif
     (width == NR ? kiln_gisa.ukr : kiln_gisa.ukr_16) (kc, a, b, ldb, c, ldc, accumulate);
 }
 
 void
 kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
                  int64_t ldb, float *c, int64_t ldc, int64_t mr, int64_t nr,
-                 bool accumulate)
+                 bool accumulate, const void *pf, int64_t pf_n)
 {
     pthread_once (&s_isa_once, s_isa_init);
     float tmp[MR * NR] __attribute__ ((aligned (64)));
-    (rows == MR ? kiln_gisa.ukr : kiln_gisa.ukr_7) (kc, a, b, ldb, tmp, NR, false);
+#if defined(__x86_64__)
+    if (pf && kiln_gisa.fin_avx512) {
+        if (rows == MR)
+            kiln_gukr_avx512_xp (kc, a, 1, MR, b, ldb, tmp, NR, false, NULL, 0, 0, pf,
+                                 pf_n);
+        else
+            kiln_gukr_avx512_7p (kc, a, b, ldb, tmp, NR, false, pf, pf_n);
+    } else
+#endif
+        (rows == MR ? kiln_gisa.ukr : kiln_gisa.ukr_7) (kc, a, b, ldb, tmp, NR, false);
     /* C'(r, q) at c[q·ldc + r]: the transposed finish, no epilogue */
     kiln_gemm_t g = { .m = mr, .n = nr, .c = c, .ldc = ldc, .c_trans = true,
                       .alpha = 1.0f, .act = KILN_ACT_NONE };
@@ -277,9 +297,22 @@ static inline void
 s_micro (const kiln_gemm_t *g, kiln_gukr_fn *ukr, int64_t rp, int64_t kc,
          const float *a, const float *b, int64_t i, int64_t j, bool acc,
          bool last, bool plain, float *tmp, float *part, int64_t ldp,
-         bool x, bool xepi, int64_t ars, int64_t acs, const char *pf)
+         bool x, bool xepi, int64_t ars, int64_t acs, const char *pf,
+         int64_t pf_n)
 {
     int64_t mr = s_min (rp, g->m - i), nr = s_min (NR, g->n - j);
+    /* the packed-panel kernel, or (pf: AVX-512 only) its twin that also
+     * fetches pf_n lines of the next weight panel */
+#if defined(__x86_64__)
+#define S_UKR(c_, ldc_, acc_)                                                 \
+    (pf ? (rp == MR ? kiln_gukr_avx512_xp (kc, a, 1, MR, b, NR, c_, ldc_, acc_, \
+                                           NULL, 0, 0, pf, pf_n)              \
+                    : kiln_gukr_avx512_7p (kc, a, b, NR, c_, ldc_, acc_, pf,  \
+                                           pf_n))                             \
+        : ukr (kc, a, b, NR, c_, ldc_, acc_))
+#else
+#define S_UKR(c_, ldc_, acc_) ukr (kc, a, b, NR, c_, ldc_, acc_)
+#endif
 #if defined(__x86_64__)
     if (x) {
         if (mr == MR && nr == NR / 2 && (!last || plain || xepi)) {
@@ -290,7 +323,8 @@ s_micro (const kiln_gemm_t *g, kiln_gukr_fn *ukr, int64_t rp, int64_t kc,
         if (mr == MR && nr == NR && (!last || plain || xepi)) {
             if (pf)
                 kiln_gukr_avx512_xp (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j,
-                                 g->ldc, acc, last && !plain ? g : NULL, i, j, pf);
+                                 g->ldc, acc, last && !plain ? g : NULL, i, j, pf,
+                                 pf_n);
             else
                 kiln_gukr_avx512_x (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j,
                                 g->ldc, acc, last && !plain ? g : NULL, i, j);
@@ -303,11 +337,11 @@ s_micro (const kiln_gemm_t *g, kiln_gukr_fn *ukr, int64_t rp, int64_t kc,
 #endif
     if (part && !last) {
         /* a partial sum of a transposed C: added up as it is */
-        ukr (kc, a, b, NR, part, ldp, acc);
+        S_UKR (part, ldp, acc);
         return;
     }
     if (part) {
-        ukr (kc, a, b, NR, tmp, NR, false);
+        S_UKR (tmp, NR, false);
         for (int r = 0; r < MR; r++)
             for (int q = 0; q < NR; q++)
                 tmp[r * NR + q] = tmp[r * NR + q] + part[r * ldp + q];
@@ -315,11 +349,12 @@ s_micro (const kiln_gemm_t *g, kiln_gukr_fn *ukr, int64_t rp, int64_t kc,
         return;
     }
     if ((!last || plain) && !g->c_trans && mr == MR && nr == NR) {
-        ukr (kc, a, b, NR, g->c + i * g->ldc + j, g->ldc, acc);
+        S_UKR (g->c + i * g->ldc + j, g->ldc, acc);
         return;
     }
-    ukr (kc, a, b, NR, tmp, NR, false);
+    S_UKR (tmp, NR, false);
     kiln_gfinish (g, tmp, i, j, mr, nr, acc, last);
+#undef S_UKR
 }
 
 
@@ -442,14 +477,12 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
             /* (in order: a 7-row panel's zero eighth row lands in the
              * partial sums of the next panel before it writes them) */
             /* A weight streamed from memory would stall the first row
-             * panel of each column panel: the last two row panels fetch
-             * the next column panel (or the first of the next k block),
-             * a line per step of k (a panel has two: NR floats a step),
-             * so that it is in cache when its turn comes (the model's
-             * transformer: 12.98 against 13.13 ms, side by side). */
-            int64_t pf_from = m1 - 2 * rp;
-            bool pf_on = x && g->b.kind == KILN_GSRC_PACKED && !b_half
-                         && pf_from >= m0 + rp;
+             * panel of each column panel: the row panels of each column
+             * panel fetch the next one (or the first of the next k
+             * block), each its share of the lines, spread over its steps
+             * of k, so that it is in cache when its turn comes. */
+            int64_t panels = (m1 - m0 + rp - 1) / rp;
+            bool pf_on = kiln_gisa.fin_avx512 && g->b.kind == KILN_GSRC_PACKED && !b_half;
             for (int64_t j = n0; j < n1; j += NR) {
                 const float *bj = bp + (j - n0) / NR * bstride;
                 if (b_half) {
@@ -457,18 +490,24 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
                     bj = bws;
                 }
                 const char *next = NULL;
-                if (pf_on && j + NR < n1)
+                int64_t lines = 0;      /* of the next panel: NR floats a step */
+                if (pf_on && j + NR < n1) {
                     next = (const char *) (bp + (j + NR - n0) / NR * bstride);
-                else if (pf_on && !last)
+                    lines = kc * NR * (int64_t) sizeof (float) / 64;
+                } else if (pf_on && !last) {
                     next = (const char *) (g->b.p + (n0 / NR) * g->k * NR
                                            + (k0 + kc) * NR);
+                    lines = s_min (bl->kc, g->k - k0 - kc) * NR * (int64_t) sizeof (float) / 64;
+                }
+                int64_t share = (lines + panels - 1) / panels;
                 for (int64_t i = m0; i < m1; i += rp) {
                     S_A_OF (i);
-                    const char *pf = next && i >= pf_from
-                                     ? next + (i - pf_from) / rp * kc * 64 : NULL;
+                    int64_t first = (i - m0) / rp * share;
+                    const char *pf = next && first < lines ? next + first * 64 : NULL;
+                    int64_t pf_n = pf ? s_min (share, lines - first) : 0;
                     s_micro (g, ukr, rp, kc, ai, bj, i, j, acc, last, plain, tmp,
                              part ? part + (i - m0) * ldp + (j - n0) : NULL, ldp, x,
-                             xepi, ars, acs, pf);
+                             xepi, ars, acs, pf, pf_n);
                 }
             }
         } else {
@@ -486,7 +525,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
                     }
 #endif
                     s_micro (g, ukr, rp, kc, ai, bp + (j - n0) / NR * bstride, i, j, acc,
-                             last, plain, tmp, NULL, 0, x, xepi, ars, acs, NULL);
+                             last, plain, tmp, NULL, 0, x, xepi, ars, acs, NULL, 0);
                 }
             }
         }

@@ -131,17 +131,21 @@ kiln_act_heavy (kiln_act_t act)
 /* The micro-kernel, for kernels that block their own products (Winograd):
  * c[MR × width] (row stride ldc) = (accumulate ? c : 0) + Σ over kc steps
  * of a[MR] ⊗ b[width], a packed as an A panel, b's steps ldb apart.
- * width is KILN_PACK_NR or KILN_PACK_NR / 2. */
+ * width is KILN_PACK_NR or KILN_PACK_NR / 2.  On AVX-512 it also
+ * fetches pf_n cache lines from pf on (a panel to come, streamed from
+ * memory), spread over its steps; pf may be NULL. */
 void kiln_gemm_ukr (int width, int64_t kc, const float *a, const float *b,
-                    int64_t ldb, float *c, int64_t ldc, bool accumulate);
+                    int64_t ldb, float *c, int64_t ldc, bool accumulate,
+                    const void *pf, int64_t pf_n);
 
 /* The transposed tile, for Winograd's products with the tiles as rows:
  * c[q·ldc + r] = (accumulate ? c[q·ldc + r] : 0) + Σ over kc steps of
  * a[r] · b[q], a packed as an A panel (of `rows`, 8 or 7, rows used, the
- * rest zero), b's steps ldb apart (NR wide), for r < mr, q < nr. */
+ * rest zero), b's steps ldb apart (NR wide), for r < mr, q < nr; pf
+ * and pf_n as for kiln_gemm_ukr. */
 void kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
                       int64_t ldb, float *c, int64_t ldc, int64_t mr, int64_t nr,
-                      bool accumulate);
+                      bool accumulate, const void *pf, int64_t pf_n);
 
 /* "avx512", "avx2" or "generic": the micro-kernel in use. */
 const char *kiln_gemm_isa (void);

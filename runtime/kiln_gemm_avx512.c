@@ -70,6 +70,31 @@ s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, bool half, s_epi_ti
     e->hi = _mm512_set1_ps (g->act_b);
 }
 
+/* Fetching n cache lines from p on into the cache while a micro-kernel
+ * runs kc steps of k: one line every kc / n steps (every step when n is
+ * larger), the next weight panel while this one is used. */
+typedef struct {
+    const char *p, *end;
+    int64_t every, at;
+} s_pf_t;
+
+__attribute__ ((always_inline)) static inline s_pf_t
+s_pf_init (const char *p, int64_t n, int64_t kc)
+{
+    s_pf_t f = { p, p ? p + n * 64 : NULL, n > 0 && kc / n > 1 ? kc / n : 1, 0 };
+    return f;
+}
+
+__attribute__ ((always_inline)) static inline void
+s_pf_step (s_pf_t *f, int64_t kk)
+{
+    if (f->p && kk == f->at && f->p < f->end) {
+        __builtin_prefetch (f->p, 0, 3);
+        f->p += 64;
+        f->at += f->every;
+    }
+}
+
 /* The 8 × 32 AVX-512 kernel of kiln_gukr_avx512 with two things more, for
  * the tiles of the driver (s_tile):
  *  - A read where it lies: row r's element kk at a[r·ars + kk·acs], so
@@ -84,13 +109,13 @@ s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, bool half, s_epi_ti
  *    storing the tile to a buffer and loading it back for kiln_gfinish (3 %
  *    of the transformer's time).
  * The sums over k run in the order of kiln_gukr_avx512: results are the
- * same bits.  With `pf`, a line from pf on is fetched into the cache at
- * each step of k (kiln_gukr_avx512_xp, for s_tile). */
+ * same bits.  With `pf`, pf_n lines from pf on are fetched into the
+ * cache, spread over the steps of k (kiln_gukr_avx512_xp). */
 __attribute__ ((target ("avx512f"), always_inline)) static inline void
 s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t ldb, float *c, int64_t ldc,
                  bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
-                 const char *pf, const float *acc_src, int64_t acc_ld,
+                 const char *pf, int64_t pf_n, const float *acc_src, int64_t acc_ld,
                  float *t2, int t2_sign, bool t2_first, float *bpk,
                  const kiln_gpro_t *pro, const bool half)
 {
@@ -105,6 +130,7 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
     /* one pointer stepping along k, the rows at fixed offsets from it */
     const int64_t o1 = ars, o2 = 2 * ars, o3 = 3 * ars, o4 = 4 * ars;
     const int64_t o5 = 5 * ars, o6 = 6 * ars, o7 = 7 * ars;
+    s_pf_t pfs = s_pf_init (pf, pf_n, kc);
 #define S_ROW(r, o)                                               \
     do {                                                          \
         __m512 ar = _mm512_set1_ps (a[o]);                        \
@@ -136,10 +162,7 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
         }
         S_ROW (0, 0); S_ROW (1, o1); S_ROW (2, o2); S_ROW (3, o3);
         S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6); S_ROW (7, o7);
-        if (pf) {
-            __builtin_prefetch (pf, 0, 3);
-            pf += 64;
-        }
+        s_pf_step (&pfs, kk);
         a += acs;
         b += ldb;
     }
@@ -259,17 +282,18 @@ __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
               float *c, int64_t ldc, bool accumulate)
 {
-    s_ukr_avx512_xb (kc, a, 1, MR, b, ldb, c, ldc, accumulate, NULL, 0, 0, NULL,
+    s_ukr_avx512_xb (kc, a, 1, MR, b, ldb, c, ldc, accumulate, NULL, 0, 0, NULL, 0,
                      NULL, 0, NULL, 0, false, NULL, NULL, false);
 }
 
 /* 7 × NR, for panels of 7 rows (a 7 × 7 plane's 49 positions are seven
  * of them): the same per-row rate as 8 × NR, the eighth row written as
  * zeros.  Only ever writes a tile buffer (s_micro). */
-__attribute__ ((target ("avx512f"))) void
-kiln_gukr_avx512_7 (int64_t kc, const float *a, const float *b, int64_t ldb,
-                float *c, int64_t ldc, bool accumulate)
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_ukr_avx512_7 (int64_t kc, const float *a, const float *b, int64_t ldb,
+                float *c, int64_t ldc, bool accumulate, const char *pf, int64_t pf_n)
 {
+    s_pf_t pfs = s_pf_init (pf, pf_n, kc);
     __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
     __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
     __m512 c20 = _mm512_setzero_ps (), c21 = _mm512_setzero_ps ();
@@ -288,6 +312,7 @@ kiln_gukr_avx512_7 (int64_t kc, const float *a, const float *b, int64_t ldb,
         __m512 b0 = _mm512_loadu_ps (b), b1 = _mm512_loadu_ps (b + 16);
         S_ROW (0); S_ROW (1); S_ROW (2); S_ROW (3);
         S_ROW (4); S_ROW (5); S_ROW (6);
+        s_pf_step (&pfs, k);
         a += MR;
         b += ldb;
     }
@@ -311,12 +336,30 @@ kiln_gukr_avx512_7 (int64_t kc, const float *a, const float *b, int64_t ldb,
     }
 }
 
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_7 (int64_t kc, const float *a, const float *b, int64_t ldb,
+                float *c, int64_t ldc, bool accumulate)
+{
+    s_ukr_avx512_7 (kc, a, b, ldb, c, ldc, accumulate, NULL, 0);
+}
+
+/* The same, fetching pf_n lines from `pf` on into the cache, spread over
+ * the steps of k (kiln_gukr_avx512_xp's). */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_7p (int64_t kc, const float *a, const float *b, int64_t ldb,
+                     float *c, int64_t ldc, bool accumulate, const char *pf,
+                     int64_t pf_n)
+{
+    s_ukr_avx512_7 (kc, a, b, ldb, c, ldc, accumulate, pf, pf_n);
+}
+
 /* MR × 16: eight accumulators, enough to hide the FMA latency on CPUs
  * that run one 512-bit FMA per cycle. */
-__attribute__ ((target ("avx512f"))) void
-kiln_gukr_avx512_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
-                 float *c, int64_t ldc, bool accumulate)
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_ukr_avx512_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
+                 float *c, int64_t ldc, bool accumulate, const char *pf, int64_t pf_n)
 {
+    s_pf_t pfs = s_pf_init (pf, pf_n, kc);
     __m512 c0 = _mm512_setzero_ps (), c1 = _mm512_setzero_ps ();
     __m512 c2 = _mm512_setzero_ps (), c3 = _mm512_setzero_ps ();
     __m512 c4 = _mm512_setzero_ps (), c5 = _mm512_setzero_ps ();
@@ -332,6 +375,7 @@ kiln_gukr_avx512_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
         c5 = _mm512_fmadd_ps (_mm512_set1_ps (a[5]), b0, c5);
         c6 = _mm512_fmadd_ps (_mm512_set1_ps (a[6]), b0, c6);
         c7 = _mm512_fmadd_ps (_mm512_set1_ps (a[7]), b0, c7);
+        s_pf_step (&pfs, k);
         a += MR;
         b += ldb;
     }
@@ -345,6 +389,22 @@ kiln_gukr_avx512_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
     S_STORE (0); S_STORE (1); S_STORE (2); S_STORE (3);
     S_STORE (4); S_STORE (5); S_STORE (6); S_STORE (7);
 #undef S_STORE
+}
+
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_16 (int64_t kc, const float *a, const float *b, int64_t ldb,
+                 float *c, int64_t ldc, bool accumulate)
+{
+    s_ukr_avx512_16 (kc, a, b, ldb, c, ldc, accumulate, NULL, 0);
+}
+
+/* The same, fetching pf_n lines from `pf` on, spread over the steps of k. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_16p (int64_t kc, const float *a, const float *b, int64_t ldb,
+                      float *c, int64_t ldc, bool accumulate, const char *pf,
+                      int64_t pf_n)
+{
+    s_ukr_avx512_16 (kc, a, b, ldb, c, ldc, accumulate, pf, pf_n);
 }
 
 
@@ -477,7 +537,7 @@ kiln_gukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
                 const float *b, int64_t ldb, float *c, int64_t ldc,
                 bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
 {
-    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL,
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
                      NULL, 0, NULL, 0, false, NULL, NULL, false);
 }
 
@@ -489,19 +549,20 @@ kiln_gukr_avx512_xh (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      const float *b, int64_t ldb, float *c, int64_t ldc,
                      bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
 {
-    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL,
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
                      NULL, 0, NULL, 0, false, NULL, NULL, true);
 }
 
-/* The same, fetching a line from `pf` on into the cache at each step of
- * k: the next weight panel, while the last row panels of this one run. */
+/* The same, fetching pf_n lines from `pf` on into the cache, one every
+ * kc / pf_n steps of k: the next weight panel, while this one is used
+ * (s_tile, Winograd's products). */
 __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t ldb, float *c, int64_t ldc,
                  bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
-                 const char *pf)
+                 const char *pf, int64_t pf_n)
 {
-    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, pf,
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, pf, pf_n,
                      NULL, 0, NULL, 0, false, NULL, NULL, false);
 }
 
@@ -519,7 +580,7 @@ kiln_gukr_avx512_xpk (int64_t kc, const float *a, int64_t ars, int64_t acs,
                       bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
                       float *bpk, const kiln_gpro_t *pro)
 {
-    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL,
+    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
                      NULL, 0, NULL, 0, false, bpk, pro, false);
 }
 
@@ -535,11 +596,11 @@ kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
 {
     if (fin)
         s_ukr_avx512_xb (kc, a, ars, 1, b, NR, g->c + i * g->ldc + j, g->ldc, true,
-                         s_no_epilogue (g) ? NULL : g, i, j, pf, acc, NR,
+                         s_no_epilogue (g) ? NULL : g, i, j, pf, kc, acc, NR,
                          t2, t2_sign, t2_first, NULL, NULL, false);
     else
         s_ukr_avx512_xb (kc, a, ars, 1, b, NR, t, NR, acc != NULL, NULL, 0, 0, pf,
-                         acc, NR, t2, t2_sign, t2_first, NULL, NULL, false);
+                         kc, acc, NR, t2, t2_sign, t2_first, NULL, NULL, false);
 }
 
 #endif

@@ -95,7 +95,8 @@ kiln_gpanel_rows_avx2 (float *panel, const float *p0, const float *p1, int sign,
 /* kiln_gemm_avx512.c.  _x: A's row r, step kk at a[r·ars + kk·acs] (a
  * packed panel or the rows where they lie) and, with `epi`, that
  * product's epilogue applied in registers to tile (i, j); _xp the same,
- * fetching a line from `pf` on into the cache at each step of k; _xh
+ * fetching pf_n lines from `pf` on into the cache, spread over the steps
+ * of k (as do _7p and _16p, twins of _7 and _16); _xh
  * the same for the panel's first 16 columns; _s one of Strassen's seven
  * products (kiln_gemm_strassen.c). */
 __attribute__ ((target ("avx512f"))) void
@@ -115,7 +116,15 @@ __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      const float *b, int64_t ldb, float *c, int64_t ldc,
                      bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
-                     const char *pf);
+                     const char *pf, int64_t pf_n);
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_16p (int64_t kc, const float *a, const float *b, int64_t ldb,
+                      float *c, int64_t ldc, bool accumulate, const char *pf,
+                      int64_t pf_n);
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_7p (int64_t kc, const float *a, const float *b, int64_t ldb,
+                     float *c, int64_t ldc, bool accumulate, const char *pf,
+                     int64_t pf_n);
 __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_xpk (int64_t kc, const float *a, int64_t ars, int64_t acs,
                       const float *b, int64_t ldb, float *c, int64_t ldc,

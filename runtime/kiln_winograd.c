@@ -554,10 +554,19 @@ s_task (void *arg, int task, int worker)
              * 32-column panels of U[ξ]ᵀ, stored back transposed into M. */
             float *ap = mo + points * wp->mchunk * nb;
             int64_t rp = wp->rp;
+            /* U[ξ + 1]'s panels, streamed from memory when the weights
+             * are not in cache, are fetched while U[ξ]'s are used: each
+             * row panel of tiles its share of each column panel's lines */
+            int64_t slices = (cnt + rp - 1) / rp;
+            int64_t lines = kc * KILN_PACK_NR * (int64_t) sizeof (float) / 64;
+            int64_t share = (lines + slices - 1) / slices;
             for (int64_t xi = 0; xi < points; xi++) {
                 const float *vb = v + xi * wp->kc * nb;
                 const float *u = r->u + xi * wp->u_stride + c0 * KILN_PACK_NR;
+                const char *un = xi + 1 < points ? (const char *) (u + wp->u_stride) : NULL;
                 for (int64_t i = 0; i < cnt; i += rp) {
+                    int64_t first = i / rp * share;
+                    int64_t pf_n = un && first < lines ? s_min (share, lines - first) : 0;
                     for (int64_t cc = 0; cc < kc; cc++) {
                         memcpy (ap + cc * KILN_PACK_MR, vb + cc * nb + i,
                                 (size_t) rp * sizeof *ap);
@@ -568,17 +577,29 @@ s_task (void *arg, int task, int worker)
                         kiln_gemm_ukr_t ((int) rp, kc, ap, u + j * wp->c, KILN_PACK_NR,
                                          mo + (xi * wp->mchunk + (j - m0)) * nb + i,
                                          nb, s_min (rp, cnt - i),
-                                         s_min (KILN_PACK_NR, m1 - j), kb > 0);
+                                         s_min (KILN_PACK_NR, m1 - j), kb > 0,
+                                         pf_n ? un + (j * wp->c * (int64_t) sizeof (float)
+                                                      + first * 64) : NULL,
+                                         pf_n);
                 }
             }
             continue;
         }
+        /* each A panel of U is used once here: the next one (of this
+         * point or the next) is fetched while this one is used, in case
+         * the weights come from memory */
+        int64_t lines = kc * KILN_PACK_MR * (int64_t) sizeof (float) / 64;
         for (int64_t xi = 0; xi < points; xi++) {
             const float *u = r->u + xi * wp->u_stride + c0 * KILN_PACK_MR;
             const float *b = v + xi * wp->kc * nb;
-            for (int64_t i = m0; i < m1; i += KILN_PACK_MR)
+            for (int64_t i = m0; i < m1; i += KILN_PACK_MR) {
+                const float *next = i + KILN_PACK_MR < m1 ? u + (i + KILN_PACK_MR) * wp->c
+                                    : xi + 1 < points ? u + wp->u_stride + m0 * wp->c
+                                    : NULL;
                 kiln_gemm_ukr ((int) nb, kc, u + i * wp->c, b, nb,
-                               mo + (xi * wp->mchunk + (i - m0)) * nb, nb, kb > 0);
+                               mo + (xi * wp->mchunk + (i - m0)) * nb, nb, kb > 0,
+                               next, lines);
+            }
         }
     }
     if (wp->nkb == 0)
