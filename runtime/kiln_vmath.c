@@ -230,7 +230,9 @@ s_exp_nonpos (float x)
 /* kiln_vsoftmax_row's softmax (not the log form) written out for
  * AVX-512: the maximum (exact in any order), the exponentials by
  * s_exp_nonpos16, their float sums in the portable loop's sixteen lanes
- * reduced in its order.  A transformer's attention rows (128 floats):
+ * reduced in its order; the last n mod 16 floats as one masked vector
+ * (their scalar exponentials had been a third of a vit_b_16 softmax's
+ * 197-float rows).  A transformer's attention rows (128 floats):
  * 83 ns a row with the sums in double and the C's exponential, against
  * 99 for the compiled C; 66 ns with the float sums and their tree
  * reduction (s_sum_lanes); 54 ns with the FMAs (the four softmaxes
@@ -257,14 +259,16 @@ s_softmax_row_avx512 (const float *restrict x, float *restrict y, int64_t n)
         nan |= _mm512_cmp_ps_mask (v, v, _CMP_UNORD_Q);
         m0 = _mm512_max_ps (v, m0);
     }
+    /* the last n - body floats: one masked vector, the other lanes x[0] */
+    __mmask16 tm = (__mmask16) ((1u << (n - body)) - 1u);
+    if (tm) {
+        __m512 v = _mm512_mask_loadu_ps (_mm512_set1_ps (x[0]), tm, x + body);
+        nan |= _mm512_mask_cmp_ps_mask (tm, v, v, _CMP_UNORD_Q);
+        m1 = _mm512_max_ps (v, m1);
+    }
     float m = _mm512_reduce_max_ps (_mm512_max_ps (_mm512_max_ps (m0, m1),
                                                    _mm512_max_ps (m2, m3)));
-    int tail_nan = 0;
-    for (i = body; i < n; i++) {
-        m = x[i] > m ? x[i] : m;
-        tail_nan |= x[i] != x[i];
-    }
-    if (nan || tail_nan) {
+    if (nan) {
         for (i = 0; i < n; i++)
             y[i] = NAN;
         return;
@@ -285,8 +289,11 @@ s_softmax_row_avx512 (const float *restrict x, float *restrict y, int64_t n)
         _mm512_storeu_ps (y + i, e);
         s = _mm512_add_ps (s, e);
     }
-    for (; i < n; i++)
-        y[i] = s_exp_nonpos (x[i] - m);
+    if (tm) {
+        /* the other lanes x = m: e^0, neither stored nor summed */
+        __m512 v = _mm512_mask_loadu_ps (vm, tm, x + body);
+        _mm512_mask_storeu_ps (y + body, tm, kiln_exp_nonpos16 (_mm512_sub_ps (v, vm)));
+    }
     /* s_sum_lanes's tree: lanes j + 8, then j + 4, j + 2, j + 1. */
     __m256 s8 = _mm256_add_ps (_mm512_castps512_ps256 (s),
                                _mm256_castpd_ps (_mm512_extractf64x4_pd (_mm512_castps_pd (s), 1)));
@@ -299,8 +306,9 @@ s_softmax_row_avx512 (const float *restrict x, float *restrict y, int64_t n)
     __m512 vinv = _mm512_set1_ps (inv);
     for (i = 0; i < body; i += S_LANES)
         _mm512_storeu_ps (y + i, _mm512_mul_ps (_mm512_loadu_ps (y + i), vinv));
-    for (; i < n; i++)
-        y[i] *= inv;
+    if (tm)
+        _mm512_mask_storeu_ps (y + body, tm,
+                               _mm512_mul_ps (_mm512_maskz_loadu_ps (tm, y + body), vinv));
 }
 
 #endif
