@@ -1080,7 +1080,10 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     const float *bdata = kiln_cc_const_f32 (cx, b);
     kiln_dtype_t hdt = KILN_DT_UNDEFINED;
     const uint16_t *hdata = kiln_cc_const_half (cx, b, &hdt);
-    bool pack = cx->opts.optlevel >= 2 && (bdata || hdata) && s_numel (sb) == kk * n
+    int64_t b_mats = 1;             /* B's batch: its dims before the matrix */
+    for (int d = 0; d + 2 < sb->rank; d++)
+        b_mats *= sb->dims[d];
+    bool pack = cx->opts.optlevel >= 2 && (bdata || hdata) && b_mats == 1
                 && f->src[1] < 0;
     int ins[4], n_in = 2;
     if ((ins[0] = s_operand (cx, f->src[0] >= 0 ? f->src[0] : a, err)) < 0)

@@ -891,18 +891,24 @@ def _broadcast_case():
 def test_products_of_empty_k_are_their_addends(tmp_path, env, isa):
     """k = 0 on the matrix engine (its epilogue of zeros): a MatMul is
     zeros, a Gemm beta times C broadcast with its fused Relu, values the
-    engine must write."""
+    engine must write; a batched MatMul whose constant B has k = 0 too
+    (a batch of B is not packed as one weight: it had been, and the
+    runtime refused it)."""
     e, keys = env
     c = np.array([-1.0, 0.5, 2.0, -3.0, 4.0], np.float32)
     x = np.zeros((3, 0), np.float32)
+    xb = np.zeros((2, 3, 0), np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
              helper.make_node("Gemm", ["x", "w", "c"], ["g"], beta=2.0),
-             helper.make_node("Relu", ["g"], ["z"])]
-    inits = {"w": np.zeros((0, 5), np.float32), "c": c}
+             helper.make_node("Relu", ["g"], ["z"]),
+             helper.make_node("MatMul", ["xb", "wb"], ["yb"])]
+    inits = {"w": np.zeros((0, 5), np.float32), "c": c,
+             "wb": np.zeros((2, 0, 4), np.float32)}
     expected = {"y": np.zeros((3, 5), np.float32),
-                "z": np.broadcast_to(np.maximum(2.0 * c, 0.0), (3, 5))}
-    _check(nodes, {"x": x}, expected, tmp_path, (dict(e, KILN_RT_ISA=isa), keys), inits,
-           opset=14)
+                "z": np.broadcast_to(np.maximum(2.0 * c, 0.0), (3, 5)),
+                "yb": np.zeros((2, 3, 4), np.float32)}
+    _check(nodes, {"x": x, "xb": xb}, expected, tmp_path, (dict(e, KILN_RT_ISA=isa), keys),
+           inits, opset=14)
 
 
 @pytest.mark.parametrize("threads", [1, 3])
