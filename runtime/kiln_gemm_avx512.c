@@ -255,11 +255,31 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
         case KILN_ACT_LEAKY:
             S_ALL (S_LEAKY);
             break;
-        default:
-#define S_ACT16(r, h) c##r##h = kiln_act16 (c##r##h, et.act, et.lo, et.hi)
-            if (kiln_act16_has (et.act))
-                S_ALL (S_ACT16);
+        /* the others inline, one loop each (kiln_act16 with a constant
+         * act): a call per vector made the compiler spill the tile's
+         * sixteen accumulators around each (no vector register survives
+         * a call) */
+#define S_ACT16(A)                                                      \
+        case A:                                                         \
+            S_ALL (S_ACT16_##A);                                        \
+            break;
+#define S_ACT16_4(r, h) c##r##h = kiln_act16 (c##r##h, 4, et.lo, et.hi)
+#define S_ACT16_5(r, h) c##r##h = kiln_act16 (c##r##h, 5, et.lo, et.hi)
+#define S_ACT16_6(r, h) c##r##h = kiln_act16 (c##r##h, 6, et.lo, et.hi)
+#define S_ACT16_7(r, h) c##r##h = kiln_act16 (c##r##h, 7, et.lo, et.hi)
+#define S_ACT16_8(r, h) c##r##h = kiln_act16 (c##r##h, 8, et.lo, et.hi)
+        S_ACT16 (4)
+        S_ACT16 (5)
+        S_ACT16 (6)
+        S_ACT16 (7)
+        S_ACT16 (8)
 #undef S_ACT16
+#undef S_ACT16_4
+#undef S_ACT16_5
+#undef S_ACT16_6
+#undef S_ACT16_7
+#undef S_ACT16_8
+        default:
             break;
         }
 #undef S_RELU

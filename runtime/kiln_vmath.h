@@ -91,7 +91,7 @@ void kiln_vlayer_norm_row (const float *x, float *y, int64_t n, const float *sc,
 /* The same without the last step's mask: below -103.97 the result is 0
  * or a subnormal under 2^-149 rather than 0 (for callers to whom that
  * difference is nothing). */
-__attribute__ ((target ("avx512f"))) static inline __m512
+__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 kiln_exp_nonpos16_raw (__m512 x)
 {
     __m512 c = _mm512_max_ps (x, _mm512_set1_ps (-104.0f));
@@ -109,7 +109,7 @@ kiln_exp_nonpos16_raw (__m512 x)
     return _mm512_scalef_ps (p, n);
 }
 
-__attribute__ ((target ("avx512f"))) static inline __m512
+__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 kiln_exp_nonpos16 (__m512 x)
 {
     __m512 e = kiln_exp_nonpos16_raw (x);
@@ -124,7 +124,7 @@ kiln_exp_nonpos16 (__m512 x)
  * or 0 either way.  -|v| is v with its sign bit set.  Seven operations of
  * the 26 a vector fewer, where SiLU was a fifth of efficientnet_b0's
  * time; the same values elsewhere. */
-__attribute__ ((target ("avx512f"))) static inline __m512
+__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 kiln_silu16 (__m512 v)
 {
     __m512 one = _mm512_set1_ps (1.0f);
@@ -155,7 +155,7 @@ kiln_act16_has (int act)
  * 1.2e-7 everywhere): t = 1 / (1 + |x| / 2), erfc = t · e^(-x² + p(t)).
  * One exponential and one division a vector, in registers, where the
  * portable erf (kiln_verf, fdlibm's) took 18 % of convnext_tiny. */
-__attribute__ ((target ("avx512f"))) static inline __m512
+__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 kiln_gelu16 (__m512 v)
 {
     __m512 one = _mm512_set1_ps (1.0f);
@@ -182,7 +182,7 @@ kiln_gelu16 (__m512 v)
     return _mm512_mask_mov_ps (y, nan, v);
 }
 
-__attribute__ ((target ("avx512f"))) static inline __m512
+__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 kiln_act16 (__m512 v, int act, __m512 a, __m512 b)
 {
     __m512 zero = _mm512_setzero_ps (), one = _mm512_set1_ps (1.0f);
