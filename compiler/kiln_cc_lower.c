@@ -893,6 +893,8 @@ s_wino_pays (int64_t c, int64_t m, int64_t oh, int64_t ow, int tile)
            || (double) c * (double) m * KILN_PACK_WINO_POINTS (2) * 4.0 <= 1024.0 * 1024.0;
 }
 
+#define S_TRANS_GATHER 9
+
 /* A convolution's product runs transposed (output positions as the rows
  * of the engine's 8 × 32 tiles, output channels along the 32) when that
  * computes clearly fewer padding elements (a 7×7 output is 49 positions,
@@ -907,12 +909,24 @@ s_wino_pays (int64_t c, int64_t m, int64_t oh, int64_t ow, int tile)
  * against 0.060 ms; 96→576: 0.165 against 0.129); in mobilenet_v2,
  * 320→1280 at 7×7 took 0.29 ms transposed and 0.49 ms not. */
 static bool
-s_conv_trans (int64_t mg, int64_t positions, int64_t k)
+s_conv_trans (int64_t mg, int64_t positions, int64_t k, int64_t taps)
 {
     int64_t mr = KILN_PACK_MR, nr = KILN_PACK_NR;
     int64_t normal = (positions + nr - 1) / nr * nr * ((mg + mr - 1) / mr * mr);
     int64_t trans = (positions + mr - 1) / mr * mr * ((mg + nr - 1) / nr * nr);
-    return (k >= 512 || (k >= 128 && positions <= 64)) && trans * 20 < normal * 19;
+    if (!((k >= 512 || (k >= 128 && positions <= 64)) && trans * 20 < normal * 19))
+        return false;
+    /* With several taps the rows of the transposed product are gathered
+     * element by element (an output position's inputs lie a plane apart),
+     * where the untransposed gather copies runs of positions: about
+     * S_TRANS_GATHER multiply-adds of the product's time more per element
+     * gathered, which the padding saved (per step of k) must pay for.
+     * Chains of 3×3 convolutions from 128 channels (weights cold, 1
+     * thread, ms a convolution transposed against not): at 14×14 to 32
+     * channels 0.248 against 0.198, to 64 0.383 against 0.262, to 128
+     * 0.494 against 0.513; at 7×7 to 64 0.075 against 0.083, to 32 level;
+     * 9 is between the bounds these set (7.8 and 10.4). */
+    return taps == 1 || normal - trans > positions * S_TRANS_GATHER;
 }
 
 /* Winograd-T (the tiles as the rows of the engine's tiles, in panels of
@@ -1647,7 +1661,7 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
         positions = ps->dims[2] * ps->dims[3];
     }
     bool trans = pack && (wino ? s_wino_trans (c, m, w.out[0], w.out[1], tile)
-                               : s_conv_trans (m / group, positions, per));
+                               : s_conv_trans (m / group, positions, per, per / cg));
     /* channels-last X or Y (kiln_cc_layout.h): a depthwise convolution
      * both ways with its weights tap-major, or a packed-T product */
     bool x_cl = cx->cl[f->pre_bn >= 0 ? cx->g->nodes[f->pre_bn].inputs[0] : x];

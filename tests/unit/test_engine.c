@@ -823,6 +823,44 @@ START_TEST (test_winograd_skips_few_output_channels)
 }
 END_TEST
 
+/* The 3x3 product runs transposed only where the padding it saves pays
+ * for gathering its rows element by element (S_TRANS_GATHER in
+ * compiler/kiln_cc_lower.c): from 128 channels at 14x14 not to 32 or 64
+ * output channels (DenseNet's layers), but to 128; at 7x7 to 64, not
+ * to 32.  Each against -O0; `kernel` tells the 3x3 op from the
+ * residual's 1x1. */
+START_TEST (test_transposed_conv_pays_for_its_gather)
+{
+    int64_t cases[][3] = { { 32, 14, 0 }, { 64, 14, 0 }, { 128, 14, 1 },
+                           { 64, 7, 1 }, { 32, 7, 0 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_graph_t *g = s_conv_block (128, cases[i][0], cases[i][1], cases[i][1], 1, 1, 1);
+        kiln_program_t *p = s_check_against_o0 (g, 2, 1e-5, "3x3 conv block");
+        int seen = 0;
+        for (int o = 0; o < p->n_ops; o++) {
+            bool trans = false;
+            int64_t kh = 0;
+            for (int j = 0; j < p->ops[o].n_params; j++) {
+                const kiln_prog_param_t *pp = &p->ops[o].params[j];
+                if (strcmp (pp->name, "transposed") == 0)
+                    trans = pp->i == 1;
+                if (strcmp (pp->name, "kernel") == 0)
+                    kh = pp->ints[0];
+            }
+            if (kh != 3)
+                continue;
+            seen++;
+            ck_assert_msg (trans == (cases[i][2] == 1), "128 -> %lld at %lld x %lld: %s",
+                           (long long) cases[i][0], (long long) cases[i][1],
+                           (long long) cases[i][1], trans ? "transposed" : "not transposed");
+        }
+        ck_assert_int_eq (seen, 1);
+        kiln_program_destroy (&p);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
 START_TEST (test_winograd_convolution_matches_o0)
 {
     /* c, m, h, w, pad, the output tile the compiler should pick, and
@@ -1252,6 +1290,7 @@ s_suite (void)
     tcase_add_test (tc, test_fused_packed_convolution_matches_o0);
     tcase_add_test (tc, test_winograd_convolution_matches_o0);
     tcase_add_test (tc, test_winograd_skips_few_output_channels);
+    tcase_add_test (tc, test_transposed_conv_pays_for_its_gather);
     tcase_add_test (tc, test_depthwise_convolution_matches_o0);
     tcase_add_test (tc, test_batch_norm_folds_into_the_convolution);
     tcase_add_test (tc, test_batch_norm_folds_into_a_gemm);
