@@ -724,6 +724,22 @@ END_TEST
 
 /* --- the compiler's optimisations against -O0 ---------------------------- */
 
+/* Whether a convolution op runs transposed, and its kernel's height. */
+static bool
+s_op_transposed (const kiln_prog_op_t *op, int64_t *kh)
+{
+    bool trans = false;
+    *kh = 0;
+    for (int j = 0; j < op->n_params; j++) {
+        const kiln_prog_param_t *pp = &op->params[j];
+        if (strcmp (pp->name, "transposed") == 0)
+            trans = pp->i == 1;
+        if (strcmp (pp->name, "kernel") == 0)
+            *kh = pp->ints[0];
+    }
+    return trans;
+}
+
 /* Conv (3x3, pads `p`) of `c` -> `m` channels on h x w, + bias, + a
  * residual of the same shape (a 1x1 conv of the input, when p is 1), Relu. */
 static kiln_graph_t *
@@ -784,15 +800,8 @@ START_TEST (test_fused_packed_convolution_matches_o0)
         p = s_check_against_o0 (g, 2, 1e-5, "conv block with 7x7 outputs");
         ck_assert_int_eq (p->n_ops, 2);
         for (int i = 0; i < p->n_ops; i++) {
-            bool trans = false;
-            int64_t kh = 0;
-            for (int j = 0; j < p->ops[i].n_params; j++) {
-                const kiln_prog_param_t *pp = &p->ops[i].params[j];
-                if (strcmp (pp->name, "transposed") == 0)
-                    trans = pp->i == 1;
-                if (strcmp (pp->name, "kernel") == 0)
-                    kh = pp->ints[0];
-            }
+            int64_t kh;
+            bool trans = s_op_transposed (&p->ops[i], &kh);
             ck_assert_msg (trans == (wide || kh == 3), "op %d (%dx%d, %s): transposed %d",
                            i, (int) kh, (int) kh,
                            wide ? "160 channels in" : "24 channels in", trans);
@@ -838,15 +847,8 @@ START_TEST (test_transposed_conv_pays_for_its_gather)
         kiln_program_t *p = s_check_against_o0 (g, 2, 1e-5, "3x3 conv block");
         int seen = 0;
         for (int o = 0; o < p->n_ops; o++) {
-            bool trans = false;
-            int64_t kh = 0;
-            for (int j = 0; j < p->ops[o].n_params; j++) {
-                const kiln_prog_param_t *pp = &p->ops[o].params[j];
-                if (strcmp (pp->name, "transposed") == 0)
-                    trans = pp->i == 1;
-                if (strcmp (pp->name, "kernel") == 0)
-                    kh = pp->ints[0];
-            }
+            int64_t kh;
+            bool trans = s_op_transposed (&p->ops[o], &kh);
             if (kh != 3)
                 continue;
             seen++;
