@@ -19,6 +19,7 @@
 #include <cblas.h>
 
 #include "runtime/kiln_exec.h"
+#include "runtime/kiln_gemm.h"
 
 /* The values of the `mode`, `coord` and `nearest` parameters
  * (docs/program-format.md); the compiler writes the same numbers. */
@@ -76,24 +77,95 @@ s_copy_strided (uint8_t *dst, const uint8_t *src, int64_t n, int64_t st, size_t 
  * are touched once per row of y, and when st is a multiple of 256 floats
  * they share a few cache sets: a head split's [128, 8, 32] → [8, 32,
  * 128] took 31 µs, 1 ns an element.  Blocked, eight source rows are
- * used up while they are in cache. */
+ * used up while they are in cache.  A whole block on AVX2 is eight
+ * loads, the 24 shuffles of an 8 × 8 transpose and eight stores (the
+ * bits moved as they are), element by element elsewhere. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define S_T8_AVX2 1
+
+__attribute__ ((target ("avx2"))) static void
+s_t8_avx2 (uint32_t *y, int64_t n, const uint32_t *x, int64_t st)
+{
+    __m256 r[8], t[8];
+    for (int q = 0; q < 8; q++)
+        r[q] = _mm256_loadu_ps ((const float *) (const void *) (x + q * st));
+    for (int q = 0; q < 8; q += 2) {
+        t[q] = _mm256_unpacklo_ps (r[q], r[q + 1]);
+        t[q + 1] = _mm256_unpackhi_ps (r[q], r[q + 1]);
+    }
+    r[0] = _mm256_shuffle_ps (t[0], t[2], 0x44);
+    r[1] = _mm256_shuffle_ps (t[0], t[2], 0xEE);
+    r[2] = _mm256_shuffle_ps (t[1], t[3], 0x44);
+    r[3] = _mm256_shuffle_ps (t[1], t[3], 0xEE);
+    r[4] = _mm256_shuffle_ps (t[4], t[6], 0x44);
+    r[5] = _mm256_shuffle_ps (t[4], t[6], 0xEE);
+    r[6] = _mm256_shuffle_ps (t[5], t[7], 0x44);
+    r[7] = _mm256_shuffle_ps (t[5], t[7], 0xEE);
+    for (int q = 0; q < 4; q++) {
+        _mm256_storeu_ps ((float *) (void *) (y + q * n),
+                          _mm256_permute2f128_ps (r[q], r[q + 4], 0x20));
+        _mm256_storeu_ps ((float *) (void *) (y + (q + 4) * n),
+                          _mm256_permute2f128_ps (r[q], r[q + 4], 0x31));
+    }
+}
+#else
+#define S_T8_AVX2 0
+#endif
+
+/* Rows i0..i1 - 1 of one matrix's transpose, in blocks of 8 columns:
+ * its output rows written in order. */
 static void
-s_transpose_f32 (uint32_t *y, const uint32_t *x, int64_t a, int64_t n, int64_t st)
+s_transpose_f32 (uint32_t *y, const uint32_t *x, int64_t n, int64_t st, int64_t i0,
+                 int64_t i1, bool avx2)
 {
     for (int64_t j0 = 0; j0 < n; j0 += 8) {
         int64_t j1 = j0 + 8 < n ? j0 + 8 : n;
-        for (int64_t i0 = 0; i0 < a; i0 += 8) {
-            int64_t i1 = i0 + 8 < a ? i0 + 8 : a;
-            if (i1 - i0 == 8 && j1 - j0 == 8) {
-                for (int64_t i = i0; i < i0 + 8; i++)
-                    for (int64_t j = j0; j < j0 + 8; j++)
-                        y[i * n + j] = x[i + j * st];
-                continue;
-            }
-            for (int64_t i = i0; i < i1; i++)
-                for (int64_t j = j0; j < j1; j++)
-                    y[i * n + j] = x[i + j * st];
+#if S_T8_AVX2
+        if (avx2 && i1 - i0 == 8 && j1 - j0 == 8) {
+            s_t8_avx2 (y + i0 * n + j0, n, x + i0 + j0 * st, st);
+            continue;
         }
+#else
+        (void) avx2;
+#endif
+        if (i1 - i0 == 8 && j1 - j0 == 8) {
+            for (int64_t i = i0; i < i0 + 8; i++)
+                for (int64_t j = j0; j < j0 + 8; j++)
+                    y[i * n + j] = x[i + j * st];
+            continue;
+        }
+        for (int64_t i = i0; i < i1; i++)
+            for (int64_t j = j0; j < j1; j++)
+                y[i * n + j] = x[i + j * st];
+    }
+}
+
+/* The transposes of a strided copy over the pool: a task is 8 rows of
+ * one matrix's transpose (the outer dimensions' index o, its source
+ * offset computed from o). */
+typedef struct {
+    const kiln_kshape_plan_t *sp;
+    uint32_t *y;
+    const uint32_t *x;
+    int64_t a, n, st, nb;           /* nb: blocks of 8 rows a matrix */
+    bool avx2;
+} s_tr_t;
+
+static void
+s_tr_rows (void *arg, int64_t first, int64_t count)
+{
+    const s_tr_t *t = arg;
+    const kiln_kshape_plan_t *sp = t->sp;
+    for (int64_t b = first; b < first + count; b++) {
+        int64_t o = b / t->nb, i0 = b % t->nb * 8;
+        int64_t src = sp->offset, rest = o;
+        for (int i = sp->rank - 3; i >= 0; i--) {
+            src += rest % sp->dims[i] * sp->st[i];
+            rest /= sp->dims[i];
+        }
+        s_transpose_f32 (t->y + o * t->a * t->n, t->x + src, t->n, t->st, i0,
+                         i0 + 8 < t->a ? i0 + 8 : t->a, t->avx2);
     }
 }
 
@@ -113,17 +185,14 @@ s_run_strided (const kiln_kplan_t *plan, void *const *data)
         /* The two inner loops are a transpose (the axis X walks
          * contiguously is not the last): by blocks, over the rest. */
         int64_t a = sp->dims[r - 2];
-        for (int64_t o = 0; o < outer / a; o++) {
-            s_transpose_f32 ((uint32_t *) (void *) y + o * a * n,
-                             (const uint32_t *) (const void *) x + src, a, n, st);
-            for (int i = r - 3; i >= 0; i--) {
-                src += sp->st[i];
-                if (++idx[i] < sp->dims[i])
-                    break;
-                src -= sp->st[i] * sp->dims[i];
-                idx[i] = 0;
-            }
-        }
+        s_tr_t t = { sp, (uint32_t *) (void *) y, (const uint32_t *) (const void *) x,
+                     a, n, st, (a + 7) / 8, false };
+#if S_T8_AVX2
+        /* (KILN_RT_ISA=generic runs the element-by-element blocks) */
+        t.avx2 = __builtin_cpu_supports ("avx2") && strcmp (kiln_gemm_isa (), "generic") != 0;
+#endif
+        /* tasks of about 4096 elements */
+        kiln_krows_run (s_tr_rows, &t, outer / a * t.nb, 4096 / (8 * n) + 1);
         return;
     }
     for (int64_t o = 0; o < outer; o++) {

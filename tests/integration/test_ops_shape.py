@@ -681,6 +681,30 @@ def test_random_slices_transposes_and_pads_match_numpy(tmp_path, env):
     _check(nodes, {"x": x}, expected, tmp_path, env, inits, 13)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("isa", isas())
+def test_blocked_transposes_match_numpy(tmp_path, env, isa, threads):
+    """Transposes whose two inner axes swap run in blocks of 8 × 8 (on
+    AVX2 a register transpose), 8 output rows a task: whole and partial
+    blocks on both sides (19 × 21, 16 × 40, 8 × 8), outer axes of one or
+    more, the bits moved as they are (NaN, -0 and infinities kept)."""
+    e, keys = env
+    x = _rand(3, 19, 21)
+    x[0, 3, 5], x[1, 0, 0], x[2, 18, 20] = np.nan, -0.0, np.inf
+    y = _rand(2, 5, 16, 40)
+    z = _rand(8, 8)
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("Transpose", ["y"], ["yt"], perm=[1, 0, 3, 2]),
+             helper.make_node("Transpose", ["z"], ["zt"], perm=[1, 0])]
+    expected = {"xt": x.transpose(0, 2, 1), "yt": y.transpose(1, 0, 3, 2), "zt": z.T}
+    feeds = {"x": x, "y": y, "z": z}
+    got = _kiln(_model(nodes, feeds, list(expected), {}, 13), feeds, list(expected), tmp_path,
+                (dict(e, KILN_RT_ISA=isa, KILN_RT_THREADS=str(threads)), keys), 2)
+    for n, want in expected.items():
+        assert got[n].shape == want.shape, n
+        assert np.array_equal(got[n].view(np.uint32), np.ascontiguousarray(want).view(np.uint32)), n
+
+
 # --- what folding leaves, and what it refuses -------------------------------------
 
 def test_folding_leaves_no_shape_arithmetic_in_the_graph(tmp_path, env):
