@@ -3,19 +3,22 @@
 // package onnxruntime-node, its Node.js binding), then, for each line on
 // stdin, times ITERS runs and prints their latencies (ms) as JSON.
 //
-//   node ort_worker.js MODEL.onnx THREADS ITERS INPUT_NAME DTYPE SHAPE FILE.bin
+//   node ort_worker.js MODEL.onnx THREADS ITERS INPUT_NAME DTYPE SHAPE FILE.bin [PROFILE]
 //
 // DTYPE is float32 or int64, SHAPE like 1x3x224x224, FILE.bin the raw
 // little-endian tensor.  Graph optimisation level "all", one intra-op
 // thread pool of THREADS, sequential execution: ONNX Runtime's own speed
-// on one request, as a user would configure it.
+// on one request, as a user would configure it.  With PROFILE (a path
+// prefix; bench/bench_ops_ort.py) it runs ITERS times with ONNX Runtime's
+// profiler on instead, which writes PROFILE*.json (each node's kernel
+// time for every run), and exits.
 "use strict";
 const fs = require("fs");
 const readline = require("readline");
 const ort = require("onnxruntime-node");
 
 async function main() {
-  const [model, threads, iters, name, dtype, shapeText, file] = process.argv.slice(2);
+  const [model, threads, iters, name, dtype, shapeText, file, profile] = process.argv.slice(2);
   const shape = shapeText.split("x").map(Number);
   const raw = fs.readFileSync(file);
   const buf = raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength);
@@ -25,8 +28,14 @@ async function main() {
     intraOpNumThreads: Number(threads),
     interOpNumThreads: 1,
     executionMode: "sequential",
+    ...(profile ? { enableProfiling: true, profileFilePrefix: profile } : {}),
   });
   const feeds = { [name]: new ort.Tensor(dtype, data, shape) };
+  if (profile) {
+    for (let i = 0; i < Number(iters); i++) await session.run(feeds);
+    session.endProfiling();
+    return;
+  }
   let out = null;
   for (let i = 0; i < 3; i++) out = await session.run(feeds);
   const first = out[session.outputNames[0]];
