@@ -104,21 +104,40 @@ s_prepare_binary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
 }
 
 /* One binary kernel per operation; the inner loop is specialised for the
- * common stride patterns (both contiguous, one side a scalar). */
+ * common stride patterns (both contiguous, one side a scalar).  The
+ * outer rows are shared by the pool, at least S_BIN_MIN elements a task
+ * (each element computed as alone: the results do not depend on the
+ * thread count).  On one thread a squeeze-and-excitation's scaling Mul
+ * after a depthwise convolution that both threads computed read half
+ * its input from the other core: at 2 threads mobilenet_v3_large's took
+ * 0.03-0.04 ms against 0.015-0.025 at 1. */
+#define S_BIN_MIN 8192
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    const float *a, *b;
+    float *y;
+} s_bin_t;
+
 #define S_BINARY_KERNEL(NAME, EXPR)                                           \
     KILN_VCLONES static void                                                  \
-    s_run_##NAME (const kiln_kplan_t *plan, void *const *data)                \
+    s_rows_##NAME (void *arg, int64_t first, int64_t count)                   \
     {                                                                         \
-        const float *a = data[plan->in[0]], *b = data[plan->in[1]];           \
-        float *y = data[plan->out];                                           \
+        const s_bin_t *d = arg;                                               \
+        const kiln_kplan_t *plan = d->plan;                                   \
+        const float *a = d->a, *b = d->b;                                     \
+        float *y = d->y;                                                      \
         int r = plan->u.bin.rank;                                             \
         int64_t n = plan->u.bin.dims[r - 1];                                  \
         int64_t ia = plan->u.bin.sa[r - 1], ib = plan->u.bin.sb[r - 1];      \
-        int64_t outer = 1, idx[KILN_MAX_RANK] = { 0 };                        \
-        for (int i = 0; i < r - 1; i++)                                       \
-            outer *= plan->u.bin.dims[i];                                     \
-        int64_t oa = 0, ob = 0;                                               \
-        for (int64_t o = 0; o < outer; o++) {                                 \
+        int64_t idx[KILN_MAX_RANK] = { 0 }, oa = 0, ob = 0, rest = first;     \
+        for (int i = r - 2; i >= 0; i--) {                                    \
+            idx[i] = rest % plan->u.bin.dims[i];                              \
+            rest /= plan->u.bin.dims[i];                                      \
+            oa += idx[i] * plan->u.bin.sa[i];                                 \
+            ob += idx[i] * plan->u.bin.sb[i];                                 \
+        }                                                                     \
+        for (int64_t o = first; o < first + count; o++) {                     \
             const float *pa = a + oa, *pb = b + ob;                           \
             float *py = y + o * n;                                            \
             if (ia == 1 && ib == 1)                                           \
@@ -155,6 +174,17 @@ s_prepare_binary (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                 idx[i] = 0;                                                   \
             }                                                                 \
         }                                                                     \
+    }                                                                         \
+    static void                                                               \
+    s_run_##NAME (const kiln_kplan_t *plan, void *const *data)                \
+    {                                                                         \
+        s_bin_t d = { plan, data[plan->in[0]], data[plan->in[1]],             \
+                      data[plan->out] };                                      \
+        int r = plan->u.bin.rank;                                             \
+        int64_t n = plan->u.bin.dims[r - 1], outer = 1;                       \
+        for (int i = 0; i < r - 1; i++)                                       \
+            outer *= plan->u.bin.dims[i];                                     \
+        kiln_krows_run (s_rows_##NAME, &d, outer, S_BIN_MIN / n + 1);         \
     }
 
 S_BINARY_KERNEL (ADD, x0 + x1)

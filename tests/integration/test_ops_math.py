@@ -247,6 +247,25 @@ def test_binary_float_ops_broadcast_like_numpy(kiln, sa, sb):
         check(got[f"y{k}"], np.asarray(want, np.float32), name=f"{op} {sa} {sb}")
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("sb", [(5, 37, 96), (37, 1), (96,), (5, 1, 96), ()])
+def test_binary_float_ops_shared_by_threads_are_exact(env, tmp_path, sb, threads):
+    """Add, Sub, Mul and Div over 17 760 elements run on the pool, rows of
+    the output a task (each task starting its broadcast mid-way); every
+    element is the float32 operation numpy computes, bit for bit, on any
+    thread count."""
+    k = Kiln(env, tmp_path)
+    k.env["KILN_RT_THREADS"] = threads
+    a = f32(5, 37, 96)
+    b = (np.abs(f32(*sb)) + 0.5).astype(np.float32)
+    ops = [("Add", a + b), ("Sub", a - b), ("Mul", a * b), ("Div", a / b)]
+    got = k.run([node(op, ["a", "b"], [f"y{i}"]) for i, (op, _) in enumerate(ops)],
+                {"a": a, "b": b}, [f"y{i}" for i in range(len(ops))])
+    for i, (op, want) in enumerate(ops):
+        assert np.array_equal(got[f"y{i}"].view(np.uint32),
+                              np.ascontiguousarray(want, np.float32).view(np.uint32)), op
+
+
 def test_variadic_ops_over_three_broadcast_inputs_and_one(kiln):
     a, b, c = f32(2, 3, 4), f32(3, 1), f32(4)
     c[1] = np.nan
