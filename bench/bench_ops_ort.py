@@ -8,8 +8,8 @@ Each model is exported and compiled as bench/bench_runtime.py does it
 (`-O3`).  Each round runs kiln-run with KILN_RT_PROFILE=all (every op's
 time per run) and then ONNX Runtime with its profiler on
 (bench/ort_worker.js with a profile prefix, the session otherwise as
-bench_runtime.py's); an op's figure is its lowest per-run time over the rounds, so that
-a host whose speed moves from second to second (a shared VM) compares
+bench_runtime.py's); an op's figure is its lowest per-run time over the
+rounds, so that a host whose speed moves from second to second (a shared VM) compares
 the engines at their best.  The two engines fuse differently (ONNX
 Runtime adds layout reorders, kiln fuses residuals and activations into
 the products), so ops are matched by kind and output shape, not one to
@@ -29,7 +29,6 @@ import glob
 import json
 import os
 import re
-import subprocess
 import tempfile
 
 import bench_runtime as B

@@ -87,6 +87,26 @@ kiln_gemm_ukr (int width, int64_t kc, const float *a, const float *b,
     (width == NR ? kiln_gisa.ukr : kiln_gisa.ukr_16) (kc, a, b, ldb, c, ldc, accumulate);
 }
 
+/* The packed-panel micro-kernel of `rows` (MR or 7) rows into c, or
+ * (pf: AVX-512 only) its twin that also fetches pf_n lines from pf on
+ * (the next weight panel). */
+static void
+s_ukr_rows (int64_t rows, int64_t kc, const float *a, const float *b, int64_t ldb,
+            float *c, int64_t ldc, bool accumulate, const void *pf, int64_t pf_n)
+{
+#if defined(__x86_64__)
+    if (pf && kiln_gisa.fin_avx512) {
+        if (rows == MR)
+            kiln_gukr_avx512_xp (kc, a, 1, MR, b, ldb, c, ldc, accumulate, NULL, 0, 0, pf,
+                                 pf_n);
+        else
+            kiln_gukr_avx512_7p (kc, a, b, ldb, c, ldc, accumulate, pf, pf_n);
+        return;
+    }
+#endif
+    (rows == MR ? kiln_gisa.ukr : kiln_gisa.ukr_7) (kc, a, b, ldb, c, ldc, accumulate);
+}
+
 void
 kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
                  int64_t ldb, float *c, int64_t ldc, int64_t mr, int64_t nr,
@@ -94,16 +114,7 @@ kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
 {
     pthread_once (&s_isa_once, s_isa_init);
     float tmp[MR * NR] __attribute__ ((aligned (64)));
-#if defined(__x86_64__)
-    if (pf && kiln_gisa.fin_avx512) {
-        if (rows == MR)
-            kiln_gukr_avx512_xp (kc, a, 1, MR, b, ldb, tmp, NR, false, NULL, 0, 0, pf,
-                                 pf_n);
-        else
-            kiln_gukr_avx512_7p (kc, a, b, ldb, tmp, NR, false, pf, pf_n);
-    } else
-#endif
-        (rows == MR ? kiln_gisa.ukr : kiln_gisa.ukr_7) (kc, a, b, ldb, tmp, NR, false);
+    s_ukr_rows (rows, kc, a, b, ldb, tmp, NR, false, pf, pf_n);
     /* C'(r, q) at c[q·ldc + r]: the transposed finish, no epilogue */
     kiln_gemm_t g = { .m = mr, .n = nr, .c = c, .ldc = ldc, .c_trans = true,
                       .alpha = 1.0f, .act = KILN_ACT_NONE };
@@ -294,25 +305,13 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
  * (row r, step kk at a[r·ars + kk·acs]) may be a packed panel or the
  * rows themselves, and which applies the epilogue itself when `xepi`. */
 static inline void
-s_micro (const kiln_gemm_t *g, kiln_gukr_fn *ukr, int64_t rp, int64_t kc,
+s_micro (const kiln_gemm_t *g, int64_t rp, int64_t kc,
          const float *a, const float *b, int64_t i, int64_t j, bool acc,
          bool last, bool plain, float *tmp, float *part, int64_t ldp,
          bool x, bool xepi, int64_t ars, int64_t acs, const char *pf,
          int64_t pf_n)
 {
     int64_t mr = s_min (rp, g->m - i), nr = s_min (NR, g->n - j);
-    /* the packed-panel kernel, or (pf: AVX-512 only) its twin that also
-     * fetches pf_n lines of the next weight panel */
-#if defined(__x86_64__)
-#define S_UKR(c_, ldc_, acc_)                                                 \
-    (pf ? (rp == MR ? kiln_gukr_avx512_xp (kc, a, 1, MR, b, NR, c_, ldc_, acc_, \
-                                           NULL, 0, 0, pf, pf_n)              \
-                    : kiln_gukr_avx512_7p (kc, a, b, NR, c_, ldc_, acc_, pf,  \
-                                           pf_n))                             \
-        : ukr (kc, a, b, NR, c_, ldc_, acc_))
-#else
-#define S_UKR(c_, ldc_, acc_) ukr (kc, a, b, NR, c_, ldc_, acc_)
-#endif
 #if defined(__x86_64__)
     if (x) {
         if (mr == MR && nr == NR / 2 && (!last || plain || xepi)) {
@@ -337,11 +336,11 @@ s_micro (const kiln_gemm_t *g, kiln_gukr_fn *ukr, int64_t rp, int64_t kc,
 #endif
     if (part && !last) {
         /* a partial sum of a transposed C: added up as it is */
-        S_UKR (part, ldp, acc);
+        s_ukr_rows (rp, kc, a, b, NR, part, ldp, acc, pf, pf_n);
         return;
     }
     if (part) {
-        S_UKR (tmp, NR, false);
+        s_ukr_rows (rp, kc, a, b, NR, tmp, NR, false, pf, pf_n);
         for (int r = 0; r < MR; r++)
             for (int q = 0; q < NR; q++)
                 tmp[r * NR + q] = tmp[r * NR + q] + part[r * ldp + q];
@@ -349,12 +348,11 @@ s_micro (const kiln_gemm_t *g, kiln_gukr_fn *ukr, int64_t rp, int64_t kc,
         return;
     }
     if ((!last || plain) && !g->c_trans && mr == MR && nr == NR) {
-        S_UKR (g->c + i * g->ldc + j, g->ldc, acc);
+        s_ukr_rows (rp, kc, a, b, NR, g->c + i * g->ldc + j, g->ldc, acc, pf, pf_n);
         return;
     }
-    S_UKR (tmp, NR, false);
+    s_ukr_rows (rp, kc, a, b, NR, tmp, NR, false, pf, pf_n);
     kiln_gfinish (g, tmp, i, j, mr, nr, acc, last);
-#undef S_UKR
 }
 
 
@@ -364,7 +362,6 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
 {
     /* rows of an A panel: a pre-packed A has MR, one packed here rp */
     int64_t rp = g->a.kind == KILN_GSRC_PACKED ? MR : bl->rp;
-    kiln_gukr_fn *ukr = rp == MR ? kiln_gisa.ukr : kiln_gisa.ukr_7;
     bool b_half = g->b.kind == KILN_GSRC_PACKED && g->b_half;
     float *tmp = ws;                                    /* MR × NR */
     float *bws = tmp + MR * NR;
@@ -505,7 +502,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
                     int64_t first = (i - m0) / rp * share;
                     const char *pf = next && first < lines ? next + first * 64 : NULL;
                     int64_t pf_n = pf ? s_min (share, lines - first) : 0;
-                    s_micro (g, ukr, rp, kc, ai, bj, i, j, acc, last, plain, tmp,
+                    s_micro (g, rp, kc, ai, bj, i, j, acc, last, plain, tmp,
                              part ? part + (i - m0) * ldp + (j - n0) : NULL, ldp, x,
                              xepi, ars, acs, pf, pf_n);
                 }
@@ -524,7 +521,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
                         continue;
                     }
 #endif
-                    s_micro (g, ukr, rp, kc, ai, bp + (j - n0) / NR * bstride, i, j, acc,
+                    s_micro (g, rp, kc, ai, bp + (j - n0) / NR * bstride, i, j, acc,
                              last, plain, tmp, NULL, 0, x, xepi, ars, acs, NULL, 0);
                 }
             }
