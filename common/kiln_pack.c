@@ -137,6 +137,16 @@ kiln_pack_conv_t (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
 }
 
 bool
+kiln_pack_conv_inplace (int64_t cg, int64_t kh, int64_t kw, int64_t wp, int64_t ow)
+{
+    if (cg < 1 || kh < 1 || kw < 1 || wp < 1 || ow < 1 || kh * kw < 2
+        || kh * kw > KILN_PACK_INPLACE_TAPS || (ow % KILN_PACK_MR != 0 && ow % 7 != 0)
+        || wp > KILN_PACK_INPLACE_BYTES || cg > KILN_PACK_INPLACE_BYTES)
+        return false;
+    return kh * cg * wp * (int64_t) sizeof (float) <= KILN_PACK_INPLACE_BYTES;
+}
+
+bool
 kiln_pack_wino_elems (int64_t m, int64_t c, int tile, int64_t *out)
 {
     int64_t per;

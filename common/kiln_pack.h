@@ -70,6 +70,20 @@ bool kiln_pack_conv_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
 bool kiln_pack_conv_t_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
                              int64_t group, int64_t *out);
 
+/* Whether the runtime reads a transposed convolution's positions where
+ * they lie, with no gather (runtime/kiln_kernels_conv.c, "read in
+ * place"), given cg input channels a group, a kh × kw kernel, the
+ * padded input's width wp and the output's ow: output rows that row
+ * panels of 8 or 7 positions fill exactly, 2 to KILN_PACK_INPLACE_TAPS
+ * taps, and the input a tile reads (kh rows of wp floats for each of
+ * cg channels) at most KILN_PACK_INPLACE_BYTES, so that it stays in L1
+ * while the tile streams the weights past it.  The compiler's choice
+ * of the transposed product counts no gather for these. */
+#define KILN_PACK_INPLACE_TAPS 64
+#define KILN_PACK_INPLACE_BYTES (32 * 1024)
+bool kiln_pack_conv_inplace (int64_t cg, int64_t kh, int64_t kw, int64_t wp,
+                             int64_t ow);
+
 /* Elements of packed Winograd F(t x t, 3x3) weights for m output and c
  * input channels: points · packed A of [m, c]; false for a t other than
  * 2 and 4. */

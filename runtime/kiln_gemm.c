@@ -121,6 +121,46 @@ kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
     kiln_gfinish (&g, tmp, 0, 0, mr, nr, accumulate, false);
 }
 
+void
+kiln_gemm_taps (const kiln_gemm_t *g, const float *a, const int64_t *off, int taps,
+                int64_t cg, int64_t ars, int64_t acs, const float *b, int64_t i,
+                int64_t j, int64_t mr, int64_t nr)
+{
+    pthread_once (&s_isa_once, s_isa_init);
+    float tmp[MR * NR] __attribute__ ((aligned (64)));
+#if defined(__x86_64__)
+    if (kiln_gisa.fin_avx512) {
+        kiln_gukr_avx512_taps (a, off, taps, cg, ars, acs, b, tmp);
+        kiln_gfinish (g, tmp, i, j, mr, nr, false, true);
+        return;
+    }
+#endif
+    /* The other micro-kernels read packed panels: S_KC steps at a time,
+     * copied from the rows where they lie (no bounds to test: the copy
+     * is padded), the partial tiles added up in tmp. */
+    float ap[S_KC * MR] __attribute__ ((aligned (64)));
+    int64_t k0 = 0, kc = 0;
+    for (int t = 0; t < taps; t++) {
+        const float *at = a + off[t];
+        for (int64_t c = 0; c < cg; c++, at += acs) {
+            float *d = ap + kc * MR;
+            if (ars == 1)
+                memcpy (d, at, MR * sizeof *d);
+            else
+                for (int r = 0; r < MR; r++)
+                    d[r] = at[r * ars];
+            if (++kc == S_KC) {
+                kiln_gisa.ukr (kc, ap, b + k0 * NR, NR, tmp, NR, k0 > 0);
+                k0 += kc;
+                kc = 0;
+            }
+        }
+    }
+    if (kc)
+        kiln_gisa.ukr (kc, ap, b + k0 * NR, NR, tmp, NR, k0 > 0);
+    kiln_gfinish (g, tmp, i, j, mr, nr, false, true);
+}
+
 const char *
 kiln_gemm_isa (void)
 {

@@ -147,6 +147,17 @@ void kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
                       int64_t ldb, float *c, int64_t ldc, int64_t mr, int64_t nr,
                       bool accumulate, const void *pf, int64_t pf_n);
 
+/* A convolution's product tile read where its input lies: rows i .. i + mr - 1 and columns
+ * j .. j + nr - 1 of g's C, finished with g's epilogue, = Σ over `taps`
+ * taps and cg steps of k of A(r, t, kk) = a[off[t] + r·ars + kk·acs]
+ * times the packed B panel b (NR floats a step, the taps' steps in
+ * order); MR rows are read whatever mr (the rest must be readable).
+ * AVX-512 broadcasts A from where it lies; the other micro-kernels copy
+ * it into panels first (no gather: plain strided copies). */
+void kiln_gemm_taps (const kiln_gemm_t *g, const float *a, const int64_t *off, int taps,
+                     int64_t cg, int64_t ars, int64_t acs, const float *b, int64_t i,
+                     int64_t j, int64_t mr, int64_t nr);
+
 /* "avx512", "avx2" or "generic": the micro-kernel in use. */
 const char *kiln_gemm_isa (void);
 

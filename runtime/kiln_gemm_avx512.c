@@ -306,6 +306,55 @@ kiln_gukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
                      NULL, 0, NULL, 0, false, NULL, NULL, false);
 }
 
+/* A convolution's 8 × 32 tile read where its input lies (a padded copy,
+ * kiln_kernels_conv.c): `taps` runs of cg steps of k, A's row r, step kk
+ * of tap t at a[off[t] + r·ars + kk·acs], B a packed panel whose steps
+ * (NR floats each) are the taps' in order; the sums in one run over all
+ * of them, stored to the MR × NR tile c (row stride NR).  No gather: a
+ * step of k is eight broadcasts from the input and two loads of B. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_taps (const float *a, const int64_t *off, int taps, int64_t cg,
+                       int64_t ars, int64_t acs, const float *b, float *c)
+{
+    __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
+    __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
+    __m512 c20 = _mm512_setzero_ps (), c21 = _mm512_setzero_ps ();
+    __m512 c30 = _mm512_setzero_ps (), c31 = _mm512_setzero_ps ();
+    __m512 c40 = _mm512_setzero_ps (), c41 = _mm512_setzero_ps ();
+    __m512 c50 = _mm512_setzero_ps (), c51 = _mm512_setzero_ps ();
+    __m512 c60 = _mm512_setzero_ps (), c61 = _mm512_setzero_ps ();
+    __m512 c70 = _mm512_setzero_ps (), c71 = _mm512_setzero_ps ();
+    const int64_t o1 = ars, o2 = 2 * ars, o3 = 3 * ars, o4 = 4 * ars;
+    const int64_t o5 = 5 * ars, o6 = 6 * ars, o7 = 7 * ars;
+#define S_ROW(r, o)                                               \
+    do {                                                          \
+        __m512 ar = _mm512_set1_ps (at[o]);                       \
+        c##r##0 = _mm512_fmadd_ps (ar, b0, c##r##0);              \
+        c##r##1 = _mm512_fmadd_ps (ar, b1, c##r##1);              \
+    } while (0)
+    for (int t = 0; t < taps; t++) {
+        const float *at = a + off[t];
+#pragma GCC unroll 4
+        for (int64_t kk = 0; kk < cg; kk++) {
+            __m512 b0 = _mm512_loadu_ps (b);
+            __m512 b1 = _mm512_loadu_ps (b + 16);
+            S_ROW (0, 0); S_ROW (1, o1); S_ROW (2, o2); S_ROW (3, o3);
+            S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6); S_ROW (7, o7);
+            at += acs;
+            b += NR;
+        }
+    }
+#undef S_ROW
+    _mm512_store_ps (c + 0 * NR, c00); _mm512_store_ps (c + 0 * NR + 16, c01);
+    _mm512_store_ps (c + 1 * NR, c10); _mm512_store_ps (c + 1 * NR + 16, c11);
+    _mm512_store_ps (c + 2 * NR, c20); _mm512_store_ps (c + 2 * NR + 16, c21);
+    _mm512_store_ps (c + 3 * NR, c30); _mm512_store_ps (c + 3 * NR + 16, c31);
+    _mm512_store_ps (c + 4 * NR, c40); _mm512_store_ps (c + 4 * NR + 16, c41);
+    _mm512_store_ps (c + 5 * NR, c50); _mm512_store_ps (c + 5 * NR + 16, c51);
+    _mm512_store_ps (c + 6 * NR, c60); _mm512_store_ps (c + 6 * NR + 16, c61);
+    _mm512_store_ps (c + 7 * NR, c70); _mm512_store_ps (c + 7 * NR + 16, c71);
+}
+
 /* 7 × NR, for panels of 7 rows (a 7 × 7 plane's 49 positions are seven
  * of them): the same per-row rate as 8 × NR, the eighth row written as
  * zeros.  Only ever writes a tile buffer (s_micro). */

@@ -139,6 +139,12 @@ kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
                     const char *pf, float *t, const float *acc, const kiln_gemm_t *g,
                     bool fin, int64_t i, int64_t j, float *t2, int t2_sign,
                     bool t2_first);
+/* A convolution's tile from its padded input (kiln_gemm_taps): A's row
+ * r, step kk of tap t at a[off[t] + r·ars + kk·acs]; into the aligned
+ * MR × NR tile c. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_taps (const float *a, const int64_t *off, int taps, int64_t cg,
+                       int64_t ars, int64_t acs, const float *b, float *c);
 __attribute__ ((target ("avx512f"))) void
 kiln_gfinish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
                      int64_t mr, int64_t nr, bool acc, bool last);

@@ -113,6 +113,10 @@ typedef struct kiln_kplan {
                                      * [N, H, W, C] (op attribute "layout") */
             bool few;               /* a few channels to channels-last: direct
                                      * loops (kiln_kfew_run), not the engine */
+            bool inplace;           /* transposed, its tiles read from a padded
+                                     * copy of X (s_inplace_run), no gather */
+            int64_t irp;            /* then: positions a row panel (7 or 8) */
+            int64_t ihp, iwp;       /* the copy's rows and columns */
             int pro;                /* operand index of X's prologue ([2, C]:
                                      * scales, then shifts) or -1 */
             bool pro_relu;          /* and max (·, 0) after it */

@@ -16,6 +16,52 @@
 #include "runtime/kiln_vmath.h"
 
 
+/* --- transposed convolutions read in place ----------------------------
+ * A transposed product's rows are output positions; gathering them (an
+ * output position's inputs lie a plane apart, tap by tap) took as long
+ * as the products on DenseNet's 3×3 128 → 32 at 14×14.  Where
+ * kiln_pack_conv_inplace allows, such a convolution instead copies its
+ * input once into a zero-padded buffer ([rows][channels][columns], so
+ * that a tap's steps of k, the channels, are `iwp` floats apart) and each
+ * tile reads its positions there (kiln_gemm_taps: AVX-512 broadcasts
+ * them where they lie, the other micro-kernels copy panels of them with
+ * no bounds to test): a row panel is 7 or 8 positions of one output
+ * row, so that its rows are a constant stride apart.  A task is a column
+ * panel of the weights (in L2 while it serves every row of the task) and
+ * a block of output rows. */
+static void
+s_inplace_plan (kiln_kplan_t *plan)
+{
+    plan->u.conv.inplace = false;
+    int64_t ow = plan->u.conv.ow, oh = plan->u.conv.oh;
+    int64_t kh = plan->u.conv.kh, kw = plan->u.conv.kw;
+    if (plan->u.conv.few || plan->u.conv.pro >= 0 || plan->u.conv.x_cl
+        || ow < 1 || oh < 1 || plan->u.conv.c < 1)
+        return;
+    int64_t hp = (oh - 1) * plan->u.conv.sh + (kh - 1) * plan->u.conv.dh + 1;
+    int64_t wp = (ow - 1) * plan->u.conv.sw + (kw - 1) * plan->u.conv.dw + 1;
+    if (hp < plan->u.conv.pt + plan->u.conv.h)
+        hp = plan->u.conv.pt + plan->u.conv.h;
+    if (wp < plan->u.conv.pl + plan->u.conv.w)
+        wp = plan->u.conv.pl + plan->u.conv.w;
+    if (!kiln_pack_conv_inplace (plan->u.conv.c / plan->u.conv.group, kh, kw, wp, ow))
+        return;
+    /* the copy and, past it, the slack the eighth row of a 7-row panel
+     * reads; each thread's workspace holds its share */
+    int64_t floats;
+    if (!kiln_kmul3 (hp, wp, plan->u.conv.c, &floats) || floats > ((int64_t) 1 << 32))
+        return;
+    floats += KILN_PACK_MR * plan->u.conv.sw + 16;
+    int threads = kiln_exec_threads ();
+    size_t share = (size_t) ((floats + threads - 1) / threads + 16) * sizeof (float);
+    if (share > plan->ws_bytes)
+        plan->ws_bytes = share;
+    plan->u.conv.inplace = true;
+    plan->u.conv.irp = ow % KILN_PACK_MR == 0 ? KILN_PACK_MR : 7;
+    plan->u.conv.ihp = hp;
+    plan->u.conv.iwp = wp;
+}
+
 int
 kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                   kiln_err_t *err)
@@ -186,6 +232,7 @@ kiln_kprepare_CONV2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
             .dh = w.d[0], .dw = w.d[1], .pt = w.p[0], .pl = w.p[1] };
         plan->ws_bytes = kiln_gemm_ws_bytes (cols, mg, rows, false, true);
         plan->u.conv.few = plan->u.conv.pro < 0 && kiln_kfew_fits (plan);
+        s_inplace_plan (plan);
     } else if (packed) {
         kiln_pack_conv_elems (mg, cg, w.k[0], w.k[1], 1, &plan->u.conv.wpg);
         plan->u.conv.geo = (kiln_gconv_t) {
@@ -313,6 +360,98 @@ s_conv_get (const void *ctx_, int64_t idx, kiln_gemm_t *g)
     g->act_b = plan->epi.b;
 }
 
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    float *pad;             /* image ni's X, padded: [ihp][c][iwp] */
+    int64_t ni;
+    int64_t panels;         /* column panels of a group's weights */
+    int64_t rows, blocks;   /* output rows a task, blocks of them */
+} s_inplace_t;
+
+/* Padded row `task` of image ni's copy: every channel's. */
+static void
+s_inplace_pad (void *arg, int task, int worker)
+{
+    (void) worker;
+    const s_inplace_t *r = arg;
+    const kiln_kplan_t *plan = r->plan;
+    int64_t c = plan->u.conv.c, h = plan->u.conv.h, w = plan->u.conv.w;
+    int64_t wp = plan->u.conv.iwp, pl = plan->u.conv.pl;
+    int64_t ih = task - plan->u.conv.pt;
+    float *dst = r->pad + task * c * wp;
+    const float *x = (const float *) r->data[plan->in[0]] + r->ni * c * h * w;
+    for (int64_t ci = 0; ci < c; ci++, dst += wp) {
+        if (ih < 0 || ih >= h) {
+            memset (dst, 0, (size_t) wp * sizeof *dst);
+            continue;
+        }
+        memset (dst, 0, (size_t) pl * sizeof *dst);
+        memcpy (dst + pl, x + (ci * h + ih) * w, (size_t) w * sizeof *dst);
+        memset (dst + pl + w, 0, (size_t) (wp - pl - w) * sizeof *dst);
+    }
+}
+
+/* Column panel q of group gi, a block of output rows: every tile. */
+static void
+s_inplace_task (void *arg, int task, int worker)
+{
+    (void) worker;
+    const s_inplace_t *r = arg;
+    const kiln_kplan_t *plan = r->plan;
+    int64_t groups = plan->u.conv.group, cg = plan->u.conv.c / groups;
+    int64_t mg = plan->u.conv.m / groups;
+    int64_t q = task % r->panels, rest = task / r->panels;
+    int64_t blk = rest % r->blocks, gi = rest / r->blocks;
+    int64_t oh0 = blk * r->rows, oh1 = oh0 + r->rows;
+    if (oh1 > plan->u.conv.oh)
+        oh1 = plan->u.conv.oh;
+    kiln_kgctx_t ctx = { plan, r->data };
+    kiln_gemm_t g;
+    s_conv_get (&ctx, r->ni * groups + gi, &g);
+    int64_t wp = plan->u.conv.iwp, pitch = plan->u.conv.c * wp;
+    int64_t kw = plan->u.conv.kw, taps = plan->u.conv.kh * kw;
+    int64_t off[KILN_PACK_INPLACE_TAPS];
+    for (int64_t t = 0; t < taps; t++)
+        off[t] = t / kw * plan->u.conv.dh * pitch + t % kw * plan->u.conv.dw;
+    const float *b = (const float *) r->data[plan->in[1]] + gi * plan->u.conv.wpg
+                     + q * cg * taps * KILN_PACK_NR;
+    int64_t j = q * KILN_PACK_NR, nr = mg - j < KILN_PACK_NR ? mg - j : KILN_PACK_NR;
+    int64_t ow = plan->u.conv.ow, rp = plan->u.conv.irp, sw = plan->u.conv.sw;
+    for (int64_t oh = oh0; oh < oh1; oh++) {
+        const float *a = r->pad + oh * plan->u.conv.sh * pitch + gi * cg * wp;
+        for (int64_t ow0 = 0; ow0 < ow; ow0 += rp)
+            kiln_gemm_taps (&g, a + ow0 * sw, off, (int) taps, cg, sw, wp, b,
+                            oh * ow + ow0, j, rp, nr);
+    }
+}
+
+static void
+s_inplace_run (const kiln_kplan_t *plan, void *const *data)
+{
+    size_t bytes;
+    float *ws = kiln_exec_ws (&bytes);
+    s_inplace_t r = { .plan = plan, .data = data,
+                      .pad = (float *) (((uintptr_t) ws + 63) & ~(uintptr_t) 63) };
+    int64_t groups = plan->u.conv.group, mg = plan->u.conv.m / groups;
+    int64_t oh = plan->u.conv.oh, threads = kiln_exec_threads ();
+    r.panels = (mg + KILN_PACK_NR - 1) / KILN_PACK_NR;
+    /* blocks of rows: one on one thread; else enough tasks for a few each */
+    r.blocks = 1;
+    if (threads > 1 && groups * r.panels < 4 * threads)
+        r.blocks = (4 * threads + groups * r.panels - 1) / (groups * r.panels);
+    if (r.blocks > oh)
+        r.blocks = oh;
+    r.rows = (oh + r.blocks - 1) / r.blocks;
+    r.blocks = (oh + r.rows - 1) / r.rows;
+    int64_t copy = plan->u.conv.ihp * plan->u.conv.c * plan->u.conv.iwp;
+    memset (r.pad + copy, 0, (size_t) (KILN_PACK_MR * plan->u.conv.sw + 16) * sizeof (float));
+    for (r.ni = 0; r.ni < plan->u.conv.n; r.ni++) {
+        kiln_exec_parallel (s_inplace_pad, &r, (int) plan->u.conv.ihp);
+        kiln_exec_parallel (s_inplace_task, &r, (int) (groups * r.blocks * r.panels));
+    }
+}
+
 void
 kiln_krun_CONV2D (const kiln_kplan_t *plan, void *const *data)
 {
@@ -330,6 +469,10 @@ kiln_krun_CONV2D (const kiln_kplan_t *plan, void *const *data)
     }
     if (plan->u.conv.few) {
         kiln_kfew_run (plan, data);
+        return;
+    }
+    if (plan->u.conv.inplace) {
+        s_inplace_run (plan, data);
         return;
     }
     if (plan->u.conv.packed) {

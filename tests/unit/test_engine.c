@@ -834,16 +834,22 @@ END_TEST
 
 /* The 3x3 product runs transposed only where the padding it saves pays
  * for gathering its rows element by element (S_TRANS_GATHER in
- * compiler/kiln_cc_lower.c): from 128 channels at 14x14 not to 32 or 64
- * output channels (DenseNet's layers), but to 128; at 7x7 to 64, not
- * to 32.  Each against -O0; `kernel` tells the 3x3 op from the
- * residual's 1x1. */
+ * compiler/kiln_cc_lower.c), or where the runtime reads its rows in place
+ * and gathers nothing (kiln_pack_conv_inplace: output rows of 7 or 8
+ * positions, the input rows a tile reads within 32 KiB): from 128
+ * channels at 14x14 and 7x7 to 32 or 64 (DenseNet's layers, in place);
+ * from 256 at 14x14 (48 KiB of rows a tile) to 128, whose padding pays
+ * for the gather, not to 32; from 128 at 13x13 (rows of 13) not to 32.
+ * Each against -O0, so the in-place tiles run (with 1 thread and the
+ * pool's); `kernel` tells the 3x3 op from the residual's 1x1. */
 START_TEST (test_transposed_conv_pays_for_its_gather)
 {
-    int64_t cases[][3] = { { 32, 14, 0 }, { 64, 14, 0 }, { 128, 14, 1 },
-                           { 64, 7, 1 }, { 32, 7, 0 } };
+    int64_t cases[][4] = { { 128, 32, 14, 1 }, { 128, 64, 14, 1 }, { 128, 32, 7, 1 },
+                           { 128, 64, 7, 1 }, { 256, 32, 14, 0 }, { 256, 128, 14, 1 },
+                           { 128, 32, 13, 0 } };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kiln_graph_t *g = s_conv_block (128, cases[i][0], cases[i][1], cases[i][1], 1, 1, 1);
+        kiln_graph_t *g = s_conv_block (cases[i][0], cases[i][1], cases[i][2], cases[i][2],
+                                        1, 1, 1);
         kiln_program_t *p = s_check_against_o0 (g, 2, 1e-5, "3x3 conv block");
         int seen = 0;
         for (int o = 0; o < p->n_ops; o++) {
@@ -852,9 +858,10 @@ START_TEST (test_transposed_conv_pays_for_its_gather)
             if (kh != 3)
                 continue;
             seen++;
-            ck_assert_msg (trans == (cases[i][2] == 1), "128 -> %lld at %lld x %lld: %s",
+            ck_assert_msg (trans == (cases[i][3] == 1), "%lld -> %lld at %lld x %lld: %s",
                            (long long) cases[i][0], (long long) cases[i][1],
-                           (long long) cases[i][1], trans ? "transposed" : "not transposed");
+                           (long long) cases[i][2], (long long) cases[i][2],
+                           trans ? "transposed" : "not transposed");
         }
         ck_assert_int_eq (seen, 1);
         kiln_program_destroy (&p);
