@@ -161,6 +161,50 @@ kiln_gemm_taps (const kiln_gemm_t *g, const float *a, const int64_t *off, int ta
     kiln_gfinish (g, tmp, i, j, mr, nr, false, true);
 }
 
+void
+kiln_gemm_taps_b (const kiln_gemm_t *g, const float *a, const float *b, const int64_t *off,
+                  int taps, int64_t cg, int64_t bcs, int64_t i, int64_t mr, int64_t v0,
+                  int64_t vw, int64_t ow, int64_t vn)
+{
+    pthread_once (&s_isa_once, s_isa_init);
+    /* (NR floats past the tile: a run's finish reads whole rows from
+     * its first column on) */
+    float tmp[MR * NR + NR] __attribute__ ((aligned (64)));
+#if defined(__x86_64__)
+    if (kiln_gisa.fin_avx512)
+        kiln_gukr_avx512_tapsb (a, b, off, taps, cg, bcs, tmp);
+    else
+#endif
+    {
+        float bp[S_KC * NR] __attribute__ ((aligned (64)));
+        int64_t k0 = 0, kc = 0;
+        for (int t = 0; t < taps; t++) {
+            const float *bt = b + off[t];
+            for (int64_t c = 0; c < cg; c++, bt += bcs) {
+                memcpy (bp + kc * NR, bt, NR * sizeof *bp);
+                if (++kc == S_KC) {
+                    kiln_gisa.ukr (kc, a + k0 * MR, bp, NR, tmp, NR, k0 > 0);
+                    k0 += kc;
+                    kc = 0;
+                }
+            }
+        }
+        if (kc)
+            kiln_gisa.ukr (kc, a + k0 * MR, bp, NR, tmp, NR, k0 > 0);
+    }
+    /* the outputs among the tile's positions: runs of one row each */
+    for (int64_t q = 0; q < NR && v0 + q < vn;) {
+        int64_t row = (v0 + q) / vw, col = (v0 + q) % vw;
+        if (col >= ow) {
+            q += vw - col;
+            continue;
+        }
+        int64_t len = s_min (ow - col, NR - q);
+        kiln_gfinish (g, tmp + q, i, row * ow + col, mr, len, false, true);
+        q += len;
+    }
+}
+
 const char *
 kiln_gemm_isa (void)
 {

@@ -158,6 +158,17 @@ void kiln_gemm_taps (const kiln_gemm_t *g, const float *a, const int64_t *off, i
                      int64_t cg, int64_t ars, int64_t acs, const float *b, int64_t i,
                      int64_t j, int64_t mr, int64_t nr);
 
+/* Its untransposed twin: rows i .. i + mr - 1 of g's C (output
+ * channels) from the packed A panel a (MR floats a step, the taps' steps
+ * in order) and B read where it lies, its row of step kk of tap t at
+ * b[off[t] + kk·bcs] (NR floats: positions v0 .. v0 + NR - 1 of a
+ * row-major grid vw wide, whose columns ow and beyond, and positions vn
+ * and beyond, are not outputs: C's column of position (r, col) is
+ * r·ow + col), finished with g's epilogue. */
+void kiln_gemm_taps_b (const kiln_gemm_t *g, const float *a, const float *b,
+                       const int64_t *off, int taps, int64_t cg, int64_t bcs, int64_t i,
+                       int64_t mr, int64_t v0, int64_t vw, int64_t ow, int64_t vn);
+
 /* "avx512", "avx2" or "generic": the micro-kernel in use. */
 const char *kiln_gemm_isa (void);
 

@@ -355,6 +355,51 @@ kiln_gukr_avx512_taps (const float *a, const int64_t *off, int taps, int64_t cg,
     _mm512_store_ps (c + 7 * NR, c70); _mm512_store_ps (c + 7 * NR + 16, c71);
 }
 
+/* The untransposed twin of kiln_gukr_avx512_taps: A a packed panel (MR
+ * floats a step, the taps' steps in order), B's row of step kk of tap t
+ * (NR floats) at b[off[t] + kk·bcs], where it lies (a convolution's
+ * input split into its stride's phases, kiln_kernels_conv.c). */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_tapsb (const float *a, const float *b, const int64_t *off, int taps,
+                        int64_t cg, int64_t bcs, float *c)
+{
+    __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
+    __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
+    __m512 c20 = _mm512_setzero_ps (), c21 = _mm512_setzero_ps ();
+    __m512 c30 = _mm512_setzero_ps (), c31 = _mm512_setzero_ps ();
+    __m512 c40 = _mm512_setzero_ps (), c41 = _mm512_setzero_ps ();
+    __m512 c50 = _mm512_setzero_ps (), c51 = _mm512_setzero_ps ();
+    __m512 c60 = _mm512_setzero_ps (), c61 = _mm512_setzero_ps ();
+    __m512 c70 = _mm512_setzero_ps (), c71 = _mm512_setzero_ps ();
+#define S_ROW(r)                                                  \
+    do {                                                          \
+        __m512 ar = _mm512_set1_ps (a[r]);                        \
+        c##r##0 = _mm512_fmadd_ps (ar, b0, c##r##0);              \
+        c##r##1 = _mm512_fmadd_ps (ar, b1, c##r##1);              \
+    } while (0)
+    for (int t = 0; t < taps; t++) {
+        const float *bt = b + off[t];
+#pragma GCC unroll 4
+        for (int64_t kk = 0; kk < cg; kk++) {
+            __m512 b0 = _mm512_loadu_ps (bt);
+            __m512 b1 = _mm512_loadu_ps (bt + 16);
+            S_ROW (0); S_ROW (1); S_ROW (2); S_ROW (3);
+            S_ROW (4); S_ROW (5); S_ROW (6); S_ROW (7);
+            a += MR;
+            bt += bcs;
+        }
+    }
+#undef S_ROW
+    _mm512_store_ps (c + 0 * NR, c00); _mm512_store_ps (c + 0 * NR + 16, c01);
+    _mm512_store_ps (c + 1 * NR, c10); _mm512_store_ps (c + 1 * NR + 16, c11);
+    _mm512_store_ps (c + 2 * NR, c20); _mm512_store_ps (c + 2 * NR + 16, c21);
+    _mm512_store_ps (c + 3 * NR, c30); _mm512_store_ps (c + 3 * NR + 16, c31);
+    _mm512_store_ps (c + 4 * NR, c40); _mm512_store_ps (c + 4 * NR + 16, c41);
+    _mm512_store_ps (c + 5 * NR, c50); _mm512_store_ps (c + 5 * NR + 16, c51);
+    _mm512_store_ps (c + 6 * NR, c60); _mm512_store_ps (c + 6 * NR + 16, c61);
+    _mm512_store_ps (c + 7 * NR, c70); _mm512_store_ps (c + 7 * NR + 16, c71);
+}
+
 /* 7 × NR, for panels of 7 rows (a 7 × 7 plane's 49 positions are seven
  * of them): the same per-row rate as 8 × NR, the eighth row written as
  * zeros.  Only ever writes a tile buffer (s_micro). */

@@ -145,6 +145,11 @@ kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
 __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_taps (const float *a, const int64_t *off, int taps, int64_t cg,
                        int64_t ars, int64_t acs, const float *b, float *c);
+/* Its untransposed twin (kiln_gemm_taps_b): A a packed panel, B's row
+ * of step kk of tap t at b[off[t] + kk·bcs]. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_tapsb (const float *a, const float *b, const int64_t *off, int taps,
+                        int64_t cg, int64_t bcs, float *c);
 __attribute__ ((target ("avx512f"))) void
 kiln_gfinish_avx512 (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0,
                      int64_t mr, int64_t nr, bool acc, bool last);

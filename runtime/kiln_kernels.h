@@ -117,6 +117,9 @@ typedef struct kiln_kplan {
                                      * copy of X (s_inplace_run), no gather */
             int64_t irp;            /* then: positions a row panel (7 or 8) */
             int64_t ihp, iwp;       /* the copy's rows and columns */
+            bool phased;            /* not transposed, B read from X's phases
+                                     * (s_phased_run), no gather */
+            int64_t php, pwp;       /* then: a phase's rows and columns */
             int pro;                /* operand index of X's prologue ([2, C]:
                                      * scales, then shifts) or -1 */
             bool pro_relu;          /* and max (·, 0) after it */

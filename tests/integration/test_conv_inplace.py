@@ -1,18 +1,27 @@
-"""Transposed convolutions whose tiles read their positions from a padded
-copy of the input, with no gather (runtime/kiln_kernels_conv.c, "read in
-place"; common/kiln_pack.h's kiln_pack_conv_inplace), against torch, on
-every micro-kernel this CPU has (KILN_RT_ISA avx512, avx2, generic: AVX-512
-broadcasts from the copy, the others copy panels from it) and with 2 and
-3 threads, at -O2 and -O3.  The shapes are ones the compiler runs
-transposed (positions as rows: k of 512 or more, or 128 or more on 64
-positions or fewer, and clearly less padding than as columns) on output
-rows of 7 or 8 positions: DenseNet's 3x3 128 -> 32 at 14x14 and 7x7, two
-column panels, the second partial (60 channels), a batch, stride 2 with rows of 8 (the
+"""Convolutions whose product reads the input where it lies, with no
+gather (runtime/kiln_kernels_conv.c), against torch, on every
+micro-kernel this CPU has (KILN_RT_ISA avx512, avx2, generic: AVX-512
+reads the copy where it lies, the others copy panels from it) and with 2
+and 3 threads, at -O2 and -O3.  Each output within 1e-4 of torch's
+largest magnitude.
+
+Transposed ("read in place": positions as rows, from a zero-padded copy;
+common/kiln_pack.h's kiln_pack_conv_inplace): shapes the compiler runs
+transposed (k of 512 or more, or 128 or more on 64 positions or fewer,
+and clearly less padding than as columns) on output rows of 7 or 8
+positions: DenseNet's 3x3 128 -> 32 at 14x14 and 7x7, two column panels,
+the second partial (60 channels), a batch, stride 2 with rows of 8 (the
 padded copy wider than the input), dilation 2, groups, a 5x5 kernel, a
 1-D convolution, a residual with its Relu, and SiLU applied after the
-tile.  Each output within 1e-4 of torch's largest magnitude.  (That the
-compiler picks the transposed product for such shapes is
-test_engine.c's test_transposed_conv_pays_for_its_gather.)
+tile.  (That the compiler picks the transposed product for such shapes
+is test_engine.c's test_transposed_conv_pays_for_its_gather.)
+
+Untransposed ("phases": positions as columns, from the input split into
+its stride's phases, 64 to 256 sums an output): RegNet's grouped 3x3
+convolutions of 8 channels a group, at stride 1 and 2 (12 output
+channels a group: a partial row panel), a 7x7 stride-2 stem, dilation
+2, a grouped 5x5, and a batch of odd sizes whose tiles of 32 positions
+cross output rows and end past the last.
 """
 
 import pytest
@@ -60,11 +69,18 @@ SHAPES = [
     ("groups", 1, 64, 64, (7, 7), 3, 1, 1, 2, False, "relu"),
     ("kernel5", 1, 32, 64, (7, 7), 5, 1, 1, 1, False, "silu"),
     ("conv1d", 1, 64, 32, (56,), 3, 1, 1, 1, False, "silu"),
+    # untransposed, from the phases
+    ("regnet", 1, 48, 48, (28, 28), 3, 1, 1, 6, True, "relu"),
+    ("regnet_s2", 1, 32, 48, (56, 56), 3, 2, 1, 4, False, "relu"),
+    ("stem7", 1, 3, 24, (64, 64), 7, 2, 1, 1, False, "relu"),
+    ("dilated_phases", 1, 16, 16, (40, 40), 3, 1, 2, 1, False, "silu"),
+    ("grouped5", 1, 16, 32, (40, 40), 5, 1, 1, 2, False, "relu"),
+    ("odd_batch", 2, 12, 20, (23, 29), 3, 1, 1, 1, False, "relu"),
 ]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
-def test_inplace_convolution_matches_torch(workdir, shape):
+def test_convolution_read_in_place_matches_torch(workdir, shape):
     name, n, c, m, size, k, stride, dilation, groups, residual, act = shape
     torch.manual_seed(len(name) * 100 + c + m)
     model = Block(c, m, k, stride, dilation, groups, residual, act, dims=len(size)).eval()
