@@ -306,15 +306,18 @@ kiln_gukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
                      NULL, 0, NULL, 0, false, NULL, NULL, false);
 }
 
-/* A convolution's 8 × 32 tile read where its input lies (a padded copy,
- * kiln_kernels_conv.c): `taps` runs of cg steps of k, A's row r, step kk
- * of tap t at a[off[t] + r·ars + kk·acs], B a packed panel whose steps
- * (NR floats each) are the taps' in order; the sums in one run over all
- * of them, stored to the MR × NR tile c (row stride NR).  No gather: a
- * step of k is eight broadcasts from the input and two loads of B. */
-__attribute__ ((target ("avx512f"))) void
-kiln_gukr_avx512_taps (const float *a, const int64_t *off, int taps, int64_t cg,
-                       int64_t ars, int64_t acs, const float *b, float *c)
+/* A convolution's 8 × 32 tile read where its input lies (kiln_kernels_
+ * conv.c: a padded copy of it, or its stride's phases), no gather: the
+ * sums over `taps` runs of cg steps of k, in one run over all of them,
+ * stored to the MR × NR tile c (row stride NR).  Step kk of tap t reads
+ * A's row r at at[r·ars] and B's NR floats at bt, where at starts at
+ * a + aoff[t] and bt at b + boff[t] for each tap and step by acs and
+ * bcs; without aoff (boff) A (B) runs on from tap to tap, a packed
+ * panel.  Always inlined with one of them NULL. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_ukr_avx512_taps (const float *a, const int64_t *aoff, int64_t ars, int64_t acs,
+                   const float *b, const int64_t *boff, int64_t bcs, int taps,
+                   int64_t cg, float *c)
 {
     __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
     __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
@@ -333,16 +336,21 @@ kiln_gukr_avx512_taps (const float *a, const int64_t *off, int taps, int64_t cg,
         c##r##1 = _mm512_fmadd_ps (ar, b1, c##r##1);              \
     } while (0)
     for (int t = 0; t < taps; t++) {
-        const float *at = a + off[t];
+        const float *at = aoff ? a + aoff[t] : a;
+        const float *bt = boff ? b + boff[t] : b;
 #pragma GCC unroll 4
         for (int64_t kk = 0; kk < cg; kk++) {
-            __m512 b0 = _mm512_loadu_ps (b);
-            __m512 b1 = _mm512_loadu_ps (b + 16);
+            __m512 b0 = _mm512_loadu_ps (bt);
+            __m512 b1 = _mm512_loadu_ps (bt + 16);
             S_ROW (0, 0); S_ROW (1, o1); S_ROW (2, o2); S_ROW (3, o3);
             S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6); S_ROW (7, o7);
             at += acs;
-            b += NR;
+            bt += bcs;
         }
+        if (!aoff)
+            a = at;
+        if (!boff)
+            b = bt;
     }
 #undef S_ROW
     _mm512_store_ps (c + 0 * NR, c00); _mm512_store_ps (c + 0 * NR + 16, c01);
@@ -355,49 +363,20 @@ kiln_gukr_avx512_taps (const float *a, const int64_t *off, int taps, int64_t cg,
     _mm512_store_ps (c + 7 * NR, c70); _mm512_store_ps (c + 7 * NR + 16, c71);
 }
 
-/* The untransposed twin of kiln_gukr_avx512_taps: A a packed panel (MR
- * floats a step, the taps' steps in order), B's row of step kk of tap t
- * (NR floats) at b[off[t] + kk·bcs], where it lies (a convolution's
- * input split into its stride's phases, kiln_kernels_conv.c). */
+/* Positions as rows (transposed): A where it lies, B a packed panel. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_taps (const float *a, const int64_t *off, int taps, int64_t cg,
+                       int64_t ars, int64_t acs, const float *b, float *c)
+{
+    s_ukr_avx512_taps (a, off, ars, acs, b, NULL, NR, taps, cg, c);
+}
+
+/* Positions as columns: A a packed panel, B where it lies. */
 __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_tapsb (const float *a, const float *b, const int64_t *off, int taps,
                         int64_t cg, int64_t bcs, float *c)
 {
-    __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
-    __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
-    __m512 c20 = _mm512_setzero_ps (), c21 = _mm512_setzero_ps ();
-    __m512 c30 = _mm512_setzero_ps (), c31 = _mm512_setzero_ps ();
-    __m512 c40 = _mm512_setzero_ps (), c41 = _mm512_setzero_ps ();
-    __m512 c50 = _mm512_setzero_ps (), c51 = _mm512_setzero_ps ();
-    __m512 c60 = _mm512_setzero_ps (), c61 = _mm512_setzero_ps ();
-    __m512 c70 = _mm512_setzero_ps (), c71 = _mm512_setzero_ps ();
-#define S_ROW(r)                                                  \
-    do {                                                          \
-        __m512 ar = _mm512_set1_ps (a[r]);                        \
-        c##r##0 = _mm512_fmadd_ps (ar, b0, c##r##0);              \
-        c##r##1 = _mm512_fmadd_ps (ar, b1, c##r##1);              \
-    } while (0)
-    for (int t = 0; t < taps; t++) {
-        const float *bt = b + off[t];
-#pragma GCC unroll 4
-        for (int64_t kk = 0; kk < cg; kk++) {
-            __m512 b0 = _mm512_loadu_ps (bt);
-            __m512 b1 = _mm512_loadu_ps (bt + 16);
-            S_ROW (0); S_ROW (1); S_ROW (2); S_ROW (3);
-            S_ROW (4); S_ROW (5); S_ROW (6); S_ROW (7);
-            a += MR;
-            bt += bcs;
-        }
-    }
-#undef S_ROW
-    _mm512_store_ps (c + 0 * NR, c00); _mm512_store_ps (c + 0 * NR + 16, c01);
-    _mm512_store_ps (c + 1 * NR, c10); _mm512_store_ps (c + 1 * NR + 16, c11);
-    _mm512_store_ps (c + 2 * NR, c20); _mm512_store_ps (c + 2 * NR + 16, c21);
-    _mm512_store_ps (c + 3 * NR, c30); _mm512_store_ps (c + 3 * NR + 16, c31);
-    _mm512_store_ps (c + 4 * NR, c40); _mm512_store_ps (c + 4 * NR + 16, c41);
-    _mm512_store_ps (c + 5 * NR, c50); _mm512_store_ps (c + 5 * NR + 16, c51);
-    _mm512_store_ps (c + 6 * NR, c60); _mm512_store_ps (c + 6 * NR + 16, c61);
-    _mm512_store_ps (c + 7 * NR, c70); _mm512_store_ps (c + 7 * NR + 16, c71);
+    s_ukr_avx512_taps (a, NULL, 1, MR, b, off, bcs, taps, cg, c);
 }
 
 /* 7 × NR, for panels of 7 rows (a 7 × 7 plane's 49 positions are seven
