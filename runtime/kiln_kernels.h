@@ -141,6 +141,8 @@ typedef struct kiln_kplan {
             int64_t planes, spatial;
             int64_t c;              /* X channels-last [N, spatial, c]: the
                                      * channels, else 0 */
+            int64_t chunks;         /* then: blocks of S_GAP_ROWS positions
+                                     * summed apart (1: by channels) */
         } gap;
         kiln_kmath_plan_t math;     /* kiln_kernels_math.h */
         kiln_kshape_plan_t shape;   /* kiln_kernels_shape.h */

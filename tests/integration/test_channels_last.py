@@ -1,7 +1,9 @@
 """Mobile-network blocks that -O2 and -O3 keep channels-last
 (compiler/kiln_cc_layout.c): 1x1 expansions, depthwise convolutions from and
 to [N, H, W, C] (runtime/kiln_kernels_dwconv.c), squeeze-and-excitation
-(global average pool of a channels-last tensor, a per-channel Mul), 1x1
+(global average pool of a channels-last tensor, a per-channel Mul; over
+more than 256 positions summed block by block, as the heads of "wide"
+and "stem" are, a partial last block and a batch in the latter), 1x1
 projections with the block's input added back (to 16 channels, half an
 AVX-512 column panel, over several k blocks), and the edges where a
 channels-last region meets an op that takes only [N, C, H, W] (a max pool, a
