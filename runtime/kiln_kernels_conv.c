@@ -29,6 +29,11 @@
  * row, so that its rows are a constant stride apart.  A task is a column
  * panel of the weights (in L2 while it serves every row of the task) and
  * a block of output rows. */
+/* The copies below are the workspace's (an image's input, padded): at
+ * most 64 MiB, so that a convolution too large for it keeps the gather,
+ * whose workspace is a block, rather than fail to allocate. */
+#define S_COPY_MAX ((int64_t) 1 << 24)
+
 static void
 s_inplace_plan (kiln_kplan_t *plan)
 {
@@ -49,7 +54,7 @@ s_inplace_plan (kiln_kplan_t *plan)
     /* the copy and, past it, the slack the eighth row of a 7-row panel
      * reads; each thread's workspace holds its share */
     int64_t floats;
-    if (!kiln_kmul3 (hp, wp, plan->u.conv.c, &floats) || floats > ((int64_t) 1 << 32))
+    if (!kiln_kmul3 (hp, wp, plan->u.conv.c, &floats) || floats > S_COPY_MAX)
         return;
     floats += KILN_PACK_MR * plan->u.conv.sw + 16;
     int threads = kiln_exec_threads ();
@@ -106,8 +111,7 @@ s_phased_plan (kiln_kplan_t *plan)
     if ((pwp - ow) * 8 > pwp)
         return;
     int64_t floats;
-    if (!kiln_kmul3 (php * pwp, sh * sw, plan->u.conv.c, &floats)
-        || floats > ((int64_t) 1 << 32))
+    if (!kiln_kmul3 (php * pwp, sh * sw, plan->u.conv.c, &floats) || floats > S_COPY_MAX)
         return;
     floats += KILN_PACK_NR + pwp + 16;      /* the last tile reads past it */
     int threads = kiln_exec_threads ();
