@@ -34,6 +34,19 @@
  * whose workspace is a block, rather than fail to allocate. */
 #define S_COPY_MAX ((int64_t) 1 << 24)
 
+/* The rows and columns of X zero-padded that the windows read: every
+ * input row and column, and the padding the outputs reach. */
+static void
+s_padded (const kiln_kplan_t *plan, int64_t *hp, int64_t *wp)
+{
+    *hp = (plan->u.conv.oh - 1) * plan->u.conv.sh + (plan->u.conv.kh - 1) * plan->u.conv.dh + 1;
+    *wp = (plan->u.conv.ow - 1) * plan->u.conv.sw + (plan->u.conv.kw - 1) * plan->u.conv.dw + 1;
+    if (*hp < plan->u.conv.pt + plan->u.conv.h)
+        *hp = plan->u.conv.pt + plan->u.conv.h;
+    if (*wp < plan->u.conv.pl + plan->u.conv.w)
+        *wp = plan->u.conv.pl + plan->u.conv.w;
+}
+
 static void
 s_inplace_plan (kiln_kplan_t *plan)
 {
@@ -43,12 +56,8 @@ s_inplace_plan (kiln_kplan_t *plan)
     if (plan->u.conv.few || plan->u.conv.pro >= 0 || plan->u.conv.x_cl
         || ow < 1 || oh < 1 || plan->u.conv.c < 1)
         return;
-    int64_t hp = (oh - 1) * plan->u.conv.sh + (kh - 1) * plan->u.conv.dh + 1;
-    int64_t wp = (ow - 1) * plan->u.conv.sw + (kw - 1) * plan->u.conv.dw + 1;
-    if (hp < plan->u.conv.pt + plan->u.conv.h)
-        hp = plan->u.conv.pt + plan->u.conv.h;
-    if (wp < plan->u.conv.pl + plan->u.conv.w)
-        wp = plan->u.conv.pl + plan->u.conv.w;
+    int64_t hp, wp;
+    s_padded (plan, &hp, &wp);
     if (!kiln_pack_conv_inplace (plan->u.conv.c / plan->u.conv.group, kh, kw, wp, ow))
         return;
     /* the copy and, past it, the slack the eighth row of a 7-row panel
@@ -101,12 +110,8 @@ s_phased_plan (kiln_kplan_t *plan)
     int64_t k = plan->u.conv.c / plan->u.conv.group * kh * kw;
     if (k < S_PHASED_K_MIN || k > S_PHASED_K_MAX)
         return;
-    int64_t hp = (oh - 1) * sh + (kh - 1) * plan->u.conv.dh + 1;
-    int64_t wp = (ow - 1) * sw + (kw - 1) * plan->u.conv.dw + 1;
-    if (hp < plan->u.conv.pt + plan->u.conv.h)
-        hp = plan->u.conv.pt + plan->u.conv.h;
-    if (wp < plan->u.conv.pl + plan->u.conv.w)
-        wp = plan->u.conv.pl + plan->u.conv.w;
+    int64_t hp, wp;
+    s_padded (plan, &hp, &wp);
     int64_t php = (hp + sh - 1) / sh, pwp = (wp + sw - 1) / sw;
     if ((pwp - ow) * 8 > pwp)
         return;
