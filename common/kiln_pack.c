@@ -136,6 +136,14 @@ kiln_pack_conv_t (const float *w, int64_t m, int64_t cg, int64_t kh, int64_t kw,
     s_pack_conv (w, m, cg, kh * kw, group, KILN_PACK_NR, per, out);
 }
 
+int64_t
+kiln_pack_padded_extent (int64_t out, int64_t k, int64_t s, int64_t d, int64_t pad_begin,
+                         int64_t in)
+{
+    int64_t reach = (out - 1) * s + (k - 1) * d + 1;
+    return reach > pad_begin + in ? reach : pad_begin + in;
+}
+
 bool
 kiln_pack_conv_inplace (int64_t cg, int64_t kh, int64_t kw, int64_t wp, int64_t ow)
 {

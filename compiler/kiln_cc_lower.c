@@ -1337,9 +1337,8 @@ s_conv_inplace (const s_window_t *w, int64_t cg)
         return false;
     int a = w->ns - 1;              /* the last spatial axis: columns */
     int64_t kh = w->ns > 1 ? w->kernel[0] : 1;
-    int64_t wp = (w->out[a] - 1) * w->strides[a] + (w->kernel[a] - 1) * w->dilations[a] + 1;
-    if (wp < w->pads[a] + w->in[a])
-        wp = w->pads[a] + w->in[a];
+    int64_t wp = kiln_pack_padded_extent (w->out[a], w->kernel[a], w->strides[a],
+                                          w->dilations[a], w->pads[a], w->in[a]);
     return kiln_pack_conv_inplace (cg, kh, w->kernel[a], wp, w->out[a]);
 }
 

@@ -121,43 +121,56 @@ kiln_gemm_ukr_t (int rows, int64_t kc, const float *a, const float *b,
     kiln_gfinish (&g, tmp, 0, 0, mr, nr, accumulate, false);
 }
 
-void
-kiln_gemm_taps (const kiln_gemm_t *g, const float *a, const int64_t *off, int taps,
-                int64_t cg, int64_t ars, int64_t acs, const float *b, int64_t i,
-                int64_t j, int64_t mr, int64_t nr)
+/* The tile of kiln_gemm_taps (aoff: A where it lies, B a packed panel)
+ * or kiln_gemm_taps_b (boff: B where it lies, A a packed panel) into
+ * tmp: AVX-512 reads the operand where it lies; the other micro-kernels
+ * read packed panels, S_KC steps at a time copied from where it lies
+ * (no bounds to test: the copy is padded), the partial tiles added up
+ * in tmp. */
+static void
+s_taps_tile (const float *a, const int64_t *aoff, int64_t ars, int64_t acs,
+             const float *b, const int64_t *boff, int64_t bcs, int taps, int64_t cg,
+             float *tmp)
 {
     pthread_once (&s_isa_once, s_isa_init);
-    float tmp[MR * NR] __attribute__ ((aligned (64)));
 #if defined(__x86_64__)
     if (kiln_gisa.fin_avx512) {
-        kiln_gukr_avx512_taps (a, off, taps, cg, ars, acs, b, tmp);
-        kiln_gfinish (g, tmp, i, j, mr, nr, false, true);
+        if (aoff)
+            kiln_gukr_avx512_taps (a, aoff, taps, cg, ars, acs, b, tmp);
+        else
+            kiln_gukr_avx512_tapsb (a, b, boff, taps, cg, bcs, tmp);
         return;
     }
 #endif
-    /* The other micro-kernels read packed panels: S_KC steps at a time,
-     * copied from the rows where they lie (no bounds to test: the copy
-     * is padded), the partial tiles added up in tmp. */
-    float ap[S_KC * MR] __attribute__ ((aligned (64)));
+    float panel[S_KC * NR] __attribute__ ((aligned (64)));     /* A's or B's */
     int64_t k0 = 0, kc = 0;
     for (int t = 0; t < taps; t++) {
-        const float *at = a + off[t];
-        for (int64_t c = 0; c < cg; c++, at += acs) {
-            float *d = ap + kc * MR;
-            if (ars == 1)
-                memcpy (d, at, MR * sizeof *d);
-            else
+        const float *at = aoff ? a + aoff[t] : NULL, *bt = boff ? b + boff[t] : NULL;
+        for (int64_t c = 0; c < cg; c++) {
+            if (aoff && ars == 1)
+                memcpy (panel + kc * MR, at + c * acs, MR * sizeof *panel);
+            else if (aoff)
                 for (int r = 0; r < MR; r++)
-                    d[r] = at[r * ars];
-            if (++kc == S_KC) {
-                kiln_gisa.ukr (kc, ap, b + k0 * NR, NR, tmp, NR, k0 > 0);
+                    panel[kc * MR + r] = at[c * acs + r * ars];
+            else
+                memcpy (panel + kc * NR, bt + c * bcs, NR * sizeof *panel);
+            if (++kc == S_KC || (t == taps - 1 && c == cg - 1)) {
+                kiln_gisa.ukr (kc, aoff ? panel : a + k0 * MR,
+                               boff ? panel : b + k0 * NR, NR, tmp, NR, k0 > 0);
                 k0 += kc;
                 kc = 0;
             }
         }
     }
-    if (kc)
-        kiln_gisa.ukr (kc, ap, b + k0 * NR, NR, tmp, NR, k0 > 0);
+}
+
+void
+kiln_gemm_taps (const kiln_gemm_t *g, const float *a, const int64_t *off, int taps,
+                int64_t cg, int64_t ars, int64_t acs, const float *b, int64_t i,
+                int64_t j, int64_t mr, int64_t nr)
+{
+    float tmp[MR * NR] __attribute__ ((aligned (64)));
+    s_taps_tile (a, off, ars, acs, b, NULL, NR, taps, cg, tmp);
     kiln_gfinish (g, tmp, i, j, mr, nr, false, true);
 }
 
@@ -166,32 +179,10 @@ kiln_gemm_taps_b (const kiln_gemm_t *g, const float *a, const float *b, const in
                   int taps, int64_t cg, int64_t bcs, int64_t i, int64_t mr, int64_t v0,
                   int64_t vw, int64_t ow, int64_t vn)
 {
-    pthread_once (&s_isa_once, s_isa_init);
     /* (NR floats past the tile: a run's finish reads whole rows from
      * its first column on) */
     float tmp[MR * NR + NR] __attribute__ ((aligned (64)));
-#if defined(__x86_64__)
-    if (kiln_gisa.fin_avx512)
-        kiln_gukr_avx512_tapsb (a, b, off, taps, cg, bcs, tmp);
-    else
-#endif
-    {
-        float bp[S_KC * NR] __attribute__ ((aligned (64)));
-        int64_t k0 = 0, kc = 0;
-        for (int t = 0; t < taps; t++) {
-            const float *bt = b + off[t];
-            for (int64_t c = 0; c < cg; c++, bt += bcs) {
-                memcpy (bp + kc * NR, bt, NR * sizeof *bp);
-                if (++kc == S_KC) {
-                    kiln_gisa.ukr (kc, a + k0 * MR, bp, NR, tmp, NR, k0 > 0);
-                    k0 += kc;
-                    kc = 0;
-                }
-            }
-        }
-        if (kc)
-            kiln_gisa.ukr (kc, a + k0 * MR, bp, NR, tmp, NR, k0 > 0);
-    }
+    s_taps_tile (a, NULL, 1, MR, b, off, bcs, taps, cg, tmp);
     /* the outputs among the tile's positions: runs of one row each */
     for (int64_t q = 0; q < NR && v0 + q < vn;) {
         int64_t row = (v0 + q) / vw, col = (v0 + q) % vw;

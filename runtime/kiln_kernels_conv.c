@@ -39,12 +39,10 @@
 static void
 s_padded (const kiln_kplan_t *plan, int64_t *hp, int64_t *wp)
 {
-    *hp = (plan->u.conv.oh - 1) * plan->u.conv.sh + (plan->u.conv.kh - 1) * plan->u.conv.dh + 1;
-    *wp = (plan->u.conv.ow - 1) * plan->u.conv.sw + (plan->u.conv.kw - 1) * plan->u.conv.dw + 1;
-    if (*hp < plan->u.conv.pt + plan->u.conv.h)
-        *hp = plan->u.conv.pt + plan->u.conv.h;
-    if (*wp < plan->u.conv.pl + plan->u.conv.w)
-        *wp = plan->u.conv.pl + plan->u.conv.w;
+    *hp = kiln_pack_padded_extent (plan->u.conv.oh, plan->u.conv.kh, plan->u.conv.sh,
+                                   plan->u.conv.dh, plan->u.conv.pt, plan->u.conv.h);
+    *wp = kiln_pack_padded_extent (plan->u.conv.ow, plan->u.conv.kw, plan->u.conv.sw,
+                                   plan->u.conv.dw, plan->u.conv.pl, plan->u.conv.w);
 }
 
 static void
