@@ -425,6 +425,12 @@ s_micro (const kiln_gemm_t *g, int64_t rp, int64_t kc,
                                 g->ldc, acc, last && !plain ? g : NULL, i, j);
             return;
         }
+        /* the last column panel of a product whose columns end there */
+        if (mr == MR && nr < NR && (!last || plain || xepi)) {
+            kiln_gukr_avx512_xm (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j, g->ldc,
+                                 acc, last && !plain ? g : NULL, i, j, nr);
+            return;
+        }
         kiln_gukr_avx512_x (kc, a, ars, acs, b, NR, tmp, NR, false, NULL, 0, 0);
         kiln_gfinish (g, tmp, i, j, mr, nr, acc, last);
         return;

@@ -43,7 +43,8 @@ typedef struct {
 } s_epi_tile_t;
 
 __attribute__ ((target ("avx512f"))) static inline __attribute__ ((always_inline)) void
-s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, bool half, s_epi_tile_t *e)
+s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, bool half, __mmask16 k0,
+                 __mmask16 k1, s_epi_tile_t *e)
 {
     e->n_add = g->n_add;
     for (int a = 0; a < g->n_add && a < 2; a++) {
@@ -54,7 +55,7 @@ s_epi_tile_init (const kiln_gemm_t *g, int64_t i, int64_t j, bool half, s_epi_ti
         if (ad->rs == 0 && ad->cs == 1) {
             e->kind[a] = 0;
             for (int h = 0; h < 2 - half; h++) {
-                __m512 x = _mm512_loadu_ps (ad->p + j + 16 * h);
+                __m512 x = _mm512_maskz_loadu_ps (h ? k1 : k0, ad->p + j + 16 * h);
                 if (ad->scale != 1.0f)
                     x = _mm512_mul_ps (_mm512_set1_ps (ad->scale), x);
                 e->same[a][h] = x;
@@ -117,8 +118,16 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
                  const char *pf, int64_t pf_n, const float *acc_src, int64_t acc_ld,
                  float *t2, int t2_sign, bool t2_first, float *bpk,
-                 const kiln_gpro_t *pro, const bool half)
+                 const kiln_gpro_t *pro, const bool half, const bool masked,
+                 int64_t ncols)
 {
+    /* `masked`: only the tile's first ncols columns are C's (the last
+     * column panel of a product), read and written under masks */
+    const __mmask16 k0 = !masked || ncols >= 16 ? 0xffff : (__mmask16) ((1u << ncols) - 1);
+    const __mmask16 k1 = !masked || ncols >= 32 ? 0xffff
+                         : ncols > 16 ? (__mmask16) ((1u << (ncols - 16)) - 1) : 0;
+#define S_LD(p, h) \
+    (masked ? _mm512_maskz_loadu_ps ((h) ? k1 : k0, (p)) : _mm512_loadu_ps (p))
     __m512 c00 = _mm512_setzero_ps (), c01 = _mm512_setzero_ps ();
     __m512 c10 = _mm512_setzero_ps (), c11 = _mm512_setzero_ps ();
     __m512 c20 = _mm512_setzero_ps (), c21 = _mm512_setzero_ps ();
@@ -205,13 +214,13 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
         acc_ld = ldc;
     }
 #define S_ACC(r, h) \
-    c##r##h = _mm512_add_ps (c##r##h, _mm512_loadu_ps (acc_src + (r) * acc_ld + 16 * (h)))
+    c##r##h = _mm512_add_ps (c##r##h, S_LD (acc_src + (r) * acc_ld + 16 * (h), h))
     if (accumulate)
         S_ALL (S_ACC);
 #undef S_ACC
     if (epi) {
         s_epi_tile_t et;
-        s_epi_tile_init (epi, i, j, half, &et);
+        s_epi_tile_init (epi, i, j, half, k0, k1, &et);
         __m512 zero = _mm512_setzero_ps ();
 #define S_MUL(r, h) c##r##h = _mm512_mul_ps (c##r##h, et.alpha)
         if (et.has_alpha)
@@ -222,9 +231,9 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
             int64_t rs = et.rs[q];
             __m512 sc = _mm512_set1_ps (et.scale[q]);
 #define S_SAME(r, h) c##r##h = _mm512_add_ps (c##r##h, et.same[q][h])
-#define S_VEC(r, h) c##r##h = _mm512_add_ps (c##r##h, _mm512_loadu_ps (src + (r) * rs + 16 * (h)))
+#define S_VEC(r, h) c##r##h = _mm512_add_ps (c##r##h, S_LD (src + (r) * rs + 16 * (h), h))
 #define S_VECS(r, h) \
-    c##r##h = _mm512_add_ps (c##r##h, _mm512_mul_ps (sc, _mm512_loadu_ps (src + (r) * rs + 16 * (h))))
+    c##r##h = _mm512_add_ps (c##r##h, _mm512_mul_ps (sc, S_LD (src + (r) * rs + 16 * (h), h)))
 #define S_ONE(r, h) c##r##h = _mm512_add_ps (c##r##h, _mm512_set1_ps (et.scale[q] * src[(r) * rs]))
             if (et.kind[q] == 0)
                 S_ALL (S_SAME);
@@ -286,14 +295,21 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
 #undef S_CLIP
 #undef S_LEAKY
     }
-#define S_ST(r, h) _mm512_storeu_ps (c + (r) * ldc + 16 * (h), c##r##h)
+#define S_ST(r, h)                                                      \
+    do {                                                                \
+        if (masked)                                                     \
+            _mm512_mask_storeu_ps (c + (r) * ldc + 16 * (h), (h) ? k1 : k0, c##r##h); \
+        else                                                            \
+            _mm512_storeu_ps (c + (r) * ldc + 16 * (h), c##r##h);       \
+    } while (0)
     S_ALL (S_ST);
 #undef S_ST
 #undef S_ALL
+#undef S_LD
     if (epi && kiln_act_heavy (epi->act) && !kiln_act16_has (epi->act))
         for (int r = 0; r < MR; r++)
-            kiln_act_apply (c + r * ldc, half ? NR / 2 : NR, epi->act, epi->act_a,
-                            epi->act_b);
+            kiln_act_apply (c + r * ldc, masked ? ncols : half ? NR / 2 : NR, epi->act,
+                            epi->act_a, epi->act_b);
 }
 
 /* The packed 8 × 32 tile: s_ukr_avx512_xb on an A panel (MR floats a
@@ -303,7 +319,7 @@ kiln_gukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
               float *c, int64_t ldc, bool accumulate)
 {
     s_ukr_avx512_xb (kc, a, 1, MR, b, ldb, c, ldc, accumulate, NULL, 0, 0, NULL, 0,
-                     NULL, 0, NULL, 0, false, NULL, NULL, false);
+                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR);
 }
 
 /* A convolution's 8 × 32 tile read where its input lies (kiln_kernels_
@@ -631,7 +647,7 @@ kiln_gukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
                 bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
-                     NULL, 0, NULL, 0, false, NULL, NULL, false);
+                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR);
 }
 
 /* The same for a panel's first 16 columns only (the last column panel of
@@ -643,7 +659,26 @@ kiln_gukr_avx512_xh (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
-                     NULL, 0, NULL, 0, false, NULL, NULL, true);
+                     NULL, 0, NULL, 0, false, NULL, NULL, true, false, NR);
+}
+
+/* The same for a panel's first `cols` columns (under NR: the last column
+ * panel of a product whose columns end there, a convolution's plane of
+ * 14 × 14 or 7 × 7), read and written under masks, in half the
+ * multiply-adds when they are 16 or fewer: instead of the whole tile
+ * into a buffer and kiln_gfinish from there. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_xm (int64_t kc, const float *a, int64_t ars, int64_t acs,
+                     const float *b, int64_t ldb, float *c, int64_t ldc,
+                     bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
+                     int64_t cols)
+{
+    if (cols <= NR / 2)
+        s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
+                         NULL, 0, NULL, 0, false, NULL, NULL, true, true, cols);
+    else
+        s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
+                         NULL, 0, NULL, 0, false, NULL, NULL, false, true, cols);
 }
 
 /* The same, fetching pf_n lines from `pf` on into the cache, one every
@@ -656,7 +691,7 @@ kiln_gukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const char *pf, int64_t pf_n)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, pf, pf_n,
-                     NULL, 0, NULL, 0, false, NULL, NULL, false);
+                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR);
 }
 
 /* kiln_gukr_avx512_x on a B read where it lies (its rows ldb apart) that
@@ -674,7 +709,7 @@ kiln_gukr_avx512_xpk (int64_t kc, const float *a, int64_t ars, int64_t acs,
                       float *bpk, const kiln_gpro_t *pro)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
-                     NULL, 0, NULL, 0, false, bpk, pro, false);
+                     NULL, 0, NULL, 0, false, bpk, pro, false, false, NR);
 }
 
 /* One of s_strassen's seven products for an MR × NR tile (k steps kc,
@@ -690,10 +725,10 @@ kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
     if (fin)
         s_ukr_avx512_xb (kc, a, ars, 1, b, NR, g->c + i * g->ldc + j, g->ldc, true,
                          s_no_epilogue (g) ? NULL : g, i, j, pf, kc, acc, NR,
-                         t2, t2_sign, t2_first, NULL, NULL, false);
+                         t2, t2_sign, t2_first, NULL, NULL, false, false, NR);
     else
         s_ukr_avx512_xb (kc, a, ars, 1, b, NR, t, NR, acc != NULL, NULL, 0, 0, pf,
-                         kc, acc, NR, t2, t2_sign, t2_first, NULL, NULL, false);
+                         kc, acc, NR, t2, t2_sign, t2_first, NULL, NULL, false, false, NR);
 }
 
 #endif
