@@ -174,7 +174,7 @@ typedef enum {
     X (SIGMOID, 4, "sigmoid")  /* 1 / (1 + exp(-v)) */                    \
     X (SILU,  5, "silu")       /* v * sigmoid(v) (Sigmoid, Mul) */        \
     X (GELU,  6, "gelu")       /* (v * (erf(v / sqrt 2) + 1)) * 0.5 */    \
-    X (HARD_SWISH, 7, "hard_swish") /* v * min(max(v / 6 + 0.5, 0), 1) */ \
+    X (HARD_SWISH, 7, "hard_swish") /* v * min(max(v · (1/6) + 0.5, 0), 1) */ \
     X (HARD_SIGMOID, 8, "hard_sigmoid") /* min(max(a * v + b, 0), 1) */   \
     X (TANH,  9, "tanh")
 

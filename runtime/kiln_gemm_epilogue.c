@@ -48,9 +48,10 @@ s_act_heavy (float *v, int64_t n, kiln_act_t act, float a, float b)
                 u[j] = (t[j] * (u[j] + 1.0f)) * 0.5f;
             break;
         case KILN_ACT_HARD_SWISH:
-            /* ONNX HardSwish: x · max(0, min(1, x / 6 + 0.5)), NaN kept */
+            /* ONNX HardSwish: x · max(0, min(1, alpha · x + 0.5)), alpha
+             * the float 1/6, NaN kept */
             for (int64_t j = 0; j < m16; j++) {
-                float h = t[j] / 6.0f + 0.5f;
+                float h = t[j] * (1.0f / 6.0f) + 0.5f;
                 h = h < 0.0f ? 0.0f : h;
                 u[j] = t[j] * (h > 1.0f ? 1.0f : h);
             }

@@ -108,7 +108,7 @@ kiln_km_float_param (kiln_prog_op_t *op, const char *name, double *out,
     ((x) >= 0 ? (T) 1 / ((T) 1 + exp (-(x))) : exp (x) / ((T) 1 + exp (x)))
 #define S_E_softplus(T, x) (((x) > 0 ? (x) : (T) 0) + log1p (exp (-fabs (x))))
 #define S_E_softsign(T, x) ((x) / ((T) 1 + fabs (x)))
-#define S_E_hard_swish(T, x) ((x) * s_unit_##T ((x) / (T) 6 + (T) 0.5))
+#define S_E_hard_swish(T, x) ((x) * s_unit_##T ((x) * ((T) 1 / (T) 6) + (T) 0.5))
 #define S_E_leaky_relu(T, x) ((x) < 0 ? A * (x) : (x))
 #define S_E_elu(T, x) ((x) < 0 ? A * expm1 (x) : (x))
 #define S_E_selu(T, x) ((x) <= 0 ? G * (A * exp (x) - A) : G * (x))

@@ -194,7 +194,10 @@ kiln_act16 (__m512 v, int act, __m512 a, __m512 b)
     if (act == 5)
         return kiln_silu16 (v);
     if (act == 7 || act == 8) {
-        __m512 h = act == 7 ? _mm512_add_ps (_mm512_div_ps (v, _mm512_set1_ps (6.0f)),
+        /* hard swish's x / 6 as ONNX's alpha · x, alpha the float 1/6:
+         * a multiply where a division held the divider 10-16 cycles a
+         * vector */
+        __m512 h = act == 7 ? _mm512_add_ps (_mm512_mul_ps (v, _mm512_set1_ps (1.0f / 6.0f)),
                                              _mm512_set1_ps (0.5f))
                             : _mm512_add_ps (_mm512_mul_ps (a, v), b);
         /* h < 0 ? 0 : h, then h > 1 ? 1 : h: NaN kept */
