@@ -706,6 +706,50 @@ s_few_four (const s_cl_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ih
     s_few_store (d, yr, rr, q + 3, o0, no, &a30, &a31);
 }
 
+/* Output columns q .. q + 7 of a panel of 16 channels or fewer (the
+ * first convolution of mobilenet_v3, 3 → 16 channels): eight columns'
+ * sums of one vector each, where s_few_four's two vectors a column were
+ * half zeros; as many sums at once (the same registers), each tap's
+ * weights loaded once for the eight. */
+static inline __attribute__ ((always_inline)) void
+s_few_eight (const s_cl_t *d, const float *xn, int64_t r, int64_t ilo, int64_t ihi,
+             int64_t q, int64_t p, const float *b, float *yr, const float *rr)
+{
+    enum { NR = KILN_PACK_NR };
+    const float *panel = d->w + p * d->k * NR;
+    s_v16 b0 = *(const s_v16 *) b, zero = b0 - b0;
+    s_v16 a0 = b0, a1 = b0, a2 = b0, a3 = b0, a4 = b0, a5 = b0, a6 = b0, a7 = b0;
+    int64_t st = d->sw;
+    for (int64_t i = ilo; i < ihi; i++) {
+        int64_t ih = r * d->sh - d->pt + i * d->dh;
+        for (int64_t j = 0; j < d->kw; j++) {
+            const float *wk = panel + (i * d->kw + j) * d->c * NR;
+            const float *xr = xn + ih * d->w_in + q * d->sw - d->pl + j * d->dw;
+            for (int64_t ci = 0; ci < d->c; ci++) {
+                s_v16 w0 = *(const s_v16 *) (wk + ci * NR);
+                const float *xc = xr + ci * d->h * d->w_in;
+                a0 += w0 * xc[0];
+                a1 += w0 * xc[st];
+                a2 += w0 * xc[2 * st];
+                a3 += w0 * xc[3 * st];
+                a4 += w0 * xc[4 * st];
+                a5 += w0 * xc[5 * st];
+                a6 += w0 * xc[6 * st];
+                a7 += w0 * xc[7 * st];
+            }
+        }
+    }
+    int64_t o0 = p * NR, no = d->m - o0;
+    s_few_store (d, yr, rr, q, o0, no, &a0, &zero);
+    s_few_store (d, yr, rr, q + 1, o0, no, &a1, &zero);
+    s_few_store (d, yr, rr, q + 2, o0, no, &a2, &zero);
+    s_few_store (d, yr, rr, q + 3, o0, no, &a3, &zero);
+    s_few_store (d, yr, rr, q + 4, o0, no, &a4, &zero);
+    s_few_store (d, yr, rr, q + 5, o0, no, &a5, &zero);
+    s_few_store (d, yr, rr, q + 6, o0, no, &a6, &zero);
+    s_few_store (d, yr, rr, q + 7, o0, no, &a7, &zero);
+}
+
 KILN_VCLONES KILN_FP_CONTRACT static void
 s_few_rows (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_t count,
             float *ws)
@@ -726,10 +770,16 @@ s_few_rows (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_t 
             if (d.bias)
                 memcpy (b, d.bias + o0, (size_t) (d.m - o0 < KILN_PACK_NR ? d.m - o0
                                                   : KILN_PACK_NR) * sizeof *b);
+            /* a panel of 16 channels or fewer: eight columns at once */
+            int64_t cols = d.m - o0 <= 16 ? 2 * S_FEW_COLS : S_FEW_COLS;
             for (int64_t q = 0; q < d.ow;) {
                 int64_t jlo, jhi;   /* the window columns in reach */
                 s_reach (q * d.sw - d.pl, d.kw, d.dw, d.w_in, &jlo, &jhi);
-                if (jlo == 0 && jhi == d.kw && q + S_FEW_COLS <= d.ow
+                if (cols > S_FEW_COLS && jlo == 0 && jhi == d.kw && q + cols <= d.ow
+                    && (q + cols - 1) * d.sw - d.pl + (d.kw - 1) * d.dw < d.w_in) {
+                    s_few_eight (&d, xn, r, ilo, ihi, q, p, b, yr, rr);
+                    q += cols;
+                } else if (jlo == 0 && jhi == d.kw && q + S_FEW_COLS <= d.ow
                     && (q + S_FEW_COLS - 1) * d.sw - d.pl + (d.kw - 1) * d.dw < d.w_in) {
                     s_few_four (&d, xn, r, ilo, ihi, q, p, b, yr, rr);
                     q += S_FEW_COLS;
