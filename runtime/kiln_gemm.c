@@ -195,6 +195,14 @@ kiln_gemm_taps_b (const kiln_gemm_t *g, const float *a, const float *b, const in
             continue;
         }
         int64_t len = s_min (ow - col, NR - q);
+#if defined(__x86_64__)
+        /* on AVX-512 the epilogue in registers, under masks */
+        if (kiln_gisa.fin_avx512 && mr == MR && !g->c_trans && kiln_gfinish_fast (g)) {
+            kiln_gfinish_x (g, tmp + q, i, row * ow + col, len);
+            q += len;
+            continue;
+        }
+#endif
         kiln_gfinish (g, tmp + q, i, row * ow + col, mr, len, false, true);
         q += len;
     }

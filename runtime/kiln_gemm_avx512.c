@@ -681,6 +681,25 @@ kiln_gukr_avx512_xm (int64_t kc, const float *a, int64_t ars, int64_t acs,
                          NULL, 0, NULL, 0, false, NULL, NULL, false, true, cols);
 }
 
+/* A tile already summed (t, rows NR apart: a convolution's product read
+ * from its input's phases) finished into C at (i, j), its first `cols`
+ * columns, with the epilogue in registers: what kiln_gfinish does through
+ * its own loops (the sums are added to zeros first: a -0 sum comes out
+ * +0 where no addend or activation follows).  resnet50's 7×7 stem 0.93
+ * of the time alone, 0.965 in the model; regnet_y_400mf 0.95. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gfinish_x (const kiln_gemm_t *g, const float *t, int64_t i, int64_t j, int64_t cols)
+{
+    if (cols <= NR / 2)
+        s_ukr_avx512_xb (0, NULL, 0, 0, NULL, NR, g->c + i * g->ldc + j, g->ldc, true,
+                         s_no_epilogue (g) ? NULL : g, i, j, NULL, 0, t, NR, NULL, 0,
+                         false, NULL, NULL, true, true, cols);
+    else
+        s_ukr_avx512_xb (0, NULL, 0, 0, NULL, NR, g->c + i * g->ldc + j, g->ldc, true,
+                         s_no_epilogue (g) ? NULL : g, i, j, NULL, 0, t, NR, NULL, 0,
+                         false, NULL, NULL, false, cols < NR, cols);
+}
+
 /* The same, fetching pf_n lines from `pf` on into the cache, one every
  * kc / pf_n steps of k: the next weight panel, while this one is used
  * (s_tile, Winograd's products). */

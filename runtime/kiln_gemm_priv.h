@@ -140,6 +140,8 @@ kiln_gukr_avx512_xm (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
                      int64_t cols);
 __attribute__ ((target ("avx512f"))) void
+kiln_gfinish_x (const kiln_gemm_t *g, const float *t, int64_t i, int64_t j, int64_t cols);
+__attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
                     const char *pf, float *t, const float *acc, const kiln_gemm_t *g,
                     bool fin, int64_t i, int64_t j, float *t2, int t2_sign,
