@@ -70,6 +70,12 @@ bool kiln_pack_conv_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
 bool kiln_pack_conv_t_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
                              int64_t group, int64_t *out);
 
+/* The extent along one axis of an input zero-padded for a window (out
+ * outputs of a window k wide, stride s, dilation d, pad_begin before
+ * the in inputs): every input and the padding the windows reach. */
+int64_t kiln_pack_padded_extent (int64_t out, int64_t k, int64_t s, int64_t d,
+                                 int64_t pad_begin, int64_t in);
+
 /* Whether the runtime reads a transposed convolution's positions where
  * they lie, with no gather (runtime/kiln_kernels_conv.c, "read in
  * place"), given cg input channels a group, a kh × kw kernel, the
@@ -79,11 +85,6 @@ bool kiln_pack_conv_t_elems (int64_t m, int64_t cg, int64_t kh, int64_t kw,
  * cg channels) at most KILN_PACK_INPLACE_BYTES, so that it stays in L1
  * while the tile streams the weights past it.  The compiler's choice
  * of the transposed product counts no gather for these. */
-/* The extent along one axis of an input zero-padded for a window (out
- * outputs of a window k wide, stride s, dilation d, pad_begin before
- * the in inputs): every input and the padding the windows reach. */
-int64_t kiln_pack_padded_extent (int64_t out, int64_t k, int64_t s, int64_t d,
-                                 int64_t pad_begin, int64_t in);
 #define KILN_PACK_INPLACE_TAPS 64
 #define KILN_PACK_INPLACE_BYTES (32 * 1024)
 bool kiln_pack_conv_inplace (int64_t cg, int64_t kh, int64_t kw, int64_t wp,

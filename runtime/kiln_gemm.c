@@ -418,25 +418,17 @@ s_micro (const kiln_gemm_t *g, int64_t rp, int64_t kc,
     int64_t mr = s_min (rp, g->m - i), nr = s_min (NR, g->n - j);
 #if defined(__x86_64__)
     if (x) {
-        if (mr == MR && nr == NR / 2 && (!last || plain || xepi)) {
-            kiln_gukr_avx512_xh (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j, g->ldc,
-                                 acc, last && !plain ? g : NULL, i, j);
-            return;
-        }
-        if (mr == MR && nr == NR && (!last || plain || xepi)) {
-            if (pf)
-                kiln_gukr_avx512_xp (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j,
-                                 g->ldc, acc, last && !plain ? g : NULL, i, j, pf,
-                                 pf_n);
+        /* C written by the tile itself (all its rows) */
+        if (mr == MR && (!last || plain || xepi)) {
+            const kiln_gemm_t *epi = last && !plain ? g : NULL;
+            float *c = g->c + i * g->ldc + j;
+            if (nr < NR)    /* the last column panel of a product ending there */
+                kiln_gukr_avx512_xm (kc, a, ars, acs, b, c, g->ldc, acc, epi, i, j, nr);
+            else if (pf)
+                kiln_gukr_avx512_xp (kc, a, ars, acs, b, NR, c, g->ldc, acc, epi, i, j, pf,
+                                     pf_n);
             else
-                kiln_gukr_avx512_x (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j,
-                                g->ldc, acc, last && !plain ? g : NULL, i, j);
-            return;
-        }
-        /* the last column panel of a product whose columns end there */
-        if (mr == MR && nr < NR && (!last || plain || xepi)) {
-            kiln_gukr_avx512_xm (kc, a, ars, acs, b, NR, g->c + i * g->ldc + j, g->ldc,
-                                 acc, last && !plain ? g : NULL, i, j, nr);
+                kiln_gukr_avx512_x (kc, a, ars, acs, b, NR, c, g->ldc, acc, epi, i, j);
             return;
         }
         kiln_gukr_avx512_x (kc, a, ars, acs, b, NR, tmp, NR, false, NULL, 0, 0);

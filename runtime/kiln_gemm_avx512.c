@@ -650,57 +650,40 @@ kiln_gukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR);
 }
 
-/* The same for a panel's first 16 columns only (the last column panel of
- * a product whose columns end there: a channels-last 1×1 convolution to
- * 16 channels), in half the multiply-adds, written where they go. */
-__attribute__ ((target ("avx512f"))) void
-kiln_gukr_avx512_xh (int64_t kc, const float *a, int64_t ars, int64_t acs,
-                     const float *b, int64_t ldb, float *c, int64_t ldc,
-                     bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
+/* s_ukr_avx512_xb on the tile's first `cols` columns (at most NR): the
+ * whole tile, or under masks (fewer than NR), in half the multiply-adds
+ * when 16 or fewer; the partial sum from acc_src (rows acc_ld apart) when
+ * not NULL, as in s_ukr_avx512_xb. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline void
+s_ukr_avx512_cols (int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
+                   float *c, int64_t ldc, bool accumulate, const kiln_gemm_t *epi,
+                   int64_t i, int64_t j, const float *acc_src, int64_t acc_ld,
+                   int64_t cols)
 {
-    s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
-                     NULL, 0, NULL, 0, false, NULL, NULL, true, false, NR);
+    if (cols <= NR / 2)
+        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, NULL, 0,
+                         acc_src, acc_ld, NULL, 0, false, NULL, NULL, true, cols < NR,
+                         cols);
+    else
+        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, NULL, 0,
+                         acc_src, acc_ld, NULL, 0, false, NULL, NULL, false, cols < NR,
+                         cols);
 }
 
-/* The same for a panel's first `cols` columns (under NR: the last column
- * panel of a product whose columns end there, a convolution's plane of
- * 14 × 14 or 7 × 7), read and written under masks, in half the
- * multiply-adds when they are 16 or fewer: instead of the whole tile
- * into a buffer and kiln_gfinish from there. */
+/* kiln_gukr_avx512_x on a panel's first `cols` columns (under NR: the
+ * last column panel of a product whose columns end there, a channels-last
+ * 1×1 convolution to 16 channels, a plane of 14 × 14 or 7 × 7), written
+ * where they go under masks, in half the multiply-adds when 16 or fewer:
+ * instead of the whole tile into a buffer and kiln_gfinish from there. */
 __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_xm (int64_t kc, const float *a, int64_t ars, int64_t acs,
-                     const float *b, int64_t ldb, float *c, int64_t ldc,
-                     bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
-                     int64_t cols)
+                     const float *b, float *c, int64_t ldc, bool accumulate,
+                     const kiln_gemm_t *epi, int64_t i, int64_t j, int64_t cols)
 {
-    if (cols <= NR / 2)
-        s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
-                         NULL, 0, NULL, 0, false, NULL, NULL, true, true, cols);
-    else
-        s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
-                         NULL, 0, NULL, 0, false, NULL, NULL, false, true, cols);
+    s_ukr_avx512_cols (kc, a, ars, acs, b, c, ldc, accumulate, epi, i, j, NULL, 0, cols);
 }
 
-/* A tile already summed (t, rows NR apart: a convolution's product read
- * from its input's phases) finished into C at (i, j), its first `cols`
- * columns, with the epilogue in registers: what kiln_gfinish does through
- * its own loops (the sums are added to zeros first: a -0 sum comes out
- * +0 where no addend or activation follows).  resnet50's 7×7 stem 0.93
- * of the time alone, 0.965 in the model; regnet_y_400mf 0.95. */
-__attribute__ ((target ("avx512f"))) void
-kiln_gfinish_x (const kiln_gemm_t *g, const float *t, int64_t i, int64_t j, int64_t cols)
-{
-    if (cols <= NR / 2)
-        s_ukr_avx512_xb (0, NULL, 0, 0, NULL, NR, g->c + i * g->ldc + j, g->ldc, true,
-                         s_no_epilogue (g) ? NULL : g, i, j, NULL, 0, t, NR, NULL, 0,
-                         false, NULL, NULL, true, true, cols);
-    else
-        s_ukr_avx512_xb (0, NULL, 0, 0, NULL, NR, g->c + i * g->ldc + j, g->ldc, true,
-                         s_no_epilogue (g) ? NULL : g, i, j, NULL, 0, t, NR, NULL, 0,
-                         false, NULL, NULL, false, cols < NR, cols);
-}
-
-/* The same, fetching pf_n lines from `pf` on into the cache, one every
+/* kiln_gukr_avx512_x fetching pf_n lines from `pf` on into the cache, one every
  * kc / pf_n steps of k: the next weight panel, while this one is used
  * (s_tile, Winograd's products). */
 __attribute__ ((target ("avx512f"))) void
@@ -729,6 +712,19 @@ kiln_gukr_avx512_xpk (int64_t kc, const float *a, int64_t ars, int64_t acs,
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
                      NULL, 0, NULL, 0, false, bpk, pro, false, false, NR);
+}
+
+/* A tile already summed (t, rows NR apart: a convolution's product read
+ * from its input's phases) finished into C at (i, j), its first `cols`
+ * columns, with the epilogue in registers: what kiln_gfinish does through
+ * its own loops (the sums are added to zeros first: a -0 sum comes out
+ * +0 where no addend or activation follows).  resnet50's 7×7 stem 0.93
+ * of the time alone, 0.965 in the model; regnet_y_400mf 0.95. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gfinish_x (const kiln_gemm_t *g, const float *t, int64_t i, int64_t j, int64_t cols)
+{
+    s_ukr_avx512_cols (0, NULL, 0, 0, NULL, g->c + i * g->ldc + j, g->ldc, true,
+                       s_no_epilogue (g) ? NULL : g, i, j, t, NR, cols);
 }
 
 /* One of s_strassen's seven products for an MR × NR tile (k steps kc,

@@ -96,9 +96,9 @@ kiln_gpanel_rows_avx2 (float *panel, const float *p0, const float *p1, int sign,
  * packed panel or the rows where they lie) and, with `epi`, that
  * product's epilogue applied in registers to tile (i, j); _xp the same,
  * fetching pf_n lines from `pf` on into the cache, spread over the steps
- * of k (as do _7p and _16p, twins of _7 and _16); _xh
- * the same for the panel's first 16 columns; _s one of Strassen's seven
- * products (kiln_gemm_strassen.c). */
+ * of k (as do _7p and _16p, twins of _7 and _16); _xm the same for
+ * the panel's first `cols` columns, under masks; _s one of Strassen's
+ * seven products (kiln_gemm_strassen.c). */
 __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
                   float *c, int64_t ldc, bool accumulate);
@@ -131,14 +131,9 @@ kiln_gukr_avx512_xpk (int64_t kc, const float *a, int64_t ars, int64_t acs,
                       bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
                       float *bpk, const kiln_gpro_t *pro);
 __attribute__ ((target ("avx512f"))) void
-kiln_gukr_avx512_xh (int64_t kc, const float *a, int64_t ars, int64_t acs,
-                     const float *b, int64_t ldb, float *c, int64_t ldc,
-                     bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j);
-__attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_xm (int64_t kc, const float *a, int64_t ars, int64_t acs,
-                     const float *b, int64_t ldb, float *c, int64_t ldc,
-                     bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j,
-                     int64_t cols);
+                     const float *b, float *c, int64_t ldc, bool accumulate,
+                     const kiln_gemm_t *epi, int64_t i, int64_t j, int64_t cols);
 __attribute__ ((target ("avx512f"))) void
 kiln_gfinish_x (const kiln_gemm_t *g, const float *t, int64_t i, int64_t j, int64_t cols);
 __attribute__ ((target ("avx512f"))) void
