@@ -21,8 +21,9 @@ the rounds (a loaded host only ever adds time, to either engine); and
 every output is checked against), which saves most of the run.
 
 kiln: the model is exported with torch.onnx.export (opset 14), imported,
-compiled with `kiln-cc --optlevel 3` and timed by `kiln-run --bench N`
-with KILN_RT_THREADS=T.  torch: torch.jit.freeze of torch.jit.trace, timed
+compiled with `kiln-cc --optlevel 3` and timed by one long-lived
+`kiln-run --bench N --bench-stdin` with KILN_RT_THREADS=T (the artifact
+verified, loaded and warmed up once, as ONNX Runtime's session is).  torch: torch.jit.freeze of torch.jit.trace, timed
 in a process of its own started with OMP_NUM_THREADS, MKL_NUM_THREADS and
 OPENBLAS_NUM_THREADS at T and torch.set_num_threads(T) (torch's BLAS,
 OpenBLAS on Debian, otherwise starts a thread per core whatever
@@ -33,8 +34,12 @@ on the same ONNX file and input, graph optimisation level "all", T
 intra-op threads, sequential execution; the binding adds a few
 microseconds a run, nothing at these latencies.  Every engine sees the
 same input.  Timings on a shared machine are noisy: each measurement is
-the median of N runs (CPU time: their mean), the three engines take turns
-for R rounds on each model, and the table shows the median of the rounds.
+the median of N runs (CPU time: their mean), the engines take turns for R
+rounds on each model (their order reversed every other round), and the
+table shows the median of the rounds.  Short turns and many rounds
+(the default: 5 runs, 15 rounds) put the engines side by side in each
+of the host's slow and fast spells, where turns of 20 runs let a spell of
+a few seconds fall on one engine's turn in every round.
 The output of each is checked against torch eager first; kiln's at
 `--optlevel 0` and `3`, which must both be within 1e-4 of the output's
 largest magnitude (the script exits 1 otherwise, after the table).
@@ -66,6 +71,11 @@ MODELS = ["resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0",
           "vit_b_16"]
 EXTRA = ["resnet18"]
 TOLERANCE = 1e-4
+# Before each turn: an engine's idle threads spin for a while after its
+# last run (ONNX Runtime's for over 30 ms at 2 threads: mobilenet_v3_large
+# took kiln 8.9 ms a run straight after ONNX Runtime's turn, 5.4 after a
+# pause of 0.2 s), which would take the CPUs of the engine whose turn it is.
+PAUSE_S = 0.2
 ORT_DIR = os.environ.get("KILN_ORT_DIR", os.path.join(SRC, "build", "bench-deps",
                                                       "node_modules"))
 
@@ -218,20 +228,43 @@ def ort_start(rep, xpath, threads, iters):
     return proc, err
 
 
-def kiln_bench(kar, xpath, keyring, threads, iters):
+def kiln_start(kar, xpath, keyring, threads, iters):
+    """kiln's worker for one model: `kiln-run --bench ITERS --bench-stdin`,
+    loaded and warmed up, ready for rounds as ONNX Runtime's worker is."""
     env = thread_env(threads)
     env["KILN_RT_THREADS"] = str(threads)
-    proc = run([os.path.join(BIN, "kiln-run"), kar, "--keyring", keyring, "--input",
-                f"x={xpath}", "--bench", str(iters), "--json"], env=env)
-    return json.loads(proc.stdout)
+    proc = subprocess.Popen([os.path.join(BIN, "kiln-run"), kar, "--keyring", keyring,
+                             "--input", f"x={xpath}", "--bench", str(iters), "--bench-stdin"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    if not line or not json.loads(line).get("ready"):
+        proc.kill()
+        raise SystemExit(f"kiln-run could not run {kar}")
+    return proc
+
+
+def peak_rss_kib(proc):
+    """VmHWM of a running worker (KiB), 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def _go(proc):
-    """One measurement from a torch or ORT worker: (median wall ms, cpu ms)."""
+    """One measurement from a worker (torch, ORT or kiln): (the runs' wall
+    ms, CPU ms a run)."""
     proc.stdin.write("go\n")
     proc.stdin.flush()
-    r = json.loads(proc.stdout.readline())
-    return statistics.median(r["times"]), r["cpu_ms"]
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"a benchmark worker ({proc.args[0]}) ended early")
+    r = json.loads(line)
+    return r["times"], r["cpu_ms"]
 
 
 def _gm(vals):
@@ -242,8 +275,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS + EXTRA)
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--iters", type=int, default=20, help="runs per measurement")
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--iters", type=int, default=5, help="runs per measurement")
+    ap.add_argument("--rounds", type=int, default=15,
                     help="rounds of the engines taking turns, per model and thread count")
     ap.add_argument("--stat", choices=["median", "min"], default="median",
                     help="over the rounds, each engine's median or its lowest (a host "
@@ -296,7 +329,7 @@ def main():
                  str(threads), str(args.iters)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                 env=thread_env(threads))
-            ort = None
+            ort = kiln = None
             try:
                 assert worker is None or json.loads(worker.stdout.readline()).get("ready")
                 if use_ort:
@@ -304,24 +337,24 @@ def main():
                     if threads == args.threads[0]:
                         print(f"  {name}: ONNX Runtime's max error vs torch eager "
                               f"{ort_err:.1e}", flush=True)
-                m = {k: [] for k in ("t", "tc", "o", "oc", "k", "kc", "kp99")}
-                rss = 0
-                for _ in range(args.rounds):
-                    if worker is not None:
-                        t, tc = _go(worker)
-                        m["t"].append(t)
-                        m["tc"].append(tc)
-                    if ort is not None:
-                        o, oc = _go(ort)
-                        m["o"].append(o)
-                        m["oc"].append(oc)
-                    k = kiln_bench(kar, xpath, keyring, threads, args.iters)
-                    m["k"].append(k["median_ms"])
-                    m["kc"].append(k["cpu_ms"])
-                    m["kp99"].append(k["p99_ms"])
-                    rss = max(rss, k["peak_rss_kib"])
+                kiln = kiln_start(kar, xpath, keyring, threads, args.iters)
+                m = {k: [] for k in ("t", "tc", "o", "oc", "k", "kc")}
+                ktimes = []
+                engines = [(p, a, b) for p, a, b in ((worker, "t", "tc"), (ort, "o", "oc"),
+                                                      (kiln, "k", "kc")) if p is not None]
+                for r in range(args.rounds):
+                    # the engines' order reversed every other round: whichever
+                    # goes first in a round is not always the same one
+                    for proc, wall, cpu in (engines if r % 2 == 0 else engines[::-1]):
+                        time.sleep(PAUSE_S)
+                        times, cpu_ms = _go(proc)
+                        m[wall].append(statistics.median(times))
+                        m[cpu].append(cpu_ms)
+                        if proc is kiln:
+                            ktimes += times
+                rss = peak_rss_kib(kiln)
             finally:
-                for proc in (worker, ort):
+                for proc in (worker, ort, kiln):
                     if proc is not None:
                         proc.stdin.close()
                         try:
@@ -332,6 +365,8 @@ def main():
             pick = min if args.stat == "min" else statistics.median
             med = {k: pick(v) if v else None for k, v in m.items()}
             med["rss"] = rss
+            ktimes.sort()
+            med["kp99"] = ktimes[max(0, -(-len(ktimes) * 99 // 100) - 1)]
             rows.append((name, threads, med))
             o, oc, kc, t, tc = med["o"], med["oc"], med["kc"], med["t"], med["tc"]
             print(f"  {name} x{threads}: wall{f' torch {t:.2f},' if t else ''}"

@@ -20,7 +20,7 @@
 static const char s_usage[] =
     "usage: kiln-run ARTIFACT.kar --keyring DIR --input NAME=x.npy ...\n"
     "                --output-dir DIR [--dynamic-batch [--replicas N]]\n"
-    "                [--bench N [--json]]\n"
+    "                [--bench N [--json | --bench-stdin]]\n"
     "\n"
     "Verify ARTIFACT.kar against the public keys in the keyring, run it once\n"
     "and write one OUTPUTNAME.npy per output into the output directory.\n"
@@ -44,7 +44,13 @@ static const char s_usage[] =
     "                   optional.  Intra-op threads: KILN_RT_THREADS;\n"
     "                   per-kernel times: KILN_RT_PROFILE=1; weights read\n"
     "                   into memory instead of mapped: KILN_RT_MMAP=0\n"
-    "  --json           with --bench: print one JSON object instead\n";
+    "  --json           with --bench: print one JSON object instead\n"
+    "  --bench-stdin    with --bench N: after the warm-up print {\"ready\":true},\n"
+    "                   then for each line read on stdin time N runs and print\n"
+    "                   {\"times\":[ms, ...],\"cpu_ms\":ms a run}, until stdin\n"
+    "                   ends: a harness takes turns between kiln and another\n"
+    "                   engine, each in a process of its own, a few runs at a\n"
+    "                   time (bench/bench_runtime.py)\n";
 
 #define S_MAX_BENCH 1000000
 
@@ -119,13 +125,43 @@ s_sanitize (const char *name, char *out, size_t size)
     out[n] = '\0';
 }
 
+/* --bench-stdin: the warm-up, then `runs` timed runs for each line on
+ * stdin, their times and the process's CPU time a run printed as one
+ * JSON line each; returns at the end of stdin, or -1 with err set. */
+static int
+s_bench_stdin (kiln_model_t *model, const kiln_rt_tensor_t *ins, int n_in,
+               kiln_rt_tensor_t *outs, int n_out, long runs, kiln_err_t *err)
+{
+    for (int r = 0; r < 3; r++)
+        if (kiln_model_run (model, ins, n_in, outs, n_out, err))
+            return -1;
+    printf ("{\"ready\":true}\n");
+    fflush (stdout);
+    char line[256];
+    while (fgets (line, sizeof line, stdin)) {
+        if (!strchr (line, '\n') && !feof (stdin))
+            continue;       /* the rest of a long line: one round a line */
+        double cpu0 = s_cpu_ms ();
+        printf ("{\"times\":[");
+        for (long r = 0; r < runs; r++) {
+            double t0 = s_now_ms ();
+            if (kiln_model_run (model, ins, n_in, outs, n_out, err))
+                return -1;
+            printf ("%s%.4f", r ? "," : "", s_now_ms () - t0);
+        }
+        printf ("],\"cpu_ms\":%.4f}\n", (s_cpu_ms () - cpu0) / (double) runs);
+        fflush (stdout);
+    }
+    return 0;
+}
+
 int
 main (int argc, char **argv)
 {
     const char *artifact = NULL, *keyring = NULL, *outdir = NULL;
     const char *specs[S_MAX_INPUTS];
     int n_specs = 0;
-    bool dynamic = false, json = false;
+    bool dynamic = false, json = false, from_stdin = false;
     long replicas_opt = 0, bench = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -140,6 +176,10 @@ main (int argc, char **argv)
         }
         if (strcmp (a, "--json") == 0) {
             json = true;
+            continue;
+        }
+        if (strcmp (a, "--bench-stdin") == 0) {
+            from_stdin = true;
             continue;
         }
         if (strcmp (a, "--bench") == 0) {
@@ -191,6 +231,9 @@ main (int argc, char **argv)
     }
     if (json && !bench)
         return s_fail ("--json goes with --bench");
+    if (from_stdin && (!bench || json || dynamic))
+        return s_fail ("--bench-stdin goes with --bench, without --json or "
+                       "--dynamic-batch");
     if (replicas_opt && !dynamic)
         return s_fail ("--replicas goes with --dynamic-batch");
 
@@ -301,6 +344,12 @@ main (int argc, char **argv)
             snprintf (msg, sizeof msg, "out of memory");
             goto done;
         }
+    }
+    if (from_stdin) {
+        if (s_bench_stdin (model, ins, n_in, outs, n_out, bench, &err))
+            goto done;
+        status = 0;
+        goto done;
     }
     /* The first run is part of the warm-up when benchmarking. */
     long warmup = bench / 10 < 1 ? 1 : bench / 10 > 10 ? 10 : bench / 10;

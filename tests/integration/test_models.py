@@ -167,6 +167,35 @@ def test_bench_reports_latency_and_rss(workdir, exported):
     bad = run(["kiln-run", kar, "--keyring", ring, "--input", f"x={xpath}",
                "--bench", "0"])
     assert bad.returncode != 0 and "--bench" in bad.stderr
+    # the profile leaves out the first (cold) run once there is a second:
+    # 1 warm-up and 4 timed runs are 4 runs profiled
+    proc = run(["kiln-run", kar, "--keyring", ring, "--input", f"x={xpath}",
+                "--bench", "4"], env={"KILN_RT_PROFILE": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "kiln profile: 4 runs" in proc.stderr
+
+
+def test_bench_stdin_times_a_round_per_line(workdir, exported):
+    """--bench-stdin: ready once warmed up, then one JSON line of N times
+    per line read, until stdin ends (bench_runtime.py's kiln worker)."""
+    kgraph, xpath, _ = exported("squeezenet1_1")
+    kar = _compile(workdir, kgraph, 3)
+    ring = workdir / "keyring"
+    proc = run(["kiln-run", kar, "--keyring", ring, "--input", f"x={xpath}",
+                "--bench", "3", "--bench-stdin"], input="go\n" + "x" * 1000 + "\n",
+               timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(v) for v in proc.stdout.splitlines()]
+    assert lines[0] == {"ready": True} and len(lines) == 3
+    for r in lines[1:]:
+        assert len(r["times"]) == 3 and all(t > 0 for t in r["times"])
+        assert r["cpu_ms"] > 0
+    for extra in ([], ["--json"]):
+        bad = run(["kiln-run", kar, "--keyring", ring, "--input", f"x={xpath}",
+                   "--bench-stdin"] + (["--bench", "2"] if extra else []) + extra,
+                  input="go\n")
+        assert bad.returncode != 0
+        assert "--bench-stdin goes with --bench" in bad.stderr or "required" in bad.stderr
 
 
 def test_profile_threads_and_isa_settings_keep_results(workdir, exported):
