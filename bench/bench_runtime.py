@@ -23,8 +23,9 @@ every output is checked against), which saves most of the run.
 kiln: the model is exported with torch.onnx.export (opset 14), imported,
 compiled with `kiln-cc --optlevel 3` and timed by one long-lived
 `kiln-run --bench N --bench-stdin` with KILN_RT_THREADS=T (the artifact
-verified, loaded and warmed up once, as ONNX Runtime's session is).  torch: torch.jit.freeze of torch.jit.trace, timed
-in a process of its own started with OMP_NUM_THREADS, MKL_NUM_THREADS and
+verified, loaded and warmed up once, as ONNX Runtime's session is).
+torch: torch.jit.freeze of torch.jit.trace, timed in a process of its
+own started with OMP_NUM_THREADS, MKL_NUM_THREADS and
 OPENBLAS_NUM_THREADS at T and torch.set_num_threads(T) (torch's BLAS,
 OpenBLAS on Debian, otherwise starts a thread per core whatever
 set_num_threads says).  ONNX Runtime: the CPU build from the npm registry
@@ -33,7 +34,10 @@ with --ignore-scripts), through its Node.js binding (bench/ort_worker.js),
 on the same ONNX file and input, graph optimisation level "all", T
 intra-op threads, sequential execution; the binding adds a few
 microseconds a run, nothing at these latencies.  Every engine sees the
-same input.  Timings on a shared machine are noisy: each measurement is
+same input.  At 1 thread every engine's worker runs on the same CPU
+(`taskset`: kiln's runtime pins its thread to a CPU, and on a small VM
+one CPU can be busier than another for minutes).  Timings on a shared
+machine are noisy: each measurement is
 the median of N runs (CPU time: their mean), the engines take turns for R
 rounds on each model (their order reversed every other round), and the
 table shows the median of the rounds.  Short turns and many rounds
@@ -150,6 +154,19 @@ def torch_worker(name, threads, iters):
             print(json.dumps({"times": times, "cpu_ms": cpu_ms}), flush=True)
 
 
+def pin(threads):
+    """The command prefix that puts a 1-thread worker on one CPU, the same
+    for every engine: kiln's runtime pins its model's thread to a CPU of
+    its own (the first it may use), while another engine's thread may run
+    on any, and on a small shared VM one CPU can be busier than another
+    for minutes (the harness, interrupts), which then falls on one engine
+    only.  At more threads each engine has every CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if threads != 1 or len(cpus) < 2 or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(cpus[-1])]
+
+
 def thread_env(threads):
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -215,10 +232,10 @@ def ort_start(rep, xpath, threads, iters):
     and its output's max error against torch eager."""
     env = thread_env(threads)
     env["NODE_PATH"] = ORT_DIR
-    proc = subprocess.Popen(["node", os.path.join(HERE, "ort_worker.js"), rep["onnx"],
-                             str(threads), str(iters), "x", rep["dtype"], rep["shape"],
-                             xpath + ".bin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(pin(threads) + ["node", os.path.join(HERE, "ort_worker.js"),
+                                            rep["onnx"], str(threads), str(iters), "x",
+                                            rep["dtype"], rep["shape"], xpath + ".bin"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line or not json.loads(line).get("ready"):
         proc.kill()
@@ -233,8 +250,9 @@ def kiln_start(kar, xpath, keyring, threads, iters):
     loaded and warmed up, ready for rounds as ONNX Runtime's worker is."""
     env = thread_env(threads)
     env["KILN_RT_THREADS"] = str(threads)
-    proc = subprocess.Popen([os.path.join(BIN, "kiln-run"), kar, "--keyring", keyring,
-                             "--input", f"x={xpath}", "--bench", str(iters), "--bench-stdin"],
+    proc = subprocess.Popen(pin(threads) + [os.path.join(BIN, "kiln-run"), kar, "--keyring",
+                                            keyring, "--input", f"x={xpath}", "--bench",
+                                            str(iters), "--bench-stdin"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line or not json.loads(line).get("ready"):
@@ -325,7 +343,7 @@ def main():
               f"{' -- OVER ' + str(TOLERANCE) if bad else ''}", flush=True)
         for threads in args.threads:
             worker = None if args.no_torch else subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--torch-worker", name,
+                pin(threads) + [sys.executable, os.path.abspath(__file__), "--torch-worker", name,
                  str(threads), str(args.iters)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                 env=thread_env(threads))
