@@ -156,7 +156,10 @@ def test_weights_move_once_and_the_worker_holding_them_is_preferred(farm, tmp_pa
     assert fetched >= 24 << 20
     # The same weights under other compiler arguments: a new action, but no
     # weight byte crosses the network again, and the worker that holds them
-    # builds it.
+    # builds it.  (The broker picks among idle workers: the first job's
+    # builder may still be finishing when the client has its artifact.)
+    farm.wait_for_status(lambda s: all(w["busy"] == 0 for w in s["workers"]), timeout=30,
+                         what="both workers idle")
     second, s2 = _batch_one(farm, tmp_path, model, tmp_path / "b.kar", "--compiler-args",
                             "--optlevel 1")
     assert second["cached"] is False
