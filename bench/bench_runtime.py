@@ -343,8 +343,8 @@ def main():
               f"{' -- OVER ' + str(TOLERANCE) if bad else ''}", flush=True)
         for threads in args.threads:
             worker = None if args.no_torch else subprocess.Popen(
-                pin(threads) + [sys.executable, os.path.abspath(__file__), "--torch-worker", name,
-                 str(threads), str(args.iters)],
+                pin(threads) + [sys.executable, os.path.abspath(__file__), "--torch-worker",
+                                name, str(threads), str(args.iters)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                 env=thread_env(threads))
             ort = kiln = None
@@ -369,7 +369,7 @@ def main():
                         m[wall].append(statistics.median(times))
                         m[cpu].append(cpu_ms)
                         if proc is kiln:
-                            ktimes += times
+                            ktimes += times[1:]     # (a turn's first run: after the pause)
                 rss = peak_rss_kib(kiln)
             finally:
                 for proc in (worker, ort, kiln):
@@ -384,7 +384,7 @@ def main():
             med = {k: pick(v) if v else None for k, v in m.items()}
             med["rss"] = rss
             ktimes.sort()
-            med["kp99"] = ktimes[max(0, -(-len(ktimes) * 99 // 100) - 1)]
+            med["kp99"] = ktimes[max(0, -(-len(ktimes) * 99 // 100) - 1)] if ktimes else med["k"]
             rows.append((name, threads, med))
             o, oc, kc, t, tc = med["o"], med["oc"], med["kc"], med["t"], med["tc"]
             print(f"  {name} x{threads}: wall{f' torch {t:.2f},' if t else ''}"
