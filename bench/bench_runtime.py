@@ -66,6 +66,8 @@ import time
 
 import numpy as np
 
+from bench_large import vmhwm_kib   # (the script's directory is on sys.path)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.abspath(os.path.join(HERE, ".."))
 BIN = os.environ.get("KILN_BIN", os.path.join(SRC, "build", "bin"))
@@ -261,18 +263,6 @@ def kiln_start(kar, xpath, keyring, threads, iters):
     return proc
 
 
-def peak_rss_kib(proc):
-    """VmHWM of a running worker (KiB), 0 when it cannot be read."""
-    try:
-        with open(f"/proc/{proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _go(proc):
     """One measurement from a worker (torch, ORT or kiln): (the runs' wall
     ms, CPU ms a run)."""
@@ -370,7 +360,7 @@ def main():
                         m[cpu].append(cpu_ms)
                         if proc is kiln:
                             ktimes += times[1:]     # (a turn's first run: after the pause)
-                rss = peak_rss_kib(kiln)
+                rss = vmhwm_kib(kiln.pid)
             finally:
                 for proc in (worker, ort, kiln):
                     if proc is not None:

@@ -574,21 +574,15 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
         ars = g->a.rs;                                                        \
         acs = 1;                                                              \
     }
-        if (j_outer && !part && !b_half && kc * (n1 - n0) <= S_B_L1_FLOATS) {
-            /* The weight's block whole in L1 (a channels-last pointwise
-             * convolution of few channels: 16 -> 64 is 4 KiB): the row
-             * panels outermost, each writing its rows of C whole before
-             * the next, instead of a column panel of every row at a time
-             * (mobilenet_v2 0.984 of the time at 1 thread and 0.981 at 2,
-             * mobilenet_v3_large 0.990 and 0.983, paired run by run;
-             * 4 to 16 K floats alike, all the weight 1.013). */
-            for (int64_t i = m0; i < m1; i += rp) {
-                S_A_OF (i);
-                for (int64_t j = n0; j < n1; j += NR)
-                    s_micro (g, rp, kc, ai, bp + (j - n0) / NR * bstride, i, j, acc,
-                             last, plain, tmp, NULL, 0, x, xepi, ars, acs, NULL, 0);
-            }
-        } else if (j_outer) {
+        /* With a weight B whose block of the tile's columns is whole in
+         * L1 (a channels-last pointwise convolution of few channels: 16 ->
+         * 64 is 4 KiB) the row panels go outermost too (below), each
+         * writing its rows of C whole before the next, instead of a
+         * column panel of every row at a time (mobilenet_v2 0.984 of the
+         * time at 1 thread and 0.981 at 2, mobilenet_v3_large 0.990 and
+         * 0.983, paired run by run; 4 to 16 K floats alike, all the
+         * weight 1.013). */
+        if (j_outer && (part || b_half || kc * (n1 - n0) > S_B_L1_FLOATS)) {
             /* (in order: a 7-row panel's zero eighth row lands in the
              * partial sums of the next panel before it writes them) */
             /* A weight streamed from memory would stall the first row
