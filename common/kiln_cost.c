@@ -113,6 +113,12 @@ kiln_cost_op (const kiln_program_t *p, int i)
         c.flops = 2.0 * (double) s_int (op, "m", 0) * (double) s_int (op, "n", 0)
                   * (double) s_int (op, "k", 0);
         break;
+    case KILN_K_ATTENTION:
+        /* its two products (the softmax between them is bytes in cache) */
+        c.flops = 2.0 * s_ints_product (op, "batch") * (double) s_int (op, "m", 0)
+                  * (double) s_int (op, "n", 0)
+                  * (double) (s_int (op, "k", 0) + s_int (op, "nv", 0));
+        break;
     default:
         break;
     }

@@ -75,6 +75,17 @@ kiln_shape_count (const kiln_shape_t *shape)
     return n;
 }
 
+/* The row-major strides of an accepted shape, in elements, into st[rank]. */
+static inline void
+kiln_shape_strides (const kiln_shape_t *shape, int64_t *st)
+{
+    int64_t c = 1;
+    for (int i = shape->rank - 1; i >= 0; i--) {
+        st[i] = c;
+        c *= shape->dims[i];
+    }
+}
+
 /* Bytes for `shape` of `dt`, checked like kiln_shape_numel. */
 int kiln_shape_bytes (const kiln_shape_t *shape, kiln_dtype_t dt,
                       const char *what, uint64_t *bytes, kiln_err_t *err);

@@ -78,6 +78,7 @@
     X (RELU,           "relu",            1, 1, 1)         \
     X (MATMUL,         "matmul",          2, 4, 1)         \
     X (GEMM,           "gemm",            2, 4, 1)         \
+    X (ATTENTION,      "attention",       3, 4, 1)         \
     X (CONV2D,         "conv2d",          2, 5, 1)         \
     X (MAXPOOL2D,      "maxpool2d",       1, 1, 1)         \
     X (GLOBAL_AVGPOOL, "global_avgpool",  1, 1, 1)         \

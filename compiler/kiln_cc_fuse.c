@@ -549,7 +549,8 @@ s_take_view (kiln_cc_ctx_t *cx, const s_uses_t *u, int reader, int t, bool scale
  * 1/sqrt(d) on Q.  K's transpose is left to a copy: OpenBLAS multiplies
  * by a transposed B at 80 GFLOP/s instead of 108. */
 static void
-s_plan_operand (kiln_cc_ctx_t *cx, const s_uses_t *u, int i, int w)
+s_plan_operand (kiln_cc_ctx_t *cx, const s_uses_t *u, int i, int w, bool scales,
+                bool last_unit)
 {
     const kiln_node_t *p = &cx->g->nodes[i];
     kiln_cc_fusion_t *f = &cx->fusion[i];
@@ -557,7 +558,7 @@ s_plan_operand (kiln_cc_ctx_t *cx, const s_uses_t *u, int i, int w)
     s_view_t v;
     double alpha;
     if (!s_f32 (cx, t) || s_gt (cx, t)->shape.rank < 2 || p->inputs[1 - w] == t
-        || !s_take_view (cx, u, i, t, true, true, &v, &root, &alpha))
+        || !s_take_view (cx, u, i, t, scales, last_unit, &v, &root, &alpha))
         return;
     f->alpha *= alpha;
     f->src[w] = root;
@@ -760,9 +761,15 @@ s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
                 cx->skip[pad] = 1;
             cur = cx->g->nodes[n].outputs[0];
         }
+        if (matmul && f->attn >= 0) {
+            /* an attention (s_plan_attention): V's views, Y's transpose */
+            s_plan_operand (cx, u, i, 1, false, true);
+            s_plan_result (cx, u, i);
+            return;
+        }
         if (matmul) {
-            s_plan_operand (cx, u, i, 0);
-            s_plan_operand (cx, u, i, 1);
+            s_plan_operand (cx, u, i, 0, true, true);
+            s_plan_operand (cx, u, i, 1, true, true);
         }
         if (matmul && s_plan_result (cx, u, i))
             return;
@@ -796,6 +803,120 @@ s_plan_product (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
     }
     if (cur != p->outputs[0])
         f->out = cur;
+}
+
+/* Softmax node `i` between the two products of an attention:
+ *   s = MatMul (q, kt) [· or / a constant scalar] [+ mask];
+ *   p = Softmax (s) over the last axis;  y = MatMul (p, v)
+ * each tensor between them read by the next node alone and not a graph
+ * output, every operand a matrix or a batch of them, y's batch that of
+ * the scores (q's, kt's, v's and the mask's broadcast to it).  The
+ * second MatMul takes over the rest (kiln_cc_fusion_t.attn): the scores
+ * of a block of queries go from the first product through the softmax
+ * into the second without leaving the cache, and Kᵀ is read where the
+ * keys lie (no copy of the transpose).  The first MatMul's operands are
+ * taken through their views and scales (s_plan_operand; K's transpose
+ * too, its last axis strided), V's through its views. */
+static void
+s_plan_attention (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
+{
+    const kiln_node_t *sm = &cx->g->nodes[i];
+    if (!s_is (sm, "Softmax") || sm->n_inputs != 1 || sm->n_outputs != 1
+        || sm->inputs[0] < 0 || !s_f32 (cx, sm->inputs[0]) || !s_f32 (cx, sm->outputs[0]))
+        return;
+    const kiln_shape_t *ss = &s_gt (cx, sm->inputs[0])->shape;
+    int axis, r = ss->rank;
+    bool flatten;
+    kiln_err_t ignored;
+    if (r < 2 || kiln_math_softmax_axis (cx->g, sm, r, &axis, &flatten, &ignored)
+        || axis != r - 1)
+        return;
+    int i2 = s_sole_reader (cx, u, sm->outputs[0]);
+    if (i2 < 0)
+        return;
+    const kiln_node_t *m2 = &cx->g->nodes[i2];
+    if (!s_is (m2, "MatMul") || m2->n_inputs != 2 || m2->n_outputs != 1
+        || m2->inputs[0] != sm->outputs[0] || m2->inputs[1] == sm->outputs[0]
+        || m2->inputs[1] < 0 || !s_f32 (cx, m2->inputs[1]) || !s_f32 (cx, m2->outputs[0]))
+        return;
+    /* back from the softmax: [Add mask] [Mul / Div by a scalar] MatMul */
+    int t = sm->inputs[0], reader = i, mask = -1, chain[2], n_chain = 0, i1 = -1;
+    double scale = 1.0;
+    while (i1 < 0) {
+        int n = cx->producer[t];
+        if (n < 0 || cx->skip[n] || u->uses[t] != 1 || u->is_output[t]
+            || u->consumer[t] != reader)
+            return;
+        const kiln_node_t *q = &cx->g->nodes[n];
+        int x = -1;
+        double c = 1.0;
+        if (s_is (q, "MatMul")) {
+            i1 = n;
+            break;
+        }
+        if (n_chain == 2 || q->n_outputs != 1 || q->outputs[0] != t)
+            return;
+        if (s_is (q, "Add") && n_chain == 0 && mask < 0) {
+            /* the scores: the operand of the Add's shape that a MatMul or
+             * a scale made; the other is the mask */
+            for (int k = 0; k < 2 && x < 0 && q->n_inputs == 2; k++) {
+                int sc = q->inputs[k], o = q->inputs[1 - k];
+                int ps = sc >= 0 ? cx->producer[sc] : -1;
+                if (ps < 0 || sc == o || !s_f32 (cx, sc)
+                    || !kiln_shape_equal (&s_gt (cx, sc)->shape, ss)
+                    || !(s_is (&cx->g->nodes[ps], "MatMul") || s_is (&cx->g->nodes[ps], "Mul")
+                         || s_is (&cx->g->nodes[ps], "Div")))
+                    continue;
+                x = sc;
+                mask = o;
+            }
+            if (x < 0 || mask < 0 || !s_f32 (cx, mask) || !kiln_cc_available (cx, mask, i))
+                return;
+            const kiln_shape_t *ms = &s_gt (cx, mask)->shape;
+            if (ms->rank > r)
+                return;
+            for (int d = 0; d < ms->rank; d++) {
+                int64_t want = ss->dims[r - ms->rank + d];
+                if (ms->dims[d] != 1 && ms->dims[d] != want)
+                    return;
+            }
+        } else if ((s_is (q, "Mul") || s_is (q, "Div")) && s_operand_step (cx, q, &x, &c)) {
+            scale *= c;
+        } else {
+            return;
+        }
+        chain[n_chain++] = n;
+        reader = n;
+        t = x;
+    }
+    const kiln_node_t *m1 = &cx->g->nodes[i1];
+    if (m1->n_inputs != 2 || m1->n_outputs != 1 || m1->outputs[0] != t
+        || !kiln_shape_equal (&s_gt (cx, t)->shape, ss))
+        return;
+    int qt = m1->inputs[0], kt = m1->inputs[1], v = m2->inputs[1], y = m2->outputs[0];
+    if (qt < 0 || kt < 0 || !s_f32 (cx, qt) || !s_f32 (cx, kt))
+        return;
+    const kiln_shape_t *qs = &s_gt (cx, qt)->shape, *ks = &s_gt (cx, kt)->shape,
+                       *vs = &s_gt (cx, v)->shape, *ys = &s_gt (cx, y)->shape;
+    if (qs->rank < 2 || qs->rank > r || ks->rank < 2 || ks->rank > r || vs->rank < 2
+        || vs->rank > r || ys->rank != r || vs->dims[vs->rank - 2] != ss->dims[r - 1]
+        || ys->dims[r - 2] != ss->dims[r - 2] || ys->dims[r - 1] != vs->dims[vs->rank - 1])
+        return;
+    for (int d = 0; d < r - 2; d++)
+        if (ys->dims[d] != ss->dims[d])
+            return;
+    /* no empty product: those stay as they are */
+    if (s_numel (ss) == 0 || s_numel (ys) == 0 || qs->dims[qs->rank - 1] == 0)
+        return;
+    for (int k = 0; k < n_chain; k++)
+        cx->skip[chain[k]] = 1;
+    cx->skip[i1] = 1;
+    cx->skip[i] = 1;
+    cx->fusion[i2].attn = i1;
+    cx->fusion[i2].attn_mask = mask;
+    cx->fusion[i1].alpha = scale;
+    s_plan_operand (cx, u, i1, 0, true, true);
+    s_plan_operand (cx, u, i1, 1, true, false);
 }
 
 /* A BatchNormalization left on its own (not folded into a product: a
@@ -985,7 +1106,8 @@ kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
                                              .pre_relu = -1, .bias = -1, .residual = -1,
                                              .act = KILN_ACT_NONE, .out = -1,
                                              .alpha = 1.0, .src = { -1, -1 },
-                                             .ln_scale = -1, .ln_bias = -1 };
+                                             .ln_scale = -1, .ln_bias = -1,
+                                             .attn = -1, .attn_mask = -1 };
     }
     if (cx->opts.optlevel < 1)
         return 0;
@@ -1025,6 +1147,10 @@ kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
                 u.consumer[n->inputs[k]] = i;
             }
     }
+    if (cx->opts.optlevel >= 2)
+        for (int i = 0; i < g->n_nodes; i++)
+            if (!cx->skip[i])
+                s_plan_attention (cx, &u, i);
     for (int i = 0; i < g->n_nodes; i++)
         if (!cx->skip[i])
             s_plan_product (cx, &u, i);

@@ -25,7 +25,11 @@
  *        stride 1, unpadded, one group, constant weights), the
  *        BatchNormalization, or BatchNormalization and Relu, that made its
  *        input: the Conv reads the BatchNormalization's input and applies
- *        both per channel as it packs it (a prologue).
+ *        both per channel as it packs it (a prologue).  Attention's
+ *        MatMul → [Mul / Div by a constant scalar] → [Add of a mask] →
+ *        Softmax over the last axis → MatMul is one attention op,
+ *        emitted where the second MatMul was (its Q and K through their
+ *        views, K's transpose too, and V's).
  *
  * A node is taken over only when the tensor between the two is read by
  * that node alone and is not a graph output, so no intermediate anyone

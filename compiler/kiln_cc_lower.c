@@ -1040,6 +1040,92 @@ s_mm_strides (const kiln_shape_t *sh, const int64_t *os, int brank, int64_t *st)
     }
 }
 
+/* One operand of an attention op: its tensor (the view's source when
+ * the fusion took one), its batch dims padded to the op's batch rank
+ * `r` (`batch_<name>`), its strides (`<name>_strides`: 0 where it is
+ * broadcast, rows and columns too) and first element (`<name>_offset`). */
+static int
+s_attn_operand (kiln_cc_ctx_t *cx, int op, const char *name, int gt, int src,
+                int64_t off, const int64_t *src_st, int r, kiln_err_t *err)
+{
+    const kiln_shape_t *sh = &s_gt (cx, gt)->shape;
+    int64_t os[KILN_MAX_RANK], st[KILN_MAX_RANK + 2], bd[KILN_MAX_RANK];
+    if (src >= 0)
+        memcpy (os, src_st, sizeof os);
+    else
+        kiln_shape_strides (sh, os);
+    s_mm_strides (sh, os, r, st);
+    for (int d = 0; d < 2; d++)
+        if (sh->dims[sh->rank - 2 + d] == 1)
+            st[r + d] = 0;
+    kiln_shape_t b = *sh;
+    b.rank -= 2;
+    s_pad_dims (&b, r, bd);
+    char key[32];
+    int rc;
+    snprintf (key, sizeof key, "batch_%s", name);
+    if ((rc = s_set_ints (cx, op, key, bd, r, err)))
+        return rc;
+    snprintf (key, sizeof key, "%s_strides", name);
+    if ((rc = s_set_ints (cx, op, key, st, r + 2, err)))
+        return rc;
+    snprintf (key, sizeof key, "%s_offset", name);
+    return off ? s_set_int (cx, op, key, off, err) : 0;
+}
+
+/* The MatMul of an attention's probabilities by V, with the scores'
+ * MatMul, scale, mask and Softmax the fusion pass gave it
+ * (kiln_cc_fuse.c): one attention op, Y = softmax (alpha·Q·Kᵀ + mask)·V. */
+static int
+s_lower_attention (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_err_t *err)
+{
+    const kiln_cc_fusion_t *f2 = &cx->fusion[cx->node], *f1 = &cx->fusion[f2->attn];
+    const kiln_node_t *m1 = &cx->g->nodes[f2->attn];
+    int q = m1->inputs[0], kt = m1->inputs[1], v = node->inputs[1], y = node->outputs[0];
+    const kiln_shape_t *qs = &s_gt (cx, q)->shape, *ks = &s_gt (cx, kt)->shape,
+                       *vs = &s_gt (cx, v)->shape, *ys = &s_gt (cx, y)->shape;
+    int r = ys->rank - 2, rc;
+    int ins[4], n_in = 3;
+    if ((ins[0] = s_operand (cx, f1->src[0] >= 0 ? f1->src[0] : q, err)) < 0)
+        return ins[0];
+    if ((ins[1] = s_operand (cx, f1->src[1] >= 0 ? f1->src[1] : kt, err)) < 0)
+        return ins[1];
+    if ((ins[2] = s_operand (cx, f2->src[1] >= 0 ? f2->src[1] : v, err)) < 0)
+        return ins[2];
+    if (f2->attn_mask >= 0 && (ins[n_in++] = s_operand (cx, f2->attn_mask, err)) < 0)
+        return ins[n_in - 1];
+    int py = s_result (cx, f2->out >= 0 ? f2->out : y, err);
+    if (py < 0)
+        return py;
+    int op = s_emit (cx, KILN_K_ATTENTION, ins, n_in, &py, 1, err);
+    if (op < 0)
+        return op;
+    if ((rc = s_set_int (cx, op, "m", qs->dims[qs->rank - 2], err))
+        || (rc = s_set_int (cx, op, "k", qs->dims[qs->rank - 1], err))
+        || (rc = s_set_int (cx, op, "n", ks->dims[ks->rank - 1], err))
+        || (rc = s_set_int (cx, op, "nv", vs->dims[vs->rank - 1], err))
+        || (rc = s_set_ints (cx, op, "batch", ys->dims, r, err))
+        || (rc = s_attn_operand (cx, op, "q", q, f1->src[0], f1->src_off[0], f1->src_st[0],
+                                 r, err))
+        || (rc = s_attn_operand (cx, op, "kt", kt, f1->src[1], f1->src_off[1],
+                                 f1->src_st[1], r, err))
+        || (rc = s_attn_operand (cx, op, "v", v, f2->src[1], f2->src_off[1], f2->src_st[1],
+                                 r, err))
+        || (f2->attn_mask >= 0
+            && (rc = s_attn_operand (cx, op, "mask", f2->attn_mask, -1, 0, NULL, r, err))))
+        return rc;
+    if (f2->y_strided) {
+        int64_t st[KILN_MAX_RANK + 2];
+        s_mm_strides (ys, f2->y_st, r, st);
+        if ((rc = s_set_ints (cx, op, "y_strides", st, r + 2, err)))
+            return rc;
+    }
+    if (f1->alpha != 1.0
+        && (rc = kiln_prog_op_set_float (&cx->prog->ops[op], "alpha", f1->alpha, err)))
+        return rc;
+    return 0;
+}
+
 /* numpy matmul: a 1-D operand is a row (A) or a column (B) vector whose
  * unit dimension is dropped from the result; leading dimensions broadcast. */
 static int
@@ -1051,6 +1137,8 @@ s_lower_matmul (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
     int all[3] = { a, b, y };
     if (a < 0 || b < 0 || y < 0)
         return s_fail (cx, KILN_ECOMPILE, err, "needs two inputs and an output");
+    if (cx->fusion[cx->node].attn >= 0)
+        return s_lower_attention (cx, node, err);
     int rc = s_need_f32 (cx, all, 3, err);
     if (rc)
         return rc;

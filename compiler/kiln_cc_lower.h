@@ -98,6 +98,12 @@ typedef struct kiln_cc_fusion {
     int ln_scale, ln_bias;  /* its constant scale and bias, or -1 */
     int ln_axis;            /* first normalised axis */
     double ln_eps;
+    /* The MatMul of an attention's probabilities by V: the MatMul of the
+     * scores before it (Q·Kᵀ, its operands' views and alpha in that
+     * node's fusion), a Mul / Div of the scores by a constant scalar, an
+     * Add of a mask and the Softmax are one attention op with it. */
+    int attn;               /* the scores' MatMul, or -1 */
+    int attn_mask;          /* the mask added to the scores, or -1 */
 } kiln_cc_fusion_t;
 
 typedef struct kiln_cc_ctx {

@@ -38,17 +38,6 @@ s_prefixed (kiln_cc_ctx_t *cx, int rc, kiln_err_t *err)
     return rc ? kiln_cc_fail (cx, err->code, err, "%s", err->msg) : 0;
 }
 
-/* Row-major strides of `s` in elements. */
-static void
-s_strides (const kiln_shape_t *s, int64_t *st)
-{
-    int64_t c = 1;
-    for (int i = s->rank - 1; i >= 0; i--) {
-        st[i] = c;
-        c *= s->dims[i];
-    }
-}
-
 static int
 s_set_ints (kiln_cc_ctx_t *cx, int op, const char *name, const int64_t *v, int n,
             kiln_err_t *err)
@@ -125,7 +114,7 @@ s_emit_permute (kiln_cc_ctx_t *cx, int px, const kiln_shape_t *xs, const int64_t
                 int py, kiln_err_t *err)
 {
     int64_t xst[KILN_MAX_RANK], dims[KILN_MAX_RANK], st[KILN_MAX_RANK];
-    s_strides (xs, xst);
+    kiln_shape_strides (xs, xst);
     for (int i = 0; i < xs->rank; i++) {
         dims[i] = xs->dims[perm[i]];
         st[i] = xst[perm[i]];
@@ -147,7 +136,7 @@ kiln_lower_shape_strided (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     int64_t offset = 0;
     int r = 0, rc = 0;
     kiln_shape_t y;
-    s_strides (xs, xst);
+    kiln_shape_strides (xs, xst);
     const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
     if (s_op_is (node, "Transpose")) {
         int64_t perm[KILN_MAX_RANK];
@@ -265,7 +254,7 @@ kiln_lower_shape_split (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_
     int px = kiln_cc_operand (cx, x, err);
     if (px < 0)
         return px;
-    s_strides (xs, xst);
+    kiln_shape_strides (xs, xst);
     int64_t at = 0;
     for (int i = 0; i < node->n_outputs; i++) {
         kiln_shape_t y = *xs;

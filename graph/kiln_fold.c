@@ -247,17 +247,6 @@ s_out_typed (s_fold_t *f, int k)
     return s_out (f, k, t->dtype, &t->shape);
 }
 
-/* Row-major strides of `s` in elements. */
-static void
-s_strides (const kiln_shape_t *s, int64_t *st)
-{
-    int64_t c = 1;
-    for (int i = s->rank - 1; i >= 0; i--) {
-        st[i] = c;
-        c *= s->dims[i];
-    }
-}
-
 /* Flat index into `in` (broadcast to `out`'s rank, numpy style) of the
  * element at flat index i of `out`. */
 static int64_t
@@ -372,7 +361,7 @@ s_eval_transpose (s_fold_t *f)
         return s_prefixed (f, rc);
     if ((rc = s_out_typed (f, 0)) != S_FOLDED)
         return rc;
-    s_strides (&x->shape, st);
+    kiln_shape_strides (&x->shape, st);
     for (int i = 0; i < x->shape.rank; i++)
         pst[i] = st[perm[i]];
     s_gather_strided (x, f->out[0], &f->out_shape[0], 0, pst);
@@ -390,7 +379,7 @@ s_eval_slice (s_fold_t *f)
         return s_prefixed (f, rc);
     if ((rc = s_out_typed (f, 0)) != S_FOLDED)
         return rc;
-    s_strides (&x->shape, st);
+    kiln_shape_strides (&x->shape, st);
     int64_t offset = 0;
     for (int i = 0; i < x->shape.rank; i++) {
         offset += start[i] * st[i];
@@ -410,7 +399,7 @@ s_eval_split (s_fold_t *f)
         return S_NOT_FOLDED;
     if ((rc = kiln_split_sizes (f->g, f->node, &x->shape, &axis, sizes, f->err)))
         return s_prefixed (f, rc);
-    s_strides (&x->shape, st);
+    kiln_shape_strides (&x->shape, st);
     int64_t at = 0;
     for (int k = 0; k < f->node->n_outputs; k++) {
         if ((rc = s_out_typed (f, k)) != S_FOLDED)
@@ -491,7 +480,7 @@ s_eval_expand_tile (s_fold_t *f)
     const kiln_shape_t *y = &f->out_shape[0];
     size_t es = s_esz (x->dt);
     int64_t n = kiln_shape_count (y), st[KILN_MAX_RANK];
-    s_strides (&x->shape, st);
+    kiln_shape_strides (&x->shape, st);
     for (int64_t i = 0; i < n; i++) {
         int64_t rem = i, src = 0;
         for (int dd = y->rank - 1, e = x->shape.rank - 1; dd >= 0; dd--, e--) {

@@ -39,6 +39,7 @@ kiln_gisa_t kiln_gisa = {
     .ukr_7 = kiln_gukr_generic,
     .ukr_16 = kiln_gukr_generic_16,
     .panel_rows = kiln_gpanel_rows_c,
+    .panel_cols = kiln_gpanel_cols_c,
     .name = "generic",
 };
 static pthread_once_t s_isa_once = PTHREAD_ONCE_INIT;
@@ -55,6 +56,7 @@ s_isa_init (void)
         kiln_gisa.ukr_7 = kiln_gukr_avx512_7;
         kiln_gisa.ukr_16 = kiln_gukr_avx512_16;
         kiln_gisa.panel_rows = kiln_gpanel_rows_avx2;
+        kiln_gisa.panel_cols = kiln_gpanel_cols_avx2;
         kiln_gisa.fin_avx512 = true;
         kiln_gisa.name = "avx512";
     } else if ((any || strcmp (want, "avx512") == 0 || strcmp (want, "avx2") == 0)
@@ -63,6 +65,7 @@ s_isa_init (void)
         kiln_gisa.ukr_7 = kiln_gukr_avx2;
         kiln_gisa.ukr_16 = kiln_gukr_avx2_16;
         kiln_gisa.panel_rows = kiln_gpanel_rows_avx2;
+        kiln_gisa.panel_cols = kiln_gpanel_cols_avx2;
         kiln_gisa.name = "avx2";
     }
 #endif
@@ -701,6 +704,19 @@ s_gemv_task (void *arg, int task, int worker)
 #else
     (void) arg, (void) task;
 #endif
+}
+
+void
+kiln_gemm_here (const kiln_gemm_t *g, float *ws)
+{
+    pthread_once (&s_isa_once, s_isa_init);
+    if (g->m == 0 || g->n == 0)
+        return;
+    s_block_t bl;
+    s_blocking (g, 1, 1, &bl);
+    for (int64_t m0 = 0; m0 < g->m; m0 += bl.mc)
+        for (int64_t n0 = 0; n0 < g->n; n0 += bl.nc)
+            s_tile (g, &bl, m0, s_min (g->m, m0 + bl.mc), n0, s_min (g->n, n0 + bl.nc), ws);
 }
 
 void

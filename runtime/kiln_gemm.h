@@ -108,6 +108,14 @@ size_t kiln_gemm_ws_bytes (int64_t m, int64_t n, int64_t k, bool a_packed,
  * with the calling kernel's workspace (kiln_exec_ws). */
 void kiln_gemm_run (kiln_gemm_get_fn *get, const void *ctx, int64_t count);
 
+/* Run one product on the calling thread alone, in its tiles (never by
+ * Strassen's algorithm nor the one-row path), with the workspace `ws`
+ * (64-byte aligned, kiln_gemm_ws_bytes for its shape): for a kernel
+ * whose own tasks each run a few products in turn (attention's two per
+ * block of queries, kiln_kernels_matmul.c): the tiles kiln_gemm_run
+ * would run on one thread, each sum in the same order. */
+void kiln_gemm_here (const kiln_gemm_t *g, float *ws);
+
 /* Whether kiln_gemm_run computes this product (alone: count 1) by one
  * level of Strassen's algorithm (kiln_gemm_strassen.c): a function of its shape,
  * operand kinds and the CPU, never of the thread count. */

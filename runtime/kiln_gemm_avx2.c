@@ -93,4 +93,24 @@ kiln_gpanel_rows_avx2 (float *panel, const float *p0, const float *p1, int sign,
                         kc - kk, rs);
 }
 
+/* kiln_gcols_fn: eight steps of eight columns at a time, transposed in
+ * registers (the columns' runs read in order), where the portable loop
+ * stores one float at a time 128 bytes apart. */
+__attribute__ ((target ("avx2"))) void
+kiln_gpanel_cols_avx2 (float *panel, const float *src, int64_t cols, int64_t kc,
+                       int64_t cs)
+{
+    int64_t kk = 0;
+    for (; kk + 8 <= kc; kk += 8) {
+        __m256 v[8];
+        for (int c = 0; c < 8; c++)
+            v[c] = c < cols ? _mm256_loadu_ps (src + c * cs + kk) : _mm256_setzero_ps ();
+        kiln_gtranspose8 (v);
+        for (int t = 0; t < 8; t++)
+            _mm256_storeu_ps (panel + (kk + t) * NR, v[t]);
+    }
+    if (kk < kc)
+        kiln_gpanel_cols_c (panel + kk * NR, src + kk, cols, kc - kk, cs);
+}
+
 #endif

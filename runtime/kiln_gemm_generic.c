@@ -53,3 +53,11 @@ kiln_gpanel_rows_c (float *panel, const float *p0, const float *p1, int sign,
             panel[kk * MR + r] = v;
         }
 }
+
+void
+kiln_gpanel_cols_c (float *panel, const float *src, int64_t cols, int64_t kc, int64_t cs)
+{
+    for (int64_t kk = 0; kk < kc; kk++)
+        for (int64_t c = 0; c < 8; c++)
+            panel[kk * NR + c] = c < cols ? src[c * cs + kk] : 0.0f;
+}

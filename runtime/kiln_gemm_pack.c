@@ -127,6 +127,14 @@ kiln_gpack_b_strided (const kiln_gsrc_t *s, const kiln_gpro_t *pro, int64_t k0,
                 if (cols < NR)
                     memset (d + cols, 0, (size_t) (NR - cols) * sizeof *d);
             }
+        } else if (s->rs == 1) {
+            /* columns along k (a matrix read transposed: attention's
+             * keys): eight at a time */
+            for (int64_t c0 = 0; c0 < NR; c0 += 8) {
+                int64_t n = s_min (8, cols - c0);
+                kiln_gisa.panel_cols (panel + c0, n > 0 ? s->p + k0 + (j0 + c0) * s->cs : s->p,
+                                      n > 0 ? n : 0, kc, s->cs);
+            }
         } else {
             /* Column by column: each reads its run of k in order. */
             if (cols < NR)

@@ -62,6 +62,13 @@ typedef void (kiln_gukr_fn) (int64_t kc, const float *a, const float *b,
 typedef void (kiln_grows_fn) (float *panel, const float *p0, const float *p1,
                               int sign, int64_t rows, int64_t kc, int64_t rs);
 
+/* Eight columns of a B panel (NR floats a step) whose columns lie along
+ * k (a matrix read transposed: attention's keys): `cols` of them (at
+ * most 8; the rest zero), column c's run of kc floats at src + c·cs,
+ * into panel[kk·NR + c]. */
+typedef void (kiln_gcols_fn) (float *panel, const float *src, int64_t cols, int64_t kc,
+                              int64_t cs);
+
 /* The micro-kernels in use, chosen once (kiln_gisa_init) for the CPU and
  * KILN_RT_ISA. */
 typedef struct {
@@ -69,6 +76,7 @@ typedef struct {
     kiln_gukr_fn *ukr_7;        /* panels of 7 rows (and a zero) */
     kiln_gukr_fn *ukr_16;       /* MR × NR/2 */
     kiln_grows_fn *panel_rows;  /* A panels from rows along k */
+    kiln_gcols_fn *panel_cols;  /* B panels from columns along k */
     const char *name;           /* "avx512", "avx2" or "generic" */
     bool fin_avx512;            /* kiln_gfinish_avx512 may run */
 } kiln_gisa_t;
@@ -82,6 +90,7 @@ void kiln_gisa_init (void);
 kiln_gukr_fn kiln_gukr_generic;
 kiln_gukr_fn kiln_gukr_generic_16;
 kiln_grows_fn kiln_gpanel_rows_c;
+kiln_gcols_fn kiln_gpanel_cols_c;
 
 #if defined(__x86_64__)
 
@@ -91,6 +100,9 @@ kiln_gukr_fn kiln_gukr_avx2_16;
 __attribute__ ((target ("avx2"))) void
 kiln_gpanel_rows_avx2 (float *panel, const float *p0, const float *p1, int sign,
                        int64_t rows, int64_t kc, int64_t rs);
+__attribute__ ((target ("avx2"))) void
+kiln_gpanel_cols_avx2 (float *panel, const float *src, int64_t cols, int64_t kc,
+                       int64_t cs);
 
 /* kiln_gemm_avx512.c.  _x: A's row r, step kk at a[r·ars + kk·acs] (a
  * packed panel or the rows where they lie) and, with `epi`, that

@@ -48,6 +48,25 @@ kiln_ktensor_numel (const kiln_prog_tensor_t *t)
     return kiln_shape_count (&t->shape);
 }
 
+/* An attention op's plan (kiln_kernels_matmul.c). */
+typedef struct {
+    int64_t m, n, k, nv;    /* queries, keys, their width, V's width */
+    int rank;               /* batch rank */
+    int64_t batch[KILN_MAX_RANK];
+    int64_t nbatch;
+    /* batch strides (0: broadcast), first elements, and the
+     * strides of Q (i, kk), Kᵀ (kk, j), V (j, c), Y (i, c) and
+     * the mask (i, j) within one batch element */
+    int64_t sq[KILN_MAX_RANK], sk[KILN_MAX_RANK], sv[KILN_MAX_RANK],
+        sy[KILN_MAX_RANK], sm[KILN_MAX_RANK];
+    int64_t qoff, koff, voff, moff;
+    int64_t qrs, qcs, krs, kcs, vrs, vcs, yrs, mrs, mcs;
+    float alpha;            /* scores = alpha·Q·Kᵀ (+ mask) */
+    bool mask;              /* input 3 */
+    int64_t qb;             /* queries a task */
+    int64_t ldp;            /* row stride of a task's scores */
+} kiln_kattn_plan_t;
+
 typedef struct kiln_kplan {
     kiln_kernel_t kernel;
     /* When set (by prepare), runs instead of the table's run: a variant
@@ -91,6 +110,7 @@ typedef struct kiln_kplan {
             kiln_dtype_t b_half;    /* its 2-byte dtype, or 0 for float32 */
             int bias;               /* operand index of the bias or -1 */
         } mm;
+        kiln_kattn_plan_t attn;     /* attention */
         struct {                    /* gemm */
             int m, n, k;
             bool ta, tb;

@@ -111,6 +111,20 @@ s_get_operand_strides (const kiln_program_t *p, kiln_prog_op_t *op,
     return 0;
 }
 
+/* The optional `alpha` (default 1), which must be finite. */
+static int
+s_get_alpha (kiln_prog_op_t *op, float *alpha, kiln_err_t *err)
+{
+    double v = 1.0;
+    int rc;
+    if (kiln_prog_op_has (op, "alpha") && (rc = kiln_prog_op_float (op, "alpha", &v, err)))
+        return rc;
+    if (!isfinite (v))
+        return kiln_error (err, KILN_EFORMAT, "alpha is not finite");
+    *alpha = (float) v;
+    return 0;
+}
+
 int
 kiln_kprepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
                   kiln_err_t *err)
@@ -176,13 +190,10 @@ kiln_kprepare_MATMUL (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
             || (!b_strided && (rc = kiln_kneed_numel (p, plan->in[1], want, "B", err))))
             return rc;
     }
-    double alpha = 1.0;
-    if (kiln_prog_op_has (op, "alpha")
-        && (rc = kiln_prog_op_float (op, "alpha", &alpha, err)))
+    float alpha;
+    if ((rc = s_get_alpha (op, &alpha, err)))
         return rc;
-    if (!isfinite (alpha))
-        return kiln_error (err, KILN_EFORMAT, "alpha is not finite");
-    plan->u.mm.alpha = (float) alpha;
+    plan->u.mm.alpha = alpha;
     if (!kiln_kmul3 (nbatch, m, n, &want)
         || (rc = kiln_kneed_numel (p, plan->out, want, "the output", err)))
         return rc ? rc : kiln_error (err, KILN_EFORMAT, "output is too large");
@@ -404,4 +415,226 @@ kiln_krun_GEMM (const kiln_kplan_t *plan, void *const *data)
         return;
     kiln_kgctx_t ctx = { plan, data };
     kiln_gemm_run (s_gemm_get, &ctx, 1);
+}
+
+/* --- attention ------------------------------------------------------ */
+
+/* Scores a task holds at most (its block of queries against every key),
+ * in L2 while they go from the first product through the softmax into
+ * the second, and the tasks a product is cut into at least, when its
+ * queries allow: both functions of the shape alone, so that the sums do
+ * not depend on the thread count. */
+#define S_ATTN_FLOATS (48 * 1024)
+#define S_ATTN_TASKS  8
+
+/* Y = softmax (alpha · Q · Kᵀ + mask) · V over the last axis, for each
+ * batch element: Q [m, k], Kᵀ [k, n] (the keys as columns), V [n, nv],
+ * the mask [m, n] (strides of 0 broadcast it), Y [m, nv]; each operand
+ * a strided view of its tensor, as matmul's (`q_strides`, `kt_strides`,
+ * `v_strides`, `mask_strides`, `y_strides`: the batch dimensions, then
+ * the rows and columns; `*_offset` the first element).  The scores
+ * never leave the task's workspace. */
+int
+kiln_kprepare_ATTENTION (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *plan,
+                         kiln_err_t *err)
+{
+    int64_t m, n, k, nv;
+    int rc;
+    if ((rc = s_get_mnk (op, &m, &n, &k, err))
+        || (rc = kiln_prog_op_int (op, "nv", &nv, err))
+        || (rc = kiln_kneed_f32 (p, plan, err)))
+        return rc;
+    if (!kiln_kblas_ok (nv))
+        return kiln_error (err, KILN_EFORMAT, "nv must be in 0..%d", INT_MAX);
+    int64_t batch[KILN_PROG_MAX_PARAM_INTS], bq[KILN_MAX_RANK], bk[KILN_MAX_RANK],
+        bv[KILN_MAX_RANK], bm[KILN_MAX_RANK];
+    int r;
+    if ((rc = kiln_prog_op_ints_any (op, "batch", batch, &r, err)))
+        return rc;
+    if (r > KILN_MAX_RANK)
+        return kiln_error (err, KILN_EFORMAT, "batch rank %d", r);
+    bool mask = plan->n_in == 4;
+    if ((rc = kiln_prog_op_ints (op, "batch_q", r, bq, err))
+        || (rc = kiln_prog_op_ints (op, "batch_kt", r, bk, err))
+        || (rc = kiln_prog_op_ints (op, "batch_v", r, bv, err))
+        || (mask && (rc = kiln_prog_op_ints (op, "batch_mask", r, bm, err))))
+        return rc;
+    for (int i = 0; i < r; i++)
+        if (batch[i] < 0 || (bq[i] != batch[i] && bq[i] != 1)
+            || (bk[i] != batch[i] && bk[i] != 1) || (bv[i] != batch[i] && bv[i] != 1)
+            || (mask && bm[i] != batch[i] && bm[i] != 1))
+            return kiln_error (err, KILN_EFORMAT, "batch dimension %d: the "
+                               "operands' sizes do not broadcast to %lld", i,
+                               (long long) batch[i]);
+    int64_t nbatch, want;
+    if (!kiln_kprod (batch, r, &nbatch) || !kiln_kmul3 (nbatch, m, nv, &want))
+        return kiln_error (err, KILN_EFORMAT, "bad batch shape");
+    if ((rc = kiln_kneed_numel (p, plan->out, want, "the output", err)))
+        return rc;
+    /* dims of each operand (its batch, rows, columns) and its strides */
+    int64_t d[5][KILN_MAX_RANK + 2], st[5][KILN_MAX_RANK + 2], off[5];
+    const int64_t *bd[5] = { bq, bk, bv, bm, batch };
+    const int64_t rows[5] = { m, k, n, m, m }, cols[5] = { k, n, nv, n, nv };
+    static const char *const sname[5] = { "q_strides", "kt_strides", "v_strides",
+                                          "mask_strides", "y_strides" };
+    static const char *const oname[5] = { "q_offset", "kt_offset", "v_offset",
+                                          "mask_offset", NULL };
+    static const char *const what[5] = { "Q", "Kᵀ", "V", "the mask", "the output" };
+    for (int w = 0; w < 5; w++) {
+        if (w == 3 && !mask)
+            continue;
+        int t = w == 4 ? plan->out : plan->in[w];
+        bool strided;
+        memcpy (d[w], bd[w], (size_t) r * sizeof *d[w]);
+        d[w][r] = rows[w];
+        d[w][r + 1] = cols[w];
+        int64_t n_el;
+        if ((rc = s_get_operand_strides (p, op, sname[w], oname[w], t, r, d[w], st[w],
+                                         &off[w], &strided, err)))
+            return rc;
+        if (!strided && (!kiln_kprod (d[w], r + 2, &n_el)
+                         || (rc = kiln_kneed_numel (p, t, n_el, what[w], err))))
+            return rc ? rc : kiln_error (err, KILN_EFORMAT, "%s is too large", what[w]);
+    }
+    if (st[4][r + 1] != 1 && nv > 1)
+        return kiln_error (err, KILN_EFORMAT, "y_strides: the columns must be "
+                           "contiguous");
+    if (!kiln_kblas_ok (st[4][r]) || (st[4][r] < nv && m > 1))
+        return kiln_error (err, KILN_EFORMAT, "y_strides: rows %lld apart for %lld "
+                           "columns", (long long) st[4][r], (long long) nv);
+    float alpha;
+    if ((rc = s_get_alpha (op, &alpha, err)))
+        return rc;
+
+    kiln_kattn_plan_t *a = &plan->u.attn;
+    a->m = m;
+    a->n = n;
+    a->k = k;
+    a->nv = nv;
+    a->rank = r;
+    a->nbatch = nbatch;
+    a->mask = mask;
+    a->alpha = alpha;
+    for (int i = 0; i < r; i++) {
+        a->batch[i] = batch[i];
+        a->sq[i] = bq[i] == 1 ? 0 : st[0][i];
+        a->sk[i] = bk[i] == 1 ? 0 : st[1][i];
+        a->sv[i] = bv[i] == 1 ? 0 : st[2][i];
+        a->sm[i] = mask && bm[i] != 1 ? st[3][i] : 0;
+        a->sy[i] = st[4][i];
+    }
+    a->qoff = off[0];
+    a->koff = off[1];
+    a->voff = off[2];
+    a->moff = mask ? off[3] : 0;
+    a->qrs = st[0][r];
+    a->qcs = st[0][r + 1];
+    a->krs = st[1][r];
+    a->kcs = st[1][r + 1];
+    a->vrs = st[2][r];
+    a->vcs = st[2][r + 1];
+    a->mrs = mask ? st[3][r] : 0;
+    a->mcs = mask ? st[3][r + 1] : 0;
+    a->yrs = st[4][r];
+    /* the scores' rows 64 bytes apart; as many queries a task as fit in
+     * S_ATTN_FLOATS, fewer while the product makes fewer than
+     * S_ATTN_TASKS tasks and each keeps two row panels */
+    a->ldp = (n + 15) / 16 * 16;
+    int64_t qb = S_ATTN_FLOATS / (a->ldp ? a->ldp : 16) / KILN_PACK_MR * KILN_PACK_MR;
+    if (qb < KILN_PACK_MR)
+        qb = KILN_PACK_MR;
+    if (qb > m)
+        qb = m ? m : 1;
+    while (nbatch < S_ATTN_TASKS && nbatch * ((m + qb - 1) / qb) < S_ATTN_TASKS
+           && qb >= 4 * KILN_PACK_MR)
+        qb = (qb / 2 + KILN_PACK_MR - 1) / KILN_PACK_MR * KILN_PACK_MR;
+    a->qb = qb;
+    size_t g1 = kiln_gemm_ws_bytes (qb, n, k, false, false);
+    size_t g2 = kiln_gemm_ws_bytes (qb, nv, n, false, false);
+    plan->ws_bytes = (size_t) (qb + 1) * (size_t) a->ldp * sizeof (float)
+                     + (g1 > g2 ? g1 : g2) + 128;
+    return 0;
+}
+
+typedef struct {
+    const kiln_kplan_t *plan;
+    void *const *data;
+    float *ws;
+    size_t ws_stride;       /* floats per worker */
+    int64_t nqb;            /* blocks of queries a batch element */
+    int64_t first;          /* task 0 of this section */
+} s_attn_run_t;
+
+static void
+s_attn_task (void *arg, int task, int worker)
+{
+    const s_attn_run_t *r = arg;
+    const kiln_kplan_t *plan = r->plan;
+    const kiln_kattn_plan_t *a = &plan->u.attn;
+    void *const *data = r->data;
+    int64_t t = r->first + task, b = t / r->nqb, i0 = t % r->nqb * a->qb;
+    int64_t rows = a->m - i0 < a->qb ? a->m - i0 : a->qb;
+    int64_t oq = a->qoff, ok = a->koff, ov = a->voff, om = a->moff, oy = 0;
+    for (int i = a->rank - 1; i >= 0; i--) {
+        int64_t ii = b % a->batch[i];
+        b /= a->batch[i];
+        oq += ii * a->sq[i];
+        ok += ii * a->sk[i];
+        ov += ii * a->sv[i];
+        om += ii * a->sm[i];
+        oy += ii * a->sy[i];
+    }
+    float *s = r->ws + (size_t) worker * r->ws_stride;
+    float *gws = s + (a->qb + 1) * a->ldp;
+    kiln_gemm_t g;
+    memset (&g, 0, sizeof g);
+    g.m = rows;
+    g.n = a->n;
+    g.k = a->k;
+    g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED,
+                          (const float *) data[plan->in[0]] + oq + i0 * a->qrs,
+                          a->qrs, a->qcs, NULL };
+    g.b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, (const float *) data[plan->in[1]] + ok,
+                          a->krs, a->kcs, NULL };
+    g.c = s + a->ldp;
+    g.ldc = a->ldp;
+    g.alpha = a->alpha;
+    if (a->mask)
+        g.add[g.n_add++] = (kiln_gadd_t) {
+            (const float *) data[plan->in[3]] + om + i0 * a->mrs, a->mrs, a->mcs, 1.0f };
+    kiln_gemm_here (&g, gws);
+    /* the scores lie a row down (row i at s + (i + 1)·ldp): each row's
+     * probabilities go a row up, where the row before it was read, so
+     * that softmax's input and output never overlap and nothing is copied */
+    for (int64_t i = 0; a->n > 0 && i < rows; i++)
+        kiln_vsoftmax_row (s + (i + 1) * a->ldp, s + i * a->ldp, a->n, false);
+    memset (&g, 0, sizeof g);
+    g.m = rows;
+    g.n = a->nv;
+    g.k = a->n;
+    g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, s, a->ldp, 1, NULL };
+    g.b = (kiln_gsrc_t) { KILN_GSRC_STRIDED, (const float *) data[plan->in[2]] + ov,
+                          a->vrs, a->vcs, NULL };
+    g.c = (float *) data[plan->out] + oy + i0 * a->yrs;
+    g.ldc = a->yrs;
+    g.alpha = 1.0f;
+    kiln_gemm_here (&g, gws);
+}
+
+void
+kiln_krun_ATTENTION (const kiln_kplan_t *plan, void *const *data)
+{
+    const kiln_kattn_plan_t *a = &plan->u.attn;
+    if (a->nbatch == 0 || a->m == 0 || a->nv == 0)
+        return;
+    size_t bytes;
+    float *ws = kiln_exec_ws (&bytes);
+    s_attn_run_t r = { plan, data, ws, bytes / sizeof (float), (a->m + a->qb - 1) / a->qb,
+                       0 };
+    int64_t tasks = a->nbatch * r.nqb;
+    for (int64_t first = 0; first < tasks; first += 1 << 30) {
+        r.first = first;
+        kiln_exec_parallel (s_attn_task, &r, (int) (tasks - first < 1 << 30
+                                                    ? tasks - first : 1 << 30));
+    }
 }

@@ -180,7 +180,7 @@ void kiln_kfew_run (const kiln_kplan_t *plan, void *const *data);
  * table points at them. */
 #define KILN_KOWN_KERNELS(X)                                                  \
     X (COPY) X (RELU)                                      /* elementwise */  \
-    X (MATMUL) X (GEMM)                                    /* matmul */       \
+    X (MATMUL) X (GEMM) X (ATTENTION)                      /* matmul */       \
     X (CONV2D) X (CONV3D) X (CONV_TRANSPOSE2D)             /* conv */         \
     X (MAXPOOL2D) X (GLOBAL_AVGPOOL) X (AVGPOOL2D)         /* pool */         \
     X (GLOBAL_MAXPOOL)

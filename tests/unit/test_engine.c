@@ -1088,6 +1088,72 @@ START_TEST (test_attention_products_read_their_heads_through_strides)
 }
 END_TEST
 
+/* The same heads with the Softmax between the products, as attention
+ * has it: the scores scaled after their product (Div by 2), a [6, 6]
+ * mask added when `mask`; when `twice`, the probabilities multiply V
+ * in two products, added.  Caller destroys the graph. */
+static kiln_graph_t *
+s_attention_softmax_graph (bool mask, bool twice)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = s_input (g, "x", SH (6, 2, 4));
+    int two = s_const (g, "two", SH (1), 0, 2);
+    int mk = s_weight (g, "mask", SH (6, 6));
+    int t[10];
+    testlib_tensors (g, t, 10);
+    int n = s_node (g, "Transpose", "q", &x, 1, t[0]);
+    s_ints (g, n, "perm", 3, 1, 0, 2);
+    n = s_node (g, "Transpose", "k", &x, 1, t[1]);
+    s_ints (g, n, "perm", 3, 1, 2, 0);
+    n = s_node (g, "Transpose", "v", &x, 1, t[2]);
+    s_ints (g, n, "perm", 3, 1, 0, 2);
+    s_node (g, "MatMul", "qk", (int[]) { t[0], t[1] }, 2, t[3]);
+    s_node (g, "Div", "scale", (int[]) { t[3], two }, 2, t[4]);
+    int scores = t[4];
+    if (mask) {
+        s_node (g, "Add", "mask", (int[]) { mk, t[4] }, 2, t[5]);
+        scores = t[5];
+    }
+    n = s_node (g, "Softmax", "softmax", &scores, 1, t[6]);
+    s_int (g, n, "axis", -1);
+    s_node (g, "MatMul", "pv", (int[]) { t[6], t[2] }, 2, t[7]);
+    int heads = t[7];
+    if (twice) {
+        s_node (g, "MatMul", "pv2", (int[]) { t[6], t[2] }, 2, t[8]);
+        s_node (g, "Add", "both", (int[]) { t[7], t[8] }, 2, t[9]);
+        heads = t[9];
+    }
+    int y = s_tensor (g, "y");
+    n = s_node (g, "Transpose", "merge", &heads, 1, y);
+    s_ints (g, n, "perm", 3, 1, 0, 2);
+    s_output (g, y);
+    return g;
+}
+
+START_TEST (test_attention_is_one_op)
+{
+    /* both products, the scale, the mask and the softmax: one attention
+     * op reading Q, K (its transpose too) and V through strides and
+     * writing the merged heads; without the mask the same; the
+     * probabilities read by two products: no attention op */
+    for (int c = 0; c < 3; c++) {
+        kiln_graph_t *g = s_attention_softmax_graph (c != 1, c == 2);
+        kiln_program_t *p = s_check_against_o0 (g, 2, 1e-5, "attention + softmax");
+        ck_assert_int_eq (s_count_ops (p, KILN_K_ATTENTION), c == 2 ? 0 : 1);
+        ck_assert_int_eq (s_count_ops (p, KILN_K_SOFTMAX), c == 2 ? 1 : 0);
+        if (c != 2) {
+            ck_assert_int_eq (p->n_ops, 1);
+            ck_assert (s_param (p, KILN_K_ATTENTION, "kt_strides"));
+            ck_assert (s_param (p, KILN_K_ATTENTION, "y_strides"));
+            ck_assert (s_param (p, KILN_K_ATTENTION, "alpha"));
+            ck_assert ((s_param (p, KILN_K_ATTENTION, "mask_strides") != NULL) == (c == 0));
+        }
+        kiln_program_destroy (&p);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
 START_TEST (test_dead_nodes_are_dropped)
 {
     kiln_graph_t *g = kiln_graph_new ();
@@ -1280,6 +1346,52 @@ START_TEST (test_matmul_strides_outside_the_operand_are_refused)
 }
 END_TEST
 
+/* An attention op whose strides reach past an operand, whose output
+ * rows overlap, or whose batch does not broadcast is refused when the
+ * model loads. */
+START_TEST (test_attention_strides_outside_the_operand_are_refused)
+{
+    kiln_graph_t *g = s_attention_softmax_graph (true, false);
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_cc_compile (g, "--optlevel 2", &err);
+    ck_assert_msg (art, "%s", err.msg);
+    size_t plen, wlen;
+    const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
+    kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
+    const char *want[] = { "kt_strides reach", "mask_strides reach", "y_strides: rows",
+                           "do not broadcast", "v_offset", "nv must be" };
+    for (int c = 0; c < 6; c++) {
+        kiln_program_t *p = kiln_program_decode (prog, plen, wlen, &err);
+        ck_assert_msg (p, "%s", err.msg);
+        int op = -1;
+        for (int i = 0; i < p->n_ops; i++)
+            if (p->ops[i].kernel == KILN_K_ATTENTION)
+                op = i;
+        ck_assert_int_ge (op, 0);
+        kiln_prog_op_t *o = &p->ops[op];
+        if (c == 0)         /* keys 9 apart: [1] 4 + 5·9 + 3 in 48 */
+            ck_assert (kiln_prog_op_set_ints (o, "kt_strides", (int64_t[]) { 4, 1, 9 },
+                                              3, &err) == 0);
+        else if (c == 1)    /* a mask of 36 read in rows 7 apart: 5·7 + 5 */
+            ck_assert (kiln_prog_op_set_ints (o, "mask_strides", (int64_t[]) { 0, 7, 1 },
+                                              3, &err) == 0);
+        else if (c == 2)    /* rows of 4 floats 3 apart */
+            ck_assert (kiln_prog_op_set_ints (o, "y_strides", (int64_t[]) { 4, 3, 1 },
+                                              3, &err) == 0);
+        else if (c == 3)
+            ck_assert (kiln_prog_op_set_ints (o, "batch_v", (int64_t[]) { 3 }, 1,
+                                              &err) == 0);
+        else if (c == 4)
+            ck_assert (kiln_prog_op_set_int (o, "v_offset", 48, &err) == 0);
+        else
+            ck_assert (kiln_prog_op_set_int (o, "nv", -1, &err) == 0);
+        s_expect_refused (art, &p, c, want[c]);
+    }
+    kiln_artifact_destroy (&art);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
 static Suite *
 s_suite (void)
 {
@@ -1297,6 +1409,8 @@ s_suite (void)
     tcase_add_test (tc, test_heavy_activations_match_double_portable);
     tcase_add_test (tc, test_softmax_rows_match_double_into_the_subnormals);
     tcase_add_test (tc, test_fused_packed_convolution_matches_o0);
+    tcase_add_test (tc, test_attention_is_one_op);
+    tcase_add_test (tc, test_attention_strides_outside_the_operand_are_refused);
     tcase_add_test (tc, test_winograd_convolution_matches_o0);
     tcase_add_test (tc, test_winograd_skips_few_output_channels);
     tcase_add_test (tc, test_transposed_conv_pays_for_its_gather);
