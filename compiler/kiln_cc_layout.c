@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/kiln_shape_ops.h"
+
 /* What a Conv node can do with channels-last tensors. */
 typedef struct {
     bool ok;                /* 2-D, float32, constant weights, nothing pooled in */
@@ -84,6 +86,28 @@ s_conv (const kiln_cc_ctx_t *cx, int i)
     return c;
 }
 
+/* Whether node i is a Transpose of a 4-D float32 tensor by `want` (0, 2,
+ * 3, 1: channels to the end; 0, 3, 1, 2: back) that reads its input as
+ * it is (no view of another tensor taken by the fusion pass). */
+static bool
+s_transpose (const kiln_cc_ctx_t *cx, int i, const int64_t *want)
+{
+    const kiln_node_t *n = &cx->g->nodes[i];
+    int64_t perm[KILN_MAX_RANK];
+    kiln_err_t ignored;
+    if (!s_is (n, "Transpose") || n->n_inputs != 1 || n->n_outputs != 1
+        || cx->fusion[i].src[0] >= 0 || !s_f32_4d (cx, n->inputs[0])
+        || !s_f32_4d (cx, n->outputs[0])
+        || kiln_transpose_perm (cx->g, n, 4, perm, &ignored))
+        return false;
+    for (int d = 0; d < 4; d++)
+        if (perm[d] != want[d])
+            return false;
+    return true;
+}
+
+static const int64_t s_to_last[4] = { 0, 2, 3, 1 }, s_to_first[4] = { 0, 3, 1, 2 };
+
 /* The tensor node i's op writes: a fused chain's last, else its output. */
 static int
 s_written (const kiln_cc_ctx_t *cx, int i)
@@ -138,6 +162,10 @@ s_reader_takes (const kiln_cc_ctx_t *cx, const uint8_t *cl, int i, int slot)
     }
     if (s_is (n, "GlobalAveragePool"))
         return slot == 0;
+    /* [N, C, H, W] to [N, H, W, C] (convnext's blocks around their
+     * LayerNorm and Linear layers): channels-last, X's bytes are Y's */
+    if (s_transpose (cx, i, s_to_last))
+        return slot == 0;
     if (s_arith (n) && slot >= 0) {
         int o = s_other_in (n, slot);
         return y >= 0 && cl[y] && o >= 0 && (cl[o] || s_per_channel (cx, o));
@@ -163,7 +191,8 @@ s_writer_can (const kiln_cc_ctx_t *cx, const uint8_t *cl, int i)
             return false;
         return (cl[a] || s_per_channel (cx, a)) && (cl[b] || s_per_channel (cx, b));
     }
-    return false;
+    /* and back: Y channels-last is X's bytes */
+    return s_transpose (cx, i, s_to_first);
 }
 
 static int
@@ -260,7 +289,8 @@ kiln_cc_layout (kiln_cc_ctx_t *cx, kiln_err_t *err)
     for (int t = 0; t < nt; t++) {
         int w = writer[t];
         cx->cl[t] = w >= 0 && s_f32_4d (cx, t) && skipped[t] <= resid[t]
-                    && (s_is (&g->nodes[w], "Conv") || s_arith (&g->nodes[w]));
+                    && (s_is (&g->nodes[w], "Conv") || s_arith (&g->nodes[w])
+                        || s_transpose (cx, w, s_to_first));
     }
     for (int k = 0; k < g->n_outputs; k++)
         if (g->outputs[k] >= 0 && g->outputs[k] < nt)
@@ -282,7 +312,8 @@ kiln_cc_layout (kiln_cc_ctx_t *cx, kiln_err_t *err)
         }
     }
     /* The groups of tensors the ops tie together; keep those with a
-     * depthwise convolution in them. */
+     * depthwise convolution in them, or a tensor a Transpose to
+     * [N, H, W, C] reads (a copy saved: a patchify stem's output). */
     for (int t = 0; t < nt; t++)
         up[t] = t;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -302,6 +333,10 @@ kiln_cc_layout (kiln_cc_ctx_t *cx, kiln_err_t *err)
             && s_conv (cx, i).dw)
             keep[s_find (up, y)] = 1;
     }
+    for (int t = 0; t < nt; t++)
+        for (int r = first[t]; cx->cl[t] && r < first[t + 1]; r++)
+            if (s_transpose (cx, rnode[r], s_to_last))
+                keep[s_find (up, t)] = 1;
     for (int t = 0; t < nt; t++)
         if (cx->cl[t] && !keep[s_find (up, t)])
             cx->cl[t] = 0;

@@ -696,7 +696,10 @@ s_lower_view (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                            "twice", s_tname (cx, y));
         kiln_tensor_kind_t kind = cx->prog->tensors[px].kind == KILN_TK_WEIGHT
                                   ? KILN_TK_WEIGHT : KILN_TK_TEMP;
-        int py = s_ptensor (cx, cx->prog->tensors[px].dtype, &ty->shape, kind,
+        kiln_shape_t ys = ty->shape;
+        if (cx->cl[y])
+            s_cl_shape (&ys);
+        int py = s_ptensor (cx, cx->prog->tensors[px].dtype, &ys, kind,
                             cx->storage_of[px], err);
         if (py < 0)
             return py;

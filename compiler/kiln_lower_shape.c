@@ -138,6 +138,14 @@ kiln_lower_shape_strided (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     kiln_shape_t y;
     kiln_shape_strides (xs, xst);
     const kiln_cc_fusion_t *f = &cx->fusion[cx->node];
+    /* X held channels-last ([N, H, W, C] in the program, kiln_cc_layout.h) */
+    bool x_cl = cx->cl[x] && xs->rank == 4;
+    if (x_cl) {
+        xst[1] = 1;
+        xst[3] = xs->dims[1];
+        xst[2] = xs->dims[3] * xst[3];
+        xst[0] = xs->dims[2] * xst[2];
+    }
     if (s_op_is (node, "Transpose")) {
         int64_t perm[KILN_MAX_RANK];
         if ((rc = kiln_transpose_perm (cx->g, node, xs->rank, perm, err)))
@@ -214,6 +222,15 @@ kiln_lower_shape_strided (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
     }
     else
         return kiln_cc_fail (cx, KILN_ECOMPILE, err, "no strided lowering for this op");
+    if (x_cl && !s_op_is (node, "Transpose"))
+        return kiln_cc_fail (cx, KILN_ECOMPILE, err, "a channels-last input");
+    if (cx->cl[node->outputs[0]] && r == 4) {
+        /* Y written channels-last: its elements in the order (n, h, w, c) */
+        int64_t d1 = dims[1], s1 = st[1];
+        dims[1] = dims[2], st[1] = st[2];
+        dims[2] = dims[3], st[2] = st[3];
+        dims[3] = d1, st[3] = s1;
+    }
     /* A nest that reads every element of X once, in order (a transpose
      * that only moves unit axes, a full slice), is a view from -O1 on. */
     if (cx->opts.optlevel >= 1 && offset == 0 && f->src[0] < 0) {

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine_helpers import export, profiles_within, random_bn, signing_dir
+from engine_helpers import export, kernel_ops, profiles_within, random_bn, signing_dir
 
 TOLERANCE = 1e-4
 
@@ -143,3 +143,67 @@ def test_channels_last_blocks_match_torch(workdir, name):
     for stderr in profiles_within(workdir, name, kgraph, xpath, want, TOLERANCE):
         for s in dw_shapes:
             assert _shape_in_profile(stderr, s), f"{name}: no channels-last {s}"
+
+
+class NextBlock(nn.Module):
+    """convnext's block: depthwise 7x7, permute to [N, H, W, C], LayerNorm,
+    Linear, GELU, Linear, a per-channel scale, permute back, the input
+    added back."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.up = nn.Linear(c, 4 * c)
+        self.down = nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):
+        h = self.dw(x).permute(0, 2, 3, 1)
+        h = self.down(nn.functional.gelu(self.up(self.norm(h)))) * self.gamma
+        return x + h.permute(0, 3, 1, 2)
+
+
+class NextNet(nn.Module):
+    """A patchify stem (4x4 stride 4) with a channels-last LayerNorm
+    between permutes, two blocks, a downsampling 2x2 convolution after
+    another such LayerNorm (its input must come back to [N, C, H, W]),
+    a block, then global average pooling and a linear head."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 4, 4)
+        self.ln0 = nn.LayerNorm(c, eps=1e-6)
+        self.blocks = nn.ModuleList([NextBlock(c), NextBlock(c)])
+        self.ln1 = nn.LayerNorm(c, eps=1e-6)
+        self.down = nn.Conv2d(c, 2 * c, 2, 2)
+        self.last = NextBlock(2 * c)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(2 * c, 10)
+
+    @staticmethod
+    def _ln(ln, x):
+        return ln(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+    def forward(self, x):
+        h = self._ln(self.ln0, self.stem(x))
+        for b in self.blocks:
+            h = b(h)
+        h = self.last(self.down(self._ln(self.ln1, h)))
+        return self.head(self.pool(h).flatten(1))
+
+
+def test_convnext_permutes_move_no_bytes(workdir):
+    """The permutes around the stem's and each block's LayerNorm and
+    Linear layers are views of channels-last tensors (no strided copy):
+    only the one before the downsampling convolution, which takes
+    [N, C, H, W], is left; the depthwise convolutions read and write
+    channels-last."""
+    torch.manual_seed(3)
+    model = NextNet(24).eval()
+    want, kgraph, xpath = export(workdir, "next", model, torch.randn(2, 3, 36, 44))
+    for stderr in profiles_within(workdir, "next", kgraph, xpath, want, TOLERANCE):
+        ops = kernel_ops(stderr)
+        assert ops.get("strided", 0) == 1, ops
+        for s in ((2, 9, 11, 24), (2, 4, 5, 48)):
+            assert _shape_in_profile(stderr, s), f"no channels-last {s}"
