@@ -1043,16 +1043,16 @@ s_mm_strides (const kiln_shape_t *sh, const int64_t *os, int brank, int64_t *st)
     }
 }
 
-/* One operand of an attention op: its tensor (the view's source when
- * the fusion took one), its batch dims padded to the op's batch rank
- * `r` (`batch_<name>`), its strides (`<name>_strides`: 0 where it is
- * broadcast, rows and columns too) and first element (`<name>_offset`). */
+/* One operand of an attention op: its strides (`<name>_strides`, its
+ * batch dims padded to the op's batch rank `r`: 0 where it is
+ * broadcast, rows and columns too) in its tensor (the view's source when
+ * the fusion took one) and first element (`<name>_offset`). */
 static int
 s_attn_operand (kiln_cc_ctx_t *cx, int op, const char *name, int gt, int src,
                 int64_t off, const int64_t *src_st, int r, kiln_err_t *err)
 {
     const kiln_shape_t *sh = &s_gt (cx, gt)->shape;
-    int64_t os[KILN_MAX_RANK], st[KILN_MAX_RANK + 2], bd[KILN_MAX_RANK];
+    int64_t os[KILN_MAX_RANK], st[KILN_MAX_RANK + 2];
     if (src >= 0)
         memcpy (os, src_st, sizeof os);
     else
@@ -1061,14 +1061,8 @@ s_attn_operand (kiln_cc_ctx_t *cx, int op, const char *name, int gt, int src,
     for (int d = 0; d < 2; d++)
         if (sh->dims[sh->rank - 2 + d] == 1)
             st[r + d] = 0;
-    kiln_shape_t b = *sh;
-    b.rank -= 2;
-    s_pad_dims (&b, r, bd);
     char key[32];
     int rc;
-    snprintf (key, sizeof key, "batch_%s", name);
-    if ((rc = s_set_ints (cx, op, key, bd, r, err)))
-        return rc;
     snprintf (key, sizeof key, "%s_strides", name);
     if ((rc = s_set_ints (cx, op, key, st, r + 2, err)))
         return rc;

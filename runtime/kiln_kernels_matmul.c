@@ -446,34 +446,26 @@ kiln_kprepare_ATTENTION (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pl
         return rc;
     if (!kiln_kblas_ok (nv))
         return kiln_error (err, KILN_EFORMAT, "nv must be in 0..%d", INT_MAX);
-    int64_t batch[KILN_PROG_MAX_PARAM_INTS], bq[KILN_MAX_RANK], bk[KILN_MAX_RANK],
-        bv[KILN_MAX_RANK], bm[KILN_MAX_RANK];
+    int64_t batch[KILN_PROG_MAX_PARAM_INTS];
     int r;
     if ((rc = kiln_prog_op_ints_any (op, "batch", batch, &r, err)))
         return rc;
     if (r > KILN_MAX_RANK)
         return kiln_error (err, KILN_EFORMAT, "batch rank %d", r);
-    bool mask = plan->n_in == 4;
-    if ((rc = kiln_prog_op_ints (op, "batch_q", r, bq, err))
-        || (rc = kiln_prog_op_ints (op, "batch_kt", r, bk, err))
-        || (rc = kiln_prog_op_ints (op, "batch_v", r, bv, err))
-        || (mask && (rc = kiln_prog_op_ints (op, "batch_mask", r, bm, err))))
-        return rc;
     for (int i = 0; i < r; i++)
-        if (batch[i] < 0 || (bq[i] != batch[i] && bq[i] != 1)
-            || (bk[i] != batch[i] && bk[i] != 1) || (bv[i] != batch[i] && bv[i] != 1)
-            || (mask && bm[i] != batch[i] && bm[i] != 1))
-            return kiln_error (err, KILN_EFORMAT, "batch dimension %d: the "
-                               "operands' sizes do not broadcast to %lld", i,
+        if (batch[i] < 0)
+            return kiln_error (err, KILN_EFORMAT, "batch dimension %d is %lld", i,
                                (long long) batch[i]);
+    bool mask = plan->n_in == 4;
     int64_t nbatch, want;
     if (!kiln_kprod (batch, r, &nbatch) || !kiln_kmul3 (nbatch, m, nv, &want))
         return kiln_error (err, KILN_EFORMAT, "bad batch shape");
     if ((rc = kiln_kneed_numel (p, plan->out, want, "the output", err)))
         return rc;
-    /* dims of each operand (its batch, rows, columns) and its strides */
+    /* each operand's dims (the batch, its rows and columns: an operand
+     * broadcast along a batch dimension has a stride of 0 there) and its
+     * strides */
     int64_t d[5][KILN_MAX_RANK + 2], st[5][KILN_MAX_RANK + 2], off[5];
-    const int64_t *bd[5] = { bq, bk, bv, bm, batch };
     const int64_t rows[5] = { m, k, n, m, m }, cols[5] = { k, n, nv, n, nv };
     static const char *const sname[5] = { "q_strides", "kt_strides", "v_strides",
                                           "mask_strides", "y_strides" };
@@ -485,13 +477,15 @@ kiln_kprepare_ATTENTION (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pl
             continue;
         int t = w == 4 ? plan->out : plan->in[w];
         bool strided;
-        memcpy (d[w], bd[w], (size_t) r * sizeof *d[w]);
+        memcpy (d[w], batch, (size_t) r * sizeof *d[w]);
         d[w][r] = rows[w];
         d[w][r + 1] = cols[w];
         int64_t n_el;
         if ((rc = s_get_operand_strides (p, op, sname[w], oname[w], t, r, d[w], st[w],
                                          &off[w], &strided, err)))
             return rc;
+        if (!strided && w < 4)
+            return kiln_error (err, KILN_EFORMAT, "%s without %s", what[w], sname[w]);
         if (!strided && (!kiln_kprod (d[w], r + 2, &n_el)
                          || (rc = kiln_kneed_numel (p, t, n_el, what[w], err))))
             return rc ? rc : kiln_error (err, KILN_EFORMAT, "%s is too large", what[w]);
@@ -517,10 +511,10 @@ kiln_kprepare_ATTENTION (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pl
     a->alpha = alpha;
     for (int i = 0; i < r; i++) {
         a->batch[i] = batch[i];
-        a->sq[i] = bq[i] == 1 ? 0 : st[0][i];
-        a->sk[i] = bk[i] == 1 ? 0 : st[1][i];
-        a->sv[i] = bv[i] == 1 ? 0 : st[2][i];
-        a->sm[i] = mask && bm[i] != 1 ? st[3][i] : 0;
+        a->sq[i] = st[0][i];
+        a->sk[i] = st[1][i];
+        a->sv[i] = st[2][i];
+        a->sm[i] = mask ? st[3][i] : 0;
         a->sy[i] = st[4][i];
     }
     a->qoff = off[0];

@@ -3,7 +3,8 @@ attention kernel) against torch: nn.MultiheadAttention as exported, with
 the sequence first and batch first, with a float mask; a hand-written
 cross-attention whose queries, keys and values differ in length and
 width, scaled after the product, with a key-padding mask broadcast over
-heads and queries; one head over a sequence long enough to be cut into
+heads and queries; GPT's block, Q, K and V at offsets in one product
+and a causal mask built in forward; one head over a sequence long enough to be cut into
 blocks of queries; and the scores' softmax over an axis that is not the
 last, which must stay apart.  Each small model is exported with
 torch.onnx.export (opset 14), compiled at -O2 and -O3 and run on every
@@ -64,6 +65,28 @@ class CrossAttention(torch.nn.Module):
         return torch.matmul(p, v).permute(0, 2, 1, 3).reshape(b, 10, 96)
 
 
+class CausalQKV(torch.nn.Module):
+    """GPT's block: Q, K and V slices of one product (each read at an
+    offset), heads split, a causal mask built in forward and added, the
+    heads merged: every operand of the op a view with an offset.  (With
+    .split instead of slices the ONNX Split's three outputs are copies:
+    the views do not go through a Split yet.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = self.qkv(x)
+        q, k, v = h[..., :64], h[..., 64:128], h[..., 128:]
+        q, k, v = (z.reshape(b, t, 4, 16).transpose(1, 2) for z in (q, k, v))
+        s = torch.matmul(q, k.transpose(-1, -2)) * 0.25
+        s = s + torch.triu(torch.full((t, t), -1e4), 1)
+        y = torch.matmul(torch.softmax(s, -1), v)
+        return y.transpose(1, 2).reshape(b, t, 64)
+
+
 class QueryAxisSoftmax(torch.nn.Module):
     """The scores' softmax over the queries (axis -2): not attention."""
 
@@ -85,6 +108,7 @@ MODELS = {
     "mha_seq_first": (lambda: SelfAttention(64, 4, False), (24, 1, 64), 1, 0),
     "mha_batch_first_causal": (lambda: SelfAttention(48, 3, True, 19), (2, 19, 48), 1, 4),
     "cross_attention": (CrossAttention, (2, 37, 48), 1, 0),
+    "causal_qkv": (CausalQKV, (2, 23, 64), 1, 0),
     "one_head_long": (lambda: SelfAttention(16, 1, True), (1, 600, 16), 1, 0),
     "query_axis_softmax": (QueryAxisSoftmax, (2, 20, 32), 0, None),
 }

@@ -1346,9 +1346,8 @@ START_TEST (test_matmul_strides_outside_the_operand_are_refused)
 }
 END_TEST
 
-/* An attention op whose strides reach past an operand, whose output
- * rows overlap, or whose batch does not broadcast is refused when the
- * model loads. */
+/* An attention op whose strides reach past an operand or whose output
+ * rows overlap is refused when the model loads. */
 START_TEST (test_attention_strides_outside_the_operand_are_refused)
 {
     kiln_graph_t *g = s_attention_softmax_graph (true, false);
@@ -1359,7 +1358,7 @@ START_TEST (test_attention_strides_outside_the_operand_are_refused)
     const uint8_t *prog = kiln_artifact_member (art, KILN_PROGRAM_MEMBER, &plen);
     kiln_artifact_member (art, KILN_WEIGHTS_MEMBER, &wlen);
     const char *want[] = { "kt_strides reach", "mask_strides reach", "y_strides: rows",
-                           "do not broadcast", "v_offset", "nv must be" };
+                           "q_strides reach", "v_offset", "nv must be" };
     for (int c = 0; c < 6; c++) {
         kiln_program_t *p = kiln_program_decode (prog, plen, wlen, &err);
         ck_assert_msg (p, "%s", err.msg);
@@ -1378,9 +1377,9 @@ START_TEST (test_attention_strides_outside_the_operand_are_refused)
         else if (c == 2)    /* rows of 4 floats 3 apart */
             ck_assert (kiln_prog_op_set_ints (o, "y_strides", (int64_t[]) { 4, 3, 1 },
                                               3, &err) == 0);
-        else if (c == 3)
-            ck_assert (kiln_prog_op_set_ints (o, "batch_v", (int64_t[]) { 3 }, 1,
-                                              &err) == 0);
+        else if (c == 3)    /* heads 100 apart */
+            ck_assert (kiln_prog_op_set_ints (o, "q_strides", (int64_t[]) { 100, 8, 1 },
+                                              3, &err) == 0);
         else if (c == 4)
             ck_assert (kiln_prog_op_set_int (o, "v_offset", 48, &err) == 0);
         else
