@@ -410,15 +410,34 @@ s_view_reshape (s_view_t *v, const kiln_shape_t *to)
     return true;
 }
 
-/* `v` (the view of node q's input) through q, a view-like node or a
- * scale: false when q is neither or its result is not a strided view. */
+/* `v` (the view of node q's input) through q to its output `y`, a
+ * view-like node or a scale: false when q is neither or its result is
+ * not a strided view. */
 static bool
-s_view_step (const kiln_cc_ctx_t *cx, const kiln_node_t *q, s_view_t *v)
+s_view_step (const kiln_cc_ctx_t *cx, const kiln_node_t *q, int y, s_view_t *v)
 {
-    const kiln_shape_t *ys = &s_gt (cx, q->outputs[0])->shape;
+    const kiln_shape_t *ys = &s_gt (cx, y)->shape;
     kiln_err_t ignored;
     if (s_is (q, "Mul") || s_is (q, "Div"))
         return true;
+    if (s_is (q, "Split")) {
+        /* output k: the run of sizes[k] along the axis after the others */
+        int64_t sizes[KILN_MAX_NODE_IO];
+        int axis;
+        if (q->n_outputs > KILN_MAX_NODE_IO
+            || kiln_split_sizes (cx->g, q, &v->shape, &axis, sizes, &ignored))
+            return false;
+        int64_t at = 0;
+        for (int k = 0; k < q->n_outputs; k++) {
+            if (q->outputs[k] == y) {
+                v->off += at * v->st[axis];
+                v->shape.dims[axis] = sizes[k];
+                return kiln_shape_equal (&v->shape, ys);
+            }
+            at += sizes[k];
+        }
+        return false;
+    }
     if (s_is (q, "Transpose")) {
         int64_t perm[KILN_MAX_RANK], st[KILN_MAX_RANK];
         if (kiln_transpose_perm (cx->g, q, v->shape.rank, perm, &ignored))
@@ -457,7 +476,8 @@ s_view_step (const kiln_cc_ctx_t *cx, const kiln_node_t *q, s_view_t *v)
 static bool
 s_operand_step (const kiln_cc_ctx_t *cx, const kiln_node_t *q, int *x, double *scale)
 {
-    if (q->n_outputs != 1 || q->n_inputs < 1 || !s_f32 (cx, q->outputs[0]))
+    if ((q->n_outputs != 1 && !s_is (q, "Split")) || q->n_inputs < 1
+        || !s_f32 (cx, q->outputs[0]))
         return false;
     *x = q->inputs[0];
     *scale = 1.0;
@@ -476,7 +496,7 @@ s_operand_step (const kiln_cc_ctx_t *cx, const kiln_node_t *q, int *x, double *s
     }
     if (!(s_is (q, "Transpose") || s_is (q, "Slice") || s_is (q, "Reshape")
           || s_is (q, "Flatten") || s_is (q, "Squeeze") || s_is (q, "Unsqueeze")
-          || s_is (q, "Identity")))
+          || s_is (q, "Identity") || s_is (q, "Split")))
         return false;
     /* the other inputs (shape, starts, ends...) must not be `x` */
     for (int k = 1; k < q->n_inputs; k++)
@@ -497,7 +517,7 @@ static bool
 s_take_view (kiln_cc_ctx_t *cx, const s_uses_t *u, int reader, int t, bool scales,
              bool last_unit, s_view_t *out, int *root_out, double *alpha_out)
 {
-    int chain[8], n_chain = 0, root[8];
+    int chain[8], n_chain = 0, root[8], outs[8];
     double scale[8];
     const kiln_shape_t *ts = &s_gt (cx, t)->shape;
     while (n_chain < 8) {
@@ -509,6 +529,7 @@ s_take_view (kiln_cc_ctx_t *cx, const s_uses_t *u, int reader, int t, bool scale
                             || s_is (&cx->g->nodes[n], "Div"))))
             break;
         root[n_chain] = x;
+        outs[n_chain] = t;
         chain[n_chain++] = n;
         reader = n;
         t = x;
@@ -524,16 +545,22 @@ s_take_view (kiln_cc_ctx_t *cx, const s_uses_t *u, int reader, int t, bool scale
         double alpha = 1.0;
         for (int j = s; j >= 0 && ok; j--) {
             const kiln_node_t *q = &cx->g->nodes[chain[j]];
-            ok = s_view_step (cx, q, &v);
+            ok = s_view_step (cx, q, outs[j], &v);
             alpha *= scale[j];
-            saves = saves || scale[j] != 1.0 || s_is (q, "Slice")
+            saves = saves || scale[j] != 1.0 || s_is (q, "Slice") || s_is (q, "Split")
                     || (s_is (q, "Transpose") && !s_unit_transpose (cx, q));
         }
         if (!ok || !saves || !kiln_shape_equal (&v.shape, ts)
             || (last_unit && v.st[ts->rank - 1] != 1 && ts->dims[ts->rank - 1] != 1))
             continue;
-        for (int j = 0; j <= s; j++)
-            cx->skip[chain[j]] = 1;
+        /* (a Split runs on for its other outputs: this one it does not
+         * write) */
+        for (int j = 0; j <= s; j++) {
+            if (s_is (&cx->g->nodes[chain[j]], "Split"))
+                cx->viewed[outs[j]] = 1;
+            else
+                cx->skip[chain[j]] = 1;
+        }
         *out = v;
         *root_out = root[s];
         *alpha_out = alpha;

@@ -64,8 +64,9 @@ kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
     cx->skip = calloc ((size_t) g->n_nodes + 1, 1);
     cx->fusion = calloc ((size_t) g->n_nodes + 1, sizeof *cx->fusion);
     cx->cl = calloc ((size_t) g->n_tensors + 1, 1);
+    cx->viewed = calloc ((size_t) g->n_tensors + 1, 1);
     if (!cx->prog || !cx->tmap || !cx->hmap || !cx->producer || !cx->skip
-        || !cx->fusion || !cx->cl) {
+        || !cx->fusion || !cx->cl || !cx->viewed) {
         kiln_cc_ctx_release (cx);
         return kiln_error (err, KILN_ENOMEM, "out of memory");
     }
@@ -96,6 +97,7 @@ kiln_cc_ctx_release (kiln_cc_ctx_t *cx)
     free (cx->skip);
     free (cx->fusion);
     free (cx->cl);
+    free (cx->viewed);
     free (cx->storage_of);
     free (cx->st);
     memset (cx, 0, sizeof *cx);

@@ -120,6 +120,10 @@ typedef struct kiln_cc_ctx {
     int *producer;                  /* graph tensor -> node writing it, or -1 */
     uint8_t *skip;                  /* per node: 1 when dead or fused away */
     kiln_cc_fusion_t *fusion;       /* per node (kiln_cc_fuse.h) */
+    uint8_t *viewed;                /* per graph tensor: 1 when an output of a
+                                     * Split that its reader takes as a view of
+                                     * the Split's input (kiln_cc_fuse.c): the
+                                     * Split does not write it */
     uint8_t *cl;                    /* per graph tensor: 1 when the program holds
                                      * it channels-last, [N, H, W, C]
                                      * (kiln_cc_layout.h) */

@@ -276,6 +276,11 @@ kiln_lower_shape_split (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_
     for (int i = 0; i < node->n_outputs; i++) {
         kiln_shape_t y = *xs;
         y.dims[axis] = sizes[i];
+        /* an output its reader takes as a view of X (kiln_cc_fuse.c) */
+        if (node->outputs[i] >= 0 && cx->viewed[node->outputs[i]]) {
+            at += sizes[i];
+            continue;
+        }
         int py = s_result (cx, node, i, &y, err);
         if (py < 0)
             return py;

@@ -3,8 +3,9 @@ attention kernel) against torch: nn.MultiheadAttention as exported, with
 the sequence first and batch first, with a float mask; a hand-written
 cross-attention whose queries, keys and values differ in length and
 width, scaled after the product, with a key-padding mask broadcast over
-heads and queries; GPT's block, Q, K and V at offsets in one product
-and a causal mask built in forward; one head over a sequence long enough to be cut into
+heads and queries; GPT's block, Q, K and V a Split of one product (read
+at offsets, the Split writing only an output some other op reads) and a
+causal mask built in forward; one head over a sequence long enough to be cut into
 blocks of queries; and the scores' softmax over an axis that is not the
 last, which must stay apart.  Each small model is exported with
 torch.onnx.export (opset 14), compiled at -O2 and -O3 and run on every
@@ -66,20 +67,23 @@ class CrossAttention(torch.nn.Module):
 
 
 class CausalQKV(torch.nn.Module):
-    """GPT's block: Q, K and V slices of one product (each read at an
-    offset), heads split, a causal mask built in forward and added, the
-    heads merged: every operand of the op a view with an offset.  (With
-    .split instead of slices the ONNX Split's three outputs are copies:
-    the views do not go through a Split yet.)"""
+    """GPT's block: Q, K and V the outputs of a Split of one product (each
+    read at an offset: the Split writes none of them), heads split, a
+    causal mask built in forward and added, the heads merged.  With
+    `relu_v`, V goes through a Relu first: the Split still writes that
+    output (one strided copy) and no other."""
 
-    def __init__(self):
+    def __init__(self, relu_v=False):
         super().__init__()
         self.qkv = torch.nn.Linear(64, 192)
+        self.relu_v = relu_v
 
     def forward(self, x):
         b, t, _ = x.shape
         h = self.qkv(x)
-        q, k, v = h[..., :64], h[..., 64:128], h[..., 128:]
+        q, k, v = h.split(64, -1)
+        if self.relu_v:
+            v = torch.relu(v)
         q, k, v = (z.reshape(b, t, 4, 16).transpose(1, 2) for z in (q, k, v))
         s = torch.matmul(q, k.transpose(-1, -2)) * 0.25
         s = s + torch.triu(torch.full((t, t), -1e4), 1)
@@ -109,6 +113,7 @@ MODELS = {
     "mha_batch_first_causal": (lambda: SelfAttention(48, 3, True, 19), (2, 19, 48), 1, 4),
     "cross_attention": (CrossAttention, (2, 37, 48), 1, 0),
     "causal_qkv": (CausalQKV, (2, 23, 64), 1, 0),
+    "causal_qkv_relu_v": (lambda: CausalQKV(True), (2, 23, 64), 1, 1),
     "one_head_long": (lambda: SelfAttention(16, 1, True), (1, 600, 16), 1, 0),
     "query_axis_softmax": (QueryAxisSoftmax, (2, 20, 32), 0, None),
 }
