@@ -531,6 +531,10 @@ s_take_view (kiln_cc_ctx_t *cx, const s_uses_t *u, int reader, int t, bool scale
         root[n_chain] = x;
         outs[n_chain] = t;
         chain[n_chain++] = n;
+        /* not past a Split: it runs on for its other outputs, and reads
+         * what is before it */
+        if (s_is (&cx->g->nodes[n], "Split"))
+            break;
         reader = n;
         t = x;
     }

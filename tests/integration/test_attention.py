@@ -71,17 +71,24 @@ class CausalQKV(torch.nn.Module):
     read at an offset: the Split writes none of them), heads split, a
     causal mask built in forward and added, the heads merged.  With
     `relu_v`, V goes through a Relu first: the Split still writes that
-    output (one strided copy) and no other."""
+    output (one strided copy) and no other, also when it splits a
+    reshape of the product (`reshaped`: the views stop at the Split,
+    which still reads the reshape)."""
 
-    def __init__(self, relu_v=False):
+    def __init__(self, relu_v=False, reshaped=False):
         super().__init__()
         self.qkv = torch.nn.Linear(64, 192)
         self.relu_v = relu_v
+        self.reshaped = reshaped
 
     def forward(self, x):
         b, t, _ = x.shape
         h = self.qkv(x)
-        q, k, v = h.split(64, -1)
+        if self.reshaped:
+            # split along a new axis of a reshape, each part squeezed
+            q, k, v = (z.squeeze(2) for z in h.reshape(b, t, 3, 64).split(1, 2))
+        else:
+            q, k, v = h.split(64, -1)
         if self.relu_v:
             v = torch.relu(v)
         q, k, v = (z.reshape(b, t, 4, 16).transpose(1, 2) for z in (q, k, v))
@@ -114,6 +121,7 @@ MODELS = {
     "cross_attention": (CrossAttention, (2, 37, 48), 1, 0),
     "causal_qkv": (CausalQKV, (2, 23, 64), 1, 0),
     "causal_qkv_relu_v": (lambda: CausalQKV(True), (2, 23, 64), 1, 1),
+    "causal_qkv_reshaped_relu_v": (lambda: CausalQKV(True, True), (2, 23, 64), 1, 1),
     "one_head_long": (lambda: SelfAttention(16, 1, True), (1, 600, 16), 1, 0),
     "query_axis_softmax": (QueryAxisSoftmax, (2, 20, 32), 0, None),
 }
