@@ -24,11 +24,13 @@ Needs ONNX Runtime (`make bench-deps`).
 """
 
 import argparse
+import atexit
 import collections
 import glob
 import json
 import os
 import re
+import shutil
 import tempfile
 
 import bench_runtime as B
@@ -125,6 +127,7 @@ def main():
     if not B.ort_available():
         raise SystemExit(f"ONNX Runtime not found in {B.ORT_DIR}: make bench-deps")
     work = tempfile.mkdtemp(prefix="kiln-ops-")
+    atexit.register(shutil.rmtree, work, True)      # (exports and artifacts: GBs)
     key, keyring = os.path.join(work, "key.pem"), os.path.join(work, "keyring")
     os.mkdir(keyring)
     B.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", key])

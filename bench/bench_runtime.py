@@ -54,6 +54,7 @@ one buffer per intermediate, kiln-cc --json).
 """
 
 import argparse
+import atexit
 import json
 import math
 import os
@@ -303,6 +304,9 @@ def main():
         raise SystemExit("--iters 1..10000, --rounds 1..100, --threads 1..256")
 
     work = tempfile.mkdtemp(prefix="kiln-bench-")
+    # its exports and artifacts take 2-3 GB (vit_b_16's and bert_base's at
+    # -O0 and -O3): gone when the script ends, however it ends
+    atexit.register(shutil.rmtree, work, True)
     key = os.path.join(work, "key.pem")
     keyring = os.path.join(work, "keyring")
     os.mkdir(keyring)
