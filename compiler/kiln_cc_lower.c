@@ -1054,14 +1054,14 @@ s_attn_operand (kiln_cc_ctx_t *cx, int op, const char *name, int gt, int src,
                 int64_t off, const int64_t *src_st, int r, kiln_err_t *err)
 {
     const kiln_shape_t *sh = &s_gt (cx, gt)->shape;
-    int64_t os[KILN_MAX_RANK], st[KILN_MAX_RANK + 2];
+    int64_t os[KILN_MAX_RANK] = { 0 }, st[KILN_MAX_RANK + 2];
     if (src >= 0)
         memcpy (os, src_st, sizeof os);
     else
         kiln_shape_strides (sh, os);
     s_mm_strides (sh, os, r, st);
-    for (int d = 0; d < 2; d++)
-        if (sh->dims[sh->rank - 2 + d] == 1)
+    for (int d = 0; d < 2; d++)     /* (a mask may have fewer axes) */
+        if (sh->rank - 2 + d >= 0 && sh->dims[sh->rank - 2 + d] == 1)
             st[r + d] = 0;
     char key[32];
     int rc;

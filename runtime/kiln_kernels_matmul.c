@@ -462,10 +462,10 @@ kiln_kprepare_ATTENTION (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pl
         return kiln_error (err, KILN_EFORMAT, "bad batch shape");
     if ((rc = kiln_kneed_numel (p, plan->out, want, "the output", err)))
         return rc;
-    /* each operand's dims (the batch, its rows and columns: an operand
-     * broadcast along a batch dimension has a stride of 0 there) and its
-     * strides */
-    int64_t d[5][KILN_MAX_RANK + 2], st[5][KILN_MAX_RANK + 2], off[5];
+    /* each operand's strides (its dims: the batch, its rows and columns;
+     * an operand broadcast along a batch dimension has a stride of 0
+     * there); Y's may be left out (dense, its size checked above) */
+    int64_t st[5][KILN_MAX_RANK + 2], off[5];
     const int64_t rows[5] = { m, k, n, m, m }, cols[5] = { k, n, nv, n, nv };
     static const char *const sname[5] = { "q_strides", "kt_strides", "v_strides",
                                           "mask_strides", "y_strides" };
@@ -477,18 +477,15 @@ kiln_kprepare_ATTENTION (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pl
             continue;
         int t = w == 4 ? plan->out : plan->in[w];
         bool strided;
-        memcpy (d[w], batch, (size_t) r * sizeof *d[w]);
-        d[w][r] = rows[w];
-        d[w][r + 1] = cols[w];
-        int64_t n_el;
-        if ((rc = s_get_operand_strides (p, op, sname[w], oname[w], t, r, d[w], st[w],
+        int64_t d[KILN_MAX_RANK + 2];
+        memcpy (d, batch, (size_t) r * sizeof *d);
+        d[r] = rows[w];
+        d[r + 1] = cols[w];
+        if ((rc = s_get_operand_strides (p, op, sname[w], oname[w], t, r, d, st[w],
                                          &off[w], &strided, err)))
             return rc;
         if (!strided && w < 4)
             return kiln_error (err, KILN_EFORMAT, "%s without %s", what[w], sname[w]);
-        if (!strided && (!kiln_kprod (d[w], r + 2, &n_el)
-                         || (rc = kiln_kneed_numel (p, t, n_el, what[w], err))))
-            return rc ? rc : kiln_error (err, KILN_EFORMAT, "%s is too large", what[w]);
     }
     if (st[4][r + 1] != 1 && nv > 1)
         return kiln_error (err, KILN_EFORMAT, "y_strides: the columns must be "

@@ -91,14 +91,21 @@ void kiln_vlayer_norm_row (const float *x, float *y, int64_t n, const float *sc,
 /* The same without the last step's mask: below -103.97 the result is 0
  * or a subnormal under 2^-149 rather than 0 (for callers to whom that
  * difference is nothing). */
+/* The exponentials' reduction: x = n·ln 2 + r, n = round (x·log2 e),
+ * r by ln 2 in two parts; r is returned, n goes to *n. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
+kiln_exp_reduce16 (__m512 x, __m512 *n)
+{
+    *n = _mm512_roundscale_ps (_mm512_mul_ps (x, _mm512_set1_ps (1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps (*n, _mm512_set1_ps (0.693359375f), x);
+    return _mm512_fnmadd_ps (*n, _mm512_set1_ps (-2.12194440e-4f), r);
+}
+
 __attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 kiln_exp_nonpos16_raw (__m512 x)
 {
-    __m512 c = _mm512_max_ps (x, _mm512_set1_ps (-104.0f));
-    __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (c, _mm512_set1_ps (1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693359375f), c);
-    r = _mm512_fnmadd_ps (n, _mm512_set1_ps (-2.12194440e-4f), r);
+    __m512 n, r = kiln_exp_reduce16 (_mm512_max_ps (x, _mm512_set1_ps (-104.0f)), &n);
     __m512 p = _mm512_set1_ps (1.9875691500e-4f);
     p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.3981999507e-3f));
     p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (8.3334519073e-3f));
@@ -118,8 +125,8 @@ kiln_exp_nonpos16 (__m512 x)
 }
 
 /* e^x on sixteen lanes for x <= 0 to within 1.6e-7 (relative), for the
- * activations, whose results need less than softmax's (GELU, SiLU,
- * sigmoid: docs/engine.md): the same reduction as kiln_exp_nonpos16_raw,
+ * activations, whose results need less than softmax's (GELU and SiLU:
+ * docs/engine.md): the same reduction as kiln_exp_nonpos16_raw,
  * then 1 + r + r²·(c2 + c3·r + c4·r² + c5·r³) on [-ln 2 / 2, ln 2 / 2],
  * the c's fitted to the relative error (1.05e-7 in double), by five
  * FMAs; no clamp (x must be at least -1024 and not NaN: scalef takes
@@ -127,10 +134,7 @@ kiln_exp_nonpos16 (__m512 x)
 __attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 kiln_exp_deg5_16 (__m512 x)
 {
-    __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (x, _mm512_set1_ps (1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693359375f), x);
-    r = _mm512_fnmadd_ps (n, _mm512_set1_ps (-2.12194440e-4f), r);
+    __m512 n, r = kiln_exp_reduce16 (x, &n);
     __m512 one = _mm512_set1_ps (1.0f);
     __m512 p = _mm512_fmadd_ps (_mm512_set1_ps (8.3128195256e-03f), r,
                                 _mm512_set1_ps (4.1890215129e-02f));

@@ -45,15 +45,19 @@ class SelfAttention(torch.nn.Module):
 class CrossAttention(torch.nn.Module):
     """10 queries against 37 keys, heads of 16 for Q and K and of 24 for
     V, the scores divided by 4 after their product, a key-padding mask of
-    [batch, 1, 1, keys] added."""
+    [batch, 1, 1, keys] added; with `bias_1d`, one bias per key of shape
+    [keys] instead (a mask of fewer axes than the scores)."""
 
-    def __init__(self):
+    def __init__(self, bias_1d=False):
         super().__init__()
         self.q = torch.nn.Linear(48, 64)
         self.k = torch.nn.Linear(48, 64)
         self.v = torch.nn.Linear(48, 96)
-        pad = torch.zeros(2, 1, 1, 37)
-        pad[1, :, :, 30:] = -1e4
+        if bias_1d:
+            pad = torch.linspace(-2.0, 1.0, 37)
+        else:
+            pad = torch.zeros(2, 1, 1, 37)
+            pad[1, :, :, 30:] = -1e4
         self.register_buffer("pad", pad)
 
     def forward(self, x):
@@ -119,6 +123,7 @@ MODELS = {
     "mha_seq_first": (lambda: SelfAttention(64, 4, False), (24, 1, 64), 1, 0),
     "mha_batch_first_causal": (lambda: SelfAttention(48, 3, True, 19), (2, 19, 48), 1, 4),
     "cross_attention": (CrossAttention, (2, 37, 48), 1, 0),
+    "cross_attention_key_bias": (lambda: CrossAttention(True), (2, 37, 48), 1, 0),
     "causal_qkv": (CausalQKV, (2, 23, 64), 1, 0),
     "causal_qkv_relu_v": (lambda: CausalQKV(True), (2, 23, 64), 1, 1),
     "causal_qkv_reshaped_relu_v": (lambda: CausalQKV(True, True), (2, 23, 64), 1, 1),
