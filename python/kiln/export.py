@@ -19,8 +19,10 @@ Three things make an export that works wherever torch.jit.trace works:
 """
 
 import contextlib
+import gc
 import io
 import re
+import traceback
 import warnings
 
 import torch
@@ -180,12 +182,44 @@ def parameter_bytes(module):
                for t in list(module.parameters()) + list(module.buffers()))
 
 
+def _refusal(e, opset):
+    """A kiln.UnsupportedOperatorError for torch's export exception `e`
+    when an op is what torch cannot export (naming it, e.ops, and what to
+    do), else None."""
+    text = str(e)
+    ops = {m: 1 for m in _ATEN_RE.findall(text)}
+    later = re.search(r"added in version (\d+)", text)
+    hint = ""
+    if later and int(later.group(1)) <= MAX_OPSET:
+        hint = (f"; torch exports it from opset {later.group(1)}: pass "
+                f"compiler_args=['--opset', '{later.group(1)}']")
+    elif ops:
+        hint = "; kiln.trace runs such an op on the CPU unless fallback=False"
+    if not (ops or type(e).__name__ == "UnsupportedOperatorError" or "not supported" in text):
+        return None
+    what = ", ".join(ops) or "an operator"
+    first = text.splitlines()[0] if text else ""
+    return errors.UnsupportedOperatorError(
+        f"torch cannot export {what} to ONNX opset {opset}: "
+        f"{first or type(e).__name__}{hint}", ops=ops, reasons=[f"export: {first}"])
+
+
 def export_onnx(traced, flat_inputs, input_names, output_names, opset, path=None):
     """ONNX bytes of a traced module; with `path`, exported to that file
     (torch puts a model over 2 GB's tensors in external data files beside
     it) and the model file's bytes returned.  When torch cannot export an
     op, a kiln.UnsupportedOperatorError naming it (e.ops) and what to do."""
     buf = io.BytesIO() if path is None else path
+    # torch's exporter hands Python wrappers of its graph's nodes and
+    # values around without owning them; one that outlives its graph (in
+    # the frames of an earlier export's traceback, until the cyclic
+    # collector frees them) is found again by pybind11 when a new graph
+    # reuses the address: a segfault or "Unable to cast from non-held to
+    # held instance" in a later export (kiln.trace after a refused one,
+    # tests/python/test_front_door.py).  So no earlier export's frames
+    # are left to collect, and a refused export's are cleared below.
+    gc.collect()
+    refused = None
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -193,24 +227,15 @@ def export_onnx(traced, flat_inputs, input_names, output_names, opset, path=None
                               output_names=list(output_names), opset_version=opset,
                               do_constant_folding=True)
         except Exception as e:  # torch raises several types here
-            text = str(e)
-            ops = {m: 1 for m in _ATEN_RE.findall(text)}
-            later = re.search(r"added in version (\d+)", text)
-            hint = ""
-            if later and int(later.group(1)) <= MAX_OPSET:
-                hint = (f"; torch exports it from opset {later.group(1)}: pass "
-                        f"compiler_args=['--opset', '{later.group(1)}']")
-            elif ops:
-                hint = "; kiln.trace runs such an op on the CPU unless fallback=False"
-            if ops or type(e).__name__ == "UnsupportedOperatorError" or \
-                    "not supported" in text:
-                what = ", ".join(ops) or "an operator"
-                raise errors.UnsupportedOperatorError(
-                    f"torch cannot export {what} to ONNX opset {opset}: "
-                    f"{text.splitlines()[0] if text else type(e).__name__}{hint}",
-                    ops=ops, reasons=[f"export: {text.splitlines()[0] if text else ''}"]) \
-                    from None
-            raise
+            refused = _refusal(e, opset)
+            if refused is None:
+                raise
+            traceback.clear_frames(e.__traceback__)
+    if refused is not None:
+        # raised here, not in the handler: torch's exception (and the
+        # frames it holds) is not kept as this one's __context__
+        gc.collect()
+        raise refused
     if path is None:
         return buf.getvalue()
     with open(path, "rb") as f:

@@ -120,6 +120,37 @@ def test_bert_like_encoder_on_int64_token_ids():
         traced(other.int())
 
 
+
+def test_exports_after_refused_ones_keep_no_stale_torch_graph_objects():
+    # torch's exporter leaves Python wrappers of its graph's nodes that it
+    # does not own in the frames of a refused export's traceback; kept
+    # alive (here: the errors are kept, as a caller might) until the
+    # cyclic collector runs, they were found again when a later export's
+    # graph reused their address: a segfault or "Unable to cast from
+    # non-held to held instance" within a few rounds of this loop.  In a
+    # subprocess, so that a crash fails this test alone.
+    res = run_python(f"""
+import sys, torch, kiln
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_front_door import GPTBlock, Bert
+kept = []
+for i in range(16):
+    torch.manual_seed(1)
+    try:
+        kiln.trace(GPTBlock().eval(), torch.randn(1, 6, 64), compiler_args=["--opset", "13"],
+                   fallback=False)
+        raise SystemExit("opset 13 exported aten::triu")
+    except kiln.UnsupportedOperatorError as e:
+        assert e.__context__ is None and e.__cause__ is None, e
+        kept = (kept + [e])[-3:]
+    torch.manual_seed(2)
+    m, ids = Bert().eval(), torch.randint(0, 500, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(kiln.trace(m, ids)(ids), m(ids), rtol=1e-4, atol=1e-4)
+print("ok")
+""", timeout=600)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
 class Structured(nn.Module):
     """Keyword and nested inputs; a dict output holding a nested tuple."""
 
