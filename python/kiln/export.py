@@ -161,6 +161,9 @@ def jit_trace(wrapper, flat_inputs):
     except RuntimeError as e:
         if "requires grad" not in str(e) and "leaf Variable" not in str(e):
             raise
+        # the failed trace's frames hold wrappers of its graph (export_onnx)
+        traceback.clear_frames(e.__traceback__)
+    gc.collect()
     with torch.no_grad():
         return torch.jit.trace(wrapper, tuple(flat_inputs), check_trace=False,
                                strict=False)
