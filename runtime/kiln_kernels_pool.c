@@ -7,7 +7,12 @@
 #include <math.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "runtime/kiln_exec.h"
+#include "runtime/kiln_gemm.h"
 #include "runtime/kiln_vmath.h"
 
 static int64_t s_pool_row_floats (const kiln_kplan_t *plan);
@@ -53,7 +58,8 @@ kiln_kprepare_MAXPOOL2D (kiln_program_t *p, kiln_prog_op_t *op, kiln_kplan_t *pl
     plan->u.pool.dw = w.d[1];
     plan->u.pool.pt = w.p[0];
     plan->u.pool.pl = w.p[1];
-    plan->ws_bytes = (size_t) s_pool_row_floats (plan) * sizeof (float);
+    /* (+ 48: the AVX-512 column loop reads whole vectors past the row) */
+    plan->ws_bytes = (size_t) (s_pool_row_floats (plan) + 48) * sizeof (float);
     return 0;
 }
 
@@ -84,6 +90,45 @@ s_max_cols (float *y, const float *cm, int64_t n, int64_t sw)
         y[q] = s_max_nan (y[q], cm[q * sw]);
 }
 
+#if defined(__x86_64__)
+/* s_max_nan on sixteen lanes: v where v is NaN, else max (best, v) (a
+ * NaN best kept), so that the lanes are the scalar loop's, bit for bit */
+__attribute__ ((target ("avx512f"))) static inline __m512
+s_max_nan16 (__m512 best, __m512 v)
+{
+    return _mm512_mask_mov_ps (_mm512_max_ps (v, best),
+                               _mm512_cmp_ps_mask (v, v, _CMP_UNORD_Q), v);
+}
+
+/* The columns of a 3-wide window at stride 2 (the 3×3 stride-2 pools of
+ * resnet's and densenet's stems): y[q] = max (cm[2q], cm[2q + 1],
+ * cm[2q + 2]) in that order, sixteen outputs from two loads and two
+ * more one pair later, their even and odd columns taken apart in
+ * registers where the portable loop reads every other float three
+ * times.  `cm` holds 2·ow + 1 floats and may be read 32 past them
+ * (lanes past ow are computed and dropped). */
+__attribute__ ((target ("avx512f"))) static void
+s_max_cols_3s2_avx512 (float *y, const float *cm, int64_t ow)
+{
+    const __m512i even = _mm512_setr_epi32 (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
+                                            24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32 (even, _mm512_set1_epi32 (1));
+    int64_t q = 0;
+    for (; q < ow; q += 16) {
+        const float *c = cm + 2 * q;
+        __m512 a = _mm512_loadu_ps (c), b = _mm512_loadu_ps (c + 16);
+        __m512 a2 = _mm512_loadu_ps (c + 2), b2 = _mm512_loadu_ps (c + 18);
+        __m512 m = _mm512_permutex2var_ps (a, even, b);
+        m = s_max_nan16 (m, _mm512_permutex2var_ps (a, odd, b));
+        m = s_max_nan16 (m, _mm512_permutex2var_ps (a2, even, b2));
+        if (ow - q >= 16)
+            _mm512_storeu_ps (y + q, m);
+        else
+            _mm512_mask_storeu_ps (y + q, (__mmask16) ((1u << (ow - q)) - 1), m);
+    }
+}
+#endif
+
 /* Output planes [first, first + count): for each output row, the maximum
  * over the window's input rows first (contiguous, vectorised) into
  * `colmax` (-inf in the padding), then over the window's columns, one
@@ -100,6 +145,9 @@ s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
     int64_t sw = plan->u.pool.sw, dw = plan->u.pool.dw, padl = plan->u.pool.pl;
     int64_t wp = s_pool_row_floats (plan);
     float *colmax = ws + padl;
+#if defined(__x86_64__)
+    bool fast = kw == 3 && sw == 2 && dw == 1 && strcmp (kiln_gemm_isa (), "avx512") == 0;
+#endif
     for (int64_t t = 0; t < padl; t++)
         ws[t] = -INFINITY;
     for (int64_t t = padl + w; t < wp; t++)
@@ -111,7 +159,18 @@ s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
             float *yr = yp + r * ow;
             int64_t h0 = r * plan->u.pool.sh - plan->u.pool.pt;
             bool any = false;
-            for (int64_t i = 0; i < kh; i++) {
+            int64_t i = 0;
+            /* three rows in one pass (a 3-high window inside the plane:
+             * one store an element, not three), in the loop's order */
+            if (kh == 3 && h0 >= 0 && h0 + 2 * plan->u.pool.dh < h) {
+                const float *r0 = xp + h0 * w, *r1 = r0 + plan->u.pool.dh * w,
+                            *r2 = r1 + plan->u.pool.dh * w;
+                for (int64_t t = 0; t < w; t++)
+                    colmax[t] = s_max_nan (s_max_nan (r0[t], r1[t]), r2[t]);
+                any = true;
+                i = kh;
+            }
+            for (; i < kh; i++) {
                 int64_t ih = h0 + i * plan->u.pool.dh;
                 if (ih < 0 || ih >= h)
                     continue;
@@ -123,6 +182,12 @@ s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
                         colmax[t] = s_max_nan (colmax[t], xr[t]);
                 any = true;
             }
+#if defined(__x86_64__)
+            if (fast && any) {
+                s_max_cols_3s2_avx512 (yr, ws, ow);
+                continue;
+            }
+#endif
             for (int64_t q = 0; q < ow; q++)
                 yr[q] = -INFINITY;
             for (int64_t j = 0; any && j < kw; j++) {

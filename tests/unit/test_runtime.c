@@ -539,6 +539,10 @@ START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
         { 1, 3, 9, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false },
         { 1, 2, 8, 67, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true },
         { 2, 2, 5, 64, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1, false },
+        /* three rows a pass (stride 1, rows 2 apart), the AVX-512
+         * 3-wide stride-2 columns (17 outputs: a vector and one) */
+        { 1, 2, 6, 21, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false },
+        { 1, 2, 11, 34, 3, 3, 2, 2, 1, 1, 1, 1, 2, 1, false },
         { 1, 2, 7, 99, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false },
     };
     size_t nan_case = sizeof cases / sizeof cases[0] - 1;
