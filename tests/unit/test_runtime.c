@@ -525,6 +525,43 @@ END_TEST
 
 /* --- pooling -------------------------------------------------------- */
 
+/* A 2×2 stride-2 average (densenet's transitions): every output the
+ * double sum of its window in row order over 4, the same float as the
+ * general loop's, on rows of 1 to 57 outputs. */
+START_TEST (test_avgpool_2x2_stride_2_is_the_double_sum)
+{
+    const int64_t widths[] = { 2, 10, 32, 34, 66, 114 };
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        int64_t c = 3, h = 6, w = widths[wi], oh = h / 2, ow = w / 2;
+        kiln_graph_t *g = kiln_graph_new ();
+        int x = testlib_input (g, "x", SH (1, c, h, w));
+        int y = testlib_tensor (g, "y");
+        int n = testlib_node (g, "AveragePool", "pool", &x, 1, y);
+        testlib_output (g, y);
+        testlib_ints (g, n, "kernel_shape", 2, 2, 2);
+        testlib_ints (g, n, "strides", 2, 2, 2);
+        float *xv = testlib_rand (c * h * w);
+        kiln_model_t *m = s_build (g, NULL, NULL);
+        float *got = s_run1 (m, xv, SH (1, c, oh, ow));
+        for (int64_t p = 0; p < c; p++)
+            for (int64_t r = 0; r < oh; r++)
+                for (int64_t q = 0; q < ow; q++) {
+                    const float *x0 = xv + (p * h + 2 * r) * w + 2 * q, *x1 = x0 + w;
+                    float want = (float) (((((double) x0[0] + x0[1]) + x1[0]) + x1[1]) / 4.0);
+                    float v = got[(p * oh + r) * ow + q];
+                    ck_assert_msg (memcmp (&v, &want, sizeof v) == 0, "width %lld: "
+                                   "output (%lld, %lld, %lld) is %.9g, want %.9g",
+                                   (long long) w, (long long) p, (long long) r,
+                                   (long long) q, (double) v, (double) want);
+                }
+        free (got);
+        free (xv);
+        kiln_model_destroy (&m);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
 START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
 {
     struct { int64_t n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw; bool ceil; } cases[] = {
@@ -1521,6 +1558,7 @@ s_suite (void)
     tcase_add_test (tc, test_matmul_batched_and_broadcast_matches_naive_product);
     tcase_add_test (tc, test_binary_ops_broadcast_like_numpy);
     tcase_add_test (tc, test_maxpool_with_pads_strides_dilations_ceil_matches_naive);
+    tcase_add_test (tc, test_avgpool_2x2_stride_2_is_the_double_sum);
     tcase_add_test (tc, test_global_average_pool_matches_mean);
     tcase_add_test (tc, test_small_cnn_matches_reference_and_reuses_memory);
     tcase_add_test (tc, test_views_alias_or_copy_with_same_result);
