@@ -120,7 +120,6 @@ def test_bert_like_encoder_on_int64_token_ids():
         traced(other.int())
 
 
-
 def test_exports_after_refused_ones_keep_no_stale_torch_graph_objects():
     # torch's exporter leaves Python wrappers of its graph's nodes that it
     # does not own in the frames of a refused export's traceback; kept
@@ -150,6 +149,7 @@ for i in range(16):
 print("ok")
 """, timeout=600)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
 
 class Structured(nn.Module):
     """Keyword and nested inputs; a dict output holding a nested tuple."""
