@@ -220,6 +220,12 @@ kiln_gemm_isa (void)
     return kiln_gisa.name;
 }
 
+bool
+kiln_gemm_avx512 (void)
+{
+    return strcmp (kiln_gemm_isa (), "avx512") == 0;
+}
+
 /* --- driver ---------------------------------------------------------- */
 
 typedef struct {

@@ -180,4 +180,8 @@ void kiln_gemm_taps_b (const kiln_gemm_t *g, const float *a, const float *b,
 /* "avx512", "avx2" or "generic": the micro-kernel in use. */
 const char *kiln_gemm_isa (void);
 
+/* The micro-kernel in use is AVX-512 (the CPU has it and KILN_RT_ISA
+ * does not force a narrower one): the kernels' own AVX-512 loops may run. */
+bool kiln_gemm_avx512 (void);
+
 #endif

@@ -59,7 +59,7 @@ static bool
 s_avx512 (void)
 {
 #if defined(__x86_64__)
-    return strcmp (kiln_gemm_isa (), "avx512") == 0;
+    return kiln_gemm_avx512 ();
 #else
     return false;
 #endif

@@ -146,7 +146,7 @@ s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
     int64_t wp = s_pool_row_floats (plan);
     float *colmax = ws + padl;
 #if defined(__x86_64__)
-    bool fast = kw == 3 && sw == 2 && dw == 1 && strcmp (kiln_gemm_isa (), "avx512") == 0;
+    bool fast = kw == 3 && sw == 2 && dw == 1 && kiln_gemm_avx512 ();
 #endif
     for (int64_t t = 0; t < padl; t++)
         ws[t] = -INFINITY;

@@ -387,7 +387,7 @@ s_use_softmax_avx512 (void)
     int v = __atomic_load_n (&s_softmax_avx512, __ATOMIC_RELAXED);
     if (v < 0) {
         v = __builtin_cpu_supports ("avx512f")
-            && strcmp (kiln_gemm_isa (), "avx512") == 0;
+            && kiln_gemm_avx512 ();
         __atomic_store_n (&s_softmax_avx512, v, __ATOMIC_RELAXED);
     }
     return v;

@@ -79,6 +79,17 @@ void kiln_vlayer_norm_row (const float *x, float *y, int64_t n, const float *sc,
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+/* The exponentials' reduction: x = n·ln 2 + r, n = round (x·log2 e),
+ * r by ln 2 in two parts; r is returned, n goes to *n. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
+kiln_exp_reduce16 (__m512 x, __m512 *n)
+{
+    *n = _mm512_roundscale_ps (_mm512_mul_ps (x, _mm512_set1_ps (1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps (*n, _mm512_set1_ps (0.693359375f), x);
+    return _mm512_fnmadd_ps (*n, _mm512_set1_ps (-2.12194440e-4f), r);
+}
+
 /* e^x on sixteen lanes for x <= 0 (not NaN), as kiln_vmath.c's s_exp_nonpos
  * computes it but with the polynomial's multiplies and adds fused: n = round-to-
  * nearest-even (x·log2 e) by roundscale (what adding and subtracting
@@ -91,17 +102,6 @@ void kiln_vlayer_norm_row (const float *x, float *y, int64_t n, const float *sc,
 /* The same without the last step's mask: below -103.97 the result is 0
  * or a subnormal under 2^-149 rather than 0 (for callers to whom that
  * difference is nothing). */
-/* The exponentials' reduction: x = n·ln 2 + r, n = round (x·log2 e),
- * r by ln 2 in two parts; r is returned, n goes to *n. */
-__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
-kiln_exp_reduce16 (__m512 x, __m512 *n)
-{
-    *n = _mm512_roundscale_ps (_mm512_mul_ps (x, _mm512_set1_ps (1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps (*n, _mm512_set1_ps (0.693359375f), x);
-    return _mm512_fnmadd_ps (*n, _mm512_set1_ps (-2.12194440e-4f), r);
-}
-
 __attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 kiln_exp_nonpos16_raw (__m512 x)
 {

@@ -5,8 +5,8 @@ cross-attention whose queries, keys and values differ in length and
 width, scaled after the product, with a key-padding mask broadcast over
 heads and queries; GPT's block, Q, K and V a Split of one product (read
 at offsets, the Split writing only an output some other op reads) and a
-causal mask built in forward; one head over a sequence long enough to be cut into
-blocks of queries; and the scores' softmax over an axis that is not the
+causal mask built in forward; one head over a sequence long enough to be
+cut into blocks of queries; and the scores' softmax over an axis that is not the
 last, which must stay apart.  Each small model is exported with
 torch.onnx.export (opset 14), compiled at -O2 and -O3 and run on every
 micro-kernel this CPU has and with 2 and 3 threads; every output must be
