@@ -33,7 +33,7 @@
                                        least, per thread (s_blocking) */
 #define S_B_L1_FLOATS (8 * 1024)    /* a packed weight's k block of a tile's
                                        columns this small stays in L1 */
-#define S_B_L2_FLOATS (64 * 1024)   /* and one this small in L2 */
+#define S_B_L2_FLOATS (256 * 1024)  /* and one this small in L2 */
 
 /* The micro-kernels in use: the portable ones until s_isa_init picks
  * the CPU's (KILN_RT_ISA=avx2 or generic forces a narrower one). */
@@ -609,10 +609,13 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
          * over several row blocks and the weight's block stays in L2
          * while every row panel reads it: convnext_tiny's first stage
          * (3136 rows, 96 -> 384 and 384 -> 96) took 0.89 of the time
-         * that way, the model 0.967 (paired in one process, 1 thread;
-         * 0.978 at 2); a transformer's products (128 or 197 rows, one
-         * block) and mobilenet_v2's at 14 × 14 (196 rows) are left as
-         * they were, the latter 1.014 of the time turned. */
+         * that way, its second (784 rows, 192 -> 768, 576 KiB of
+         * weight) 0.925 at 1 thread and 0.919 at 2, the model 0.967
+         * (paired in one process); 1024 -> 512 -> 1024 at 1024 rows
+         * (2 MiB of weight) 1.18, so not past 1 MiB.  A transformer's
+         * products (128 or 197 rows, one block) and mobilenet_v2's at
+         * 14 × 14 (196 rows) are left as they were, the latter 1.014 of
+         * the time turned. */
         bool b_in_l2 = direct && g->m > bl->mc && kc * (n1 - n0) <= S_B_L2_FLOATS;
         if (j_outer && (part || b_half || (kc * (n1 - n0) > S_B_L1_FLOATS && !b_in_l2))) {
             /* (in order: a 7-row panel's zero eighth row lands in the

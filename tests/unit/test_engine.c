@@ -396,6 +396,9 @@ s_check_engine (void)
     static const int64_t shapes[][3] = {
         { 1, 1, 1 }, { 7, 33, 5 }, { 8, 32, 256 }, { 13, 70, 300 },
         { 64, 49, 600 }, { 3, 100, 0 }, { 40, 17, 257 }, { 129, 65, 33 },
+        /* two blocks of rows over a weight between L1 and L2 (s_tile's
+         * row panels outermost when A's rows are read in place) */
+        { 300, 100, 90 },
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         s_check_shape (shapes[i][0], shapes[i][1], shapes[i][2]);
