@@ -395,14 +395,16 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
     bool rows_first = b_packed && !a_packed;
     if (threads > 1 && rows_first && count == 1 && g->m <= bl->mc && g->n <= bl->nc) {
         s_split_one (g, threads, bl);
-        /* Rows of A read where they lie pack nothing per tile: their
-         * column tiles are cut on until each thread has S_TILES_PER_THREAD,
-         * so that a thread slowed by its host (another tenant on the core)
-         * hands its last tiles to the other (kiln_exec_parallel).  A
-         * transformer's products at 2 threads, paired run by run in one
-         * process: vit_b_16 0.973 and BERT-base 0.962 of the time (median
-         * ratio) while the host was slow, 0.997 and 0.996 while quiet. */
-        bool direct = g->a.kind == KILN_GSRC_STRIDED && g->a.cs == 1 && !g->a_pro.s;
+        /* Rows of A read where they lie (s_tile's `direct`: AVX-512, C
+         * not transposed) pack nothing per tile: their column tiles are
+         * cut on until each thread has S_TILES_PER_THREAD, so that a
+         * thread slowed by its host hands its last tiles to the other
+         * (kiln_exec_parallel).  A transformer's products at 2 threads,
+         * paired run by run in one process: vit_b_16 0.973 and BERT-base
+         * 0.962 of the time (median ratio) while the host was slow, 0.997
+         * and 0.996 while quiet. */
+        bool direct = kiln_gisa.fin_avx512 && !g->c_trans && g->a.kind == KILN_GSRC_STRIDED
+                      && g->a.cs == 1 && !g->a_pro.s;
         while (direct && bl->nc >= 4 * NR
                && ((g->m + bl->mc - 1) / bl->mc) * ((g->n + bl->nc - 1) / bl->nc)
                       < S_TILES_PER_THREAD * threads)
