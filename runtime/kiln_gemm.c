@@ -368,8 +368,7 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
      * then: a channels-last 1×1 convolution on a 14 × 14 plane took 0.64-
      * 0.78 of the time of 7-row panels, on a 7 × 7 one (49 rows computed
      * as 56) 0.87-0.93 (mobilenet_v2, side by side). */
-    if (kiln_gisa.fin_avx512 && !g->c_trans && g->a.kind == KILN_GSRC_STRIDED
-        && g->a.cs == 1 && !g->a_pro.s)
+    if (kiln_gemm_a_in_place (g))
         bl->rp = MR;
     bl->mc = a_packed ? s_round_up (g->m, MR)
                       : s_min (s_round_up (g->m, bl->rp), S_MC / bl->rp * bl->rp);
@@ -395,17 +394,14 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
     bool rows_first = b_packed && !a_packed;
     if (threads > 1 && rows_first && count == 1 && g->m <= bl->mc && g->n <= bl->nc) {
         s_split_one (g, threads, bl);
-        /* Rows of A read where they lie (s_tile's `direct`: AVX-512, C
-         * not transposed) pack nothing per tile: their column tiles are
-         * cut on until each thread has S_TILES_PER_THREAD, so that a
-         * thread slowed by its host hands its last tiles to the other
-         * (kiln_exec_parallel).  A transformer's products at 2 threads,
-         * paired run by run in one process: vit_b_16 0.973 and BERT-base
-         * 0.962 of the time (median ratio) while the host was slow, 0.997
-         * and 0.996 while quiet. */
-        bool direct = kiln_gisa.fin_avx512 && !g->c_trans && g->a.kind == KILN_GSRC_STRIDED
-                      && g->a.cs == 1 && !g->a_pro.s;
-        while (direct && bl->nc >= 4 * NR
+        /* Rows of A read where they lie (kiln_gemm_a_in_place) pack
+         * nothing per tile: their column tiles are cut on until each
+         * thread has S_TILES_PER_THREAD, so that a thread slowed by its
+         * host hands its last tiles to the other (kiln_exec_parallel).  A
+         * transformer's products at 2 threads, paired run by run in one
+         * process: vit_b_16 0.973 and BERT-base 0.962 of the time (median
+         * ratio) while the host was slow, 0.997 and 0.996 while quiet. */
+        while (kiln_gemm_a_in_place (g) && bl->nc >= 4 * NR
                && ((g->m + bl->mc - 1) / bl->mc) * ((g->n + bl->nc - 1) / bl->nc)
                       < S_TILES_PER_THREAD * threads)
             bl->nc = s_round_up (bl->nc / 2, NR);
@@ -527,7 +523,7 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
      * they lie: only a last panel of fewer than MR rows is packed. */
     bool x = kiln_gisa.fin_avx512 && !g->c_trans && rp == MR;
     bool xepi = x && kiln_gfinish_fast (g);
-    bool direct = x && g->a.kind == KILN_GSRC_STRIDED && g->a.cs == 1 && !g->a_pro.s;
+    bool direct = x && kiln_gemm_a_in_place (g);
     int64_t m_full = m0 + (m1 - m0) / MR * MR;  /* rows read where they lie */
     /* A B of rows along k (a pointwise convolution's X, a MatMul's
      * activations) that the row panels share: the first, a whole panel
@@ -613,11 +609,12 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
          * (3136 rows, 96 -> 384 and 384 -> 96) took 0.89 of the time
          * that way, its second (784 rows, 192 -> 768, 576 KiB of
          * weight) 0.925 at 1 thread and 0.919 at 2, the model 0.967
-         * (paired in one process); 1024 -> 512 -> 1024 at 1024 rows
-         * (2 MiB of weight) 1.18, so not past 1 MiB.  A transformer's
-         * products (128 or 197 rows, one block) and mobilenet_v2's at
-         * 14 × 14 (196 rows) are left as they were, the latter 1.014 of
-         * the time turned. */
+         * with the first stage's alone (paired in one process; not
+         * measured again with both, the host too noisy then); 1024 ->
+         * 512 -> 1024 at 1024 rows (2 MiB of weight) 1.18, so not past
+         * 1 MiB.  A transformer's products (128 or 197 rows, one block)
+         * and mobilenet_v2's at 14 × 14 (196 rows) are left as they
+         * were, the latter 1.014 of the time turned. */
         bool b_in_l2 = direct && g->m > bl->mc && kc * (n1 - n0) <= S_B_L2_FLOATS;
         if (j_outer && (part || b_half || (kc * (n1 - n0) > S_B_L1_FLOATS && !b_in_l2))) {
             /* (in order: a 7-row panel's zero eighth row lands in the

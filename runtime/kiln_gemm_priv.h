@@ -86,6 +86,16 @@ extern kiln_gisa_t kiln_gisa;
 /* Fill kiln_gisa, once; every entry point calls it first. */
 void kiln_gisa_init (void);
 
+/* AVX-512 tiles read A's rows where they lie (kiln_gukr_avx512_x): a
+ * strided A laid along k, no prologue, C not transposed.  Nothing of A
+ * is packed then but a last panel of fewer than MR rows. */
+static inline bool
+kiln_gemm_a_in_place (const kiln_gemm_t *g)
+{
+    return kiln_gisa.fin_avx512 && !g->c_trans && g->a.kind == KILN_GSRC_STRIDED
+           && g->a.cs == 1 && !g->a_pro.s;
+}
+
 /* kiln_gemm_generic.c */
 kiln_gukr_fn kiln_gukr_generic;
 kiln_gukr_fn kiln_gukr_generic_16;

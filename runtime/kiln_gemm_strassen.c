@@ -171,8 +171,7 @@ kiln_gemm_strassen (const kiln_gemm_t *g)
 {
 #if defined(__x86_64__)
     kiln_gisa_init ();
-    return kiln_gisa.fin_avx512 && !g->c_trans && g->b.kind == KILN_GSRC_PACKED
-           && !g->b_half && g->a.kind == KILN_GSRC_STRIDED && g->a.cs == 1 && !g->a_pro.s
+    return kiln_gemm_a_in_place (g) && g->b.kind == KILN_GSRC_PACKED && !g->b_half
            && kiln_gstrassen_shape (g->m, g->n, g->k) && kiln_gfinish_fast (g);
 #else
     (void) g;
