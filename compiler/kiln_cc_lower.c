@@ -887,6 +887,23 @@ static bool
 s_wino_pays (int64_t c, int64_t m, int64_t oh, int64_t ow, int tile)
 {
     int64_t tiles = ((oh + tile - 1) / tile) * ((ow + tile - 1) / tile);
+    /* Nor with few input channels: c is the k of every point's product,
+     * and on short k the tiles' stores and the two transforms outweigh
+     * the products saved, unless the plane is large.  One-op models,
+     * Winograd against direct (-O3 against -O2, relu fused, 1 thread):
+     * from 16 channels 1.10-2.24 on every plane up to 112 × 112; from 32
+     * 1.05-1.66 up to 40 × 40, 0.93 at 56 × 56 and 0.69 at 112 × 112;
+     * from 48 1.01 at 28 × 28, 0.78 at 56 × 56; from 64 1.20 at 14 × 14,
+     * 1.08 at 27 × 27, 0.88 at 28 × 28 and 0.63-0.77 from 40 × 40; from
+     * 80 0.86 at 14 × 14 (squeezenet's and googlenet's narrow 3×3 layers
+     * had lost up to 1.3 times their time). */
+    int64_t positions = oh * ow;
+    if (c < 32 || (c < 64 && positions < 56 * 56) || (c < 80 && positions < 28 * 28))
+        return false;
+    /* F(2x2) on one block of 16 tiles (a 7 × 7 or 8 × 8 output) lost
+     * below 128 input channels: 96 → 96 1.37, 64 → 128 1.43. */
+    if (tile == 2 && tiles <= KILN_PACK_NR / 2 && c < 128)
+        return false;
     /* Nor on one block of 16 tiles to 32 output channels or fewer: the
      * input's transform, for every input channel, outweighs the products
      * it saves; densenet121's 128 → 32 at 14 × 14 took 0.260 ms by

@@ -82,7 +82,8 @@ class LinearGelu(torch.nn.Module):
 
 MODELS = {
     "conv_silu": (lambda: ConvAct(torch.nn.SiLU()), (1, 16, 20, 20)),
-    "conv_sigmoid": (lambda: ConvAct(torch.nn.Sigmoid(), k=3), (1, 16, 28, 28)),
+    # (80 channels in: Winograd; from 16 the 3x3 runs direct)
+    "conv_sigmoid": (lambda: ConvAct(torch.nn.Sigmoid(), c=80, k=3), (1, 80, 28, 28)),
     "conv_hardswish": (lambda: ConvAct(torch.nn.Hardswish(), k=3, bn=False), (1, 16, 14, 14)),
     "conv_hardsigmoid": (lambda: ConvAct(torch.nn.Hardsigmoid()), (1, 16, 7, 7)),
     "conv_tanh": (lambda: ConvAct(torch.nn.Tanh()), (1, 16, 9, 9)),

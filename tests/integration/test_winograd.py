@@ -45,17 +45,18 @@ class Conv3(torch.nn.Module):
 
 # n, c, m, h, w, residual
 SHAPES = [
-    (1, 64, 64, 14, 14, True),      # tile 4, one block of 16 tiles: shared V
-    (1, 48, 80, 7, 7, False),       # tile 2, 16 tiles: shared V
+    (1, 80, 64, 14, 14, True),      # tile 4, one block of 16 tiles: shared V
+    (1, 128, 80, 7, 7, False),      # tile 2, 16 tiles: shared V
     (1, 520, 40, 14, 14, False),    # two blocks of channels, shared V
-    (2, 32, 48, 9, 11, False),      # partial tiles, a batch of two
-    (1, 24, 96, 28, 28, True),      # 49 tiles of 4 x 4: Winograd-T
-    (1, 16, 32, 56, 56, False),     # many blocks of tiles: no sharing
-    (3, 40, 40, 6, 10, True),       # a batch, blocks of one image each
+    (2, 80, 48, 9, 11, False),      # partial tiles, a batch of two
+    (1, 80, 96, 28, 28, True),      # 49 tiles of 4 x 4: Winograd-T
+    (1, 32, 32, 56, 56, False),     # many blocks of tiles: no sharing
+    (3, 128, 40, 6, 10, True),      # a batch, blocks of one image each
     (1, 128, 32, 28, 28, False),    # Winograd-T, one 32-channel panel: smaller blocks
     (1, 128, 48, 14, 14, False),    # one block of 16 tiles, 48 channels: chunks under 32
-    # (32 channels or fewer on one block run direct: test_engine's
-    # test_winograd_skips_few_output_channels)
+    # (32 output channels or fewer on one block, and few input channels
+    # on a small plane, run direct: test_engine's
+    # test_winograd_skips_few_output_channels and _input_channels)
 ]
 
 

@@ -835,6 +835,32 @@ START_TEST (test_winograd_skips_few_output_channels)
 }
 END_TEST
 
+START_TEST (test_winograd_skips_few_input_channels)
+{
+    /* The input channels are the k of Winograd's point products: under
+     * 32 always direct, under 64 from 56 x 56 on, under 80 from 28 x 28
+     * on; F(2x2) on one block of 16 tiles (7 x 7) from 128.  Each case
+     * on one side of a bound, against -O0. */
+    int64_t cases[][5] = { { 16, 64, 55, 55, 0 }, { 16, 16, 112, 112, 0 },
+                           { 32, 32, 40, 40, 0 }, { 32, 32, 56, 56, 1 },
+                           { 48, 96, 28, 28, 0 }, { 64, 64, 27, 27, 0 },
+                           { 64, 64, 28, 28, 1 }, { 80, 160, 14, 14, 1 },
+                           { 96, 96, 7, 7, 0 }, { 128, 64, 7, 7, 1 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_graph_t *g = s_conv_block (cases[i][0], cases[i][1], cases[i][2],
+                                        cases[i][3], 1, 1, 1);
+        kiln_program_t *p = s_check_against_o0 (g, 3, 1e-5, "3x3 block, few channels in");
+        const kiln_prog_param_t *wino = s_param (p, KILN_K_CONV2D, "winograd");
+        ck_assert_msg ((wino != NULL) == (cases[i][4] == 1), "%lld -> %lld at %lld x %lld: %s",
+                       (long long) cases[i][0], (long long) cases[i][1],
+                       (long long) cases[i][2], (long long) cases[i][3],
+                       wino ? "winograd" : "direct");
+        kiln_program_destroy (&p);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
 /* The 3x3 product runs transposed only where the padding it saves pays
  * for gathering its rows element by element (S_TRANS_GATHER in
  * compiler/kiln_cc_lower.c), or where the runtime reads its rows in place
@@ -881,10 +907,11 @@ START_TEST (test_winograd_convolution_matches_o0)
      * channel blocks of the transform, F(4x4) where the tiles fill its
      * blocks better and F(2x2) where they do not; transposed, tile panels
      * of 7 (49 tiles) and of 8 (40, the last tiles partial).  (One block
-     * of 16 tiles or fewer needs more than 32 output channels: fewer run
-     * direct, test_winograd_skips_few_output_channels.) */
-    int64_t cases[][7] = { { 16, 40, 9, 13, 1, 4, 0 }, { 32, 48, 14, 14, 1, 4, 0 },
-                           { 300, 40, 7, 7, 1, 2, 0 }, { 17, 40, 12, 5, 0, 2, 0 },
+     * of 16 tiles or fewer needs more than 32 output channels, and few
+     * input channels need a large plane: fewer run direct,
+     * test_winograd_skips_few_output_channels and _input_channels.) */
+    int64_t cases[][7] = { { 80, 40, 9, 13, 1, 4, 0 }, { 80, 48, 14, 14, 1, 4, 0 },
+                           { 300, 40, 7, 7, 1, 2, 0 }, { 129, 40, 12, 5, 0, 2, 0 },
                            { 2000, 16, 28, 30, 1, 4, 0 },
                            { 600, 64, 28, 28, 1, 4, 1 }, { 128, 64, 20, 31, 1, 4, 1 } };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1415,6 +1442,7 @@ s_suite (void)
     tcase_add_test (tc, test_attention_strides_outside_the_operand_are_refused);
     tcase_add_test (tc, test_winograd_convolution_matches_o0);
     tcase_add_test (tc, test_winograd_skips_few_output_channels);
+    tcase_add_test (tc, test_winograd_skips_few_input_channels);
     tcase_add_test (tc, test_transposed_conv_pays_for_its_gather);
     tcase_add_test (tc, test_depthwise_convolution_matches_o0);
     tcase_add_test (tc, test_batch_norm_folds_into_the_convolution);
