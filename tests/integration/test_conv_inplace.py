@@ -21,7 +21,8 @@ its stride's phases, 64 to 256 sums an output): RegNet's grouped 3x3
 convolutions of 8 channels a group, at stride 1 and 2 (12 output
 channels a group: a partial row panel), a 7x7 stride-2 stem, dilation
 2, a grouped 5x5, and a batch of odd sizes whose tiles of 32 positions
-cross output rows and end past the last.
+cross output rows and end past the last; stride 2 from odd sizes and
+from padding 2 over rows of 60, and stride 3.
 """
 
 import pytest
@@ -76,6 +77,12 @@ SHAPES = [
     ("dilated_phases", 1, 16, 16, (40, 40), 3, 1, 2, 1, False, "silu"),
     ("grouped5", 1, 16, 32, (40, 40), 5, 1, 1, 2, False, "relu"),
     ("odd_batch", 2, 12, 20, (23, 29), 3, 1, 1, 1, False, "relu"),
+    # stride 2 from odd sizes (a 7-wide output, rows of 13 split into
+    # phases of 8), padding 2 with rows of 60 (four blocks of 16 columns
+    # a phase), stride 3 (the portable copy on every ISA)
+    ("regnet_s2_odd", 1, 64, 64, (15, 13), 3, 2, 1, 4, False, "relu"),
+    ("grouped5_s2", 1, 32, 32, (21, 60), 5, 2, 1, 4, False, "relu"),
+    ("stride3", 1, 16, 16, (40, 40), 3, 3, 1, 2, False, "relu"),
 ]
 
 
