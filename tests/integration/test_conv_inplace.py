@@ -83,6 +83,11 @@ SHAPES = [
     ("regnet_s2_odd", 1, 64, 64, (15, 13), 3, 2, 1, 4, False, "relu"),
     ("grouped5_s2", 1, 32, 32, (21, 60), 5, 2, 1, 4, False, "relu"),
     ("stride3", 1, 16, 16, (40, 40), 3, 3, 1, 2, False, "relu"),
+    # a 7x7 output (a grid of 7 x 9: two tiles, as gathered), 4 groups
+    # (copied apart, then computed, at 2 and 3 threads) and 25 (each
+    # group's copy in its own task)
+    ("regnet7", 1, 64, 64, (7, 7), 3, 1, 1, 4, True, "relu"),
+    ("regnet7_g25", 1, 400, 400, (7, 7), 3, 1, 1, 25, False, "relu"),
 ]
 
 
