@@ -562,6 +562,74 @@ START_TEST (test_avgpool_2x2_stride_2_is_the_double_sum)
 }
 END_TEST
 
+/* Every other average pool (s_avg_planes: column sums of the window's
+ * rows, then the window's columns), against the window's mean computed
+ * cell by cell in double: padded or not, counting the padding or not,
+ * with ceil_mode (last windows past the padded plane), strides that leave
+ * columns unread, dilations, long rows, 1-wide windows. */
+START_TEST (test_avgpool_with_pads_strides_dilations_ceil_matches_naive)
+{
+    struct { int64_t n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw; bool ceil, incl; } cases[] = {
+        { 1, 3, 12, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, true },     /* inception */
+        { 1, 3, 12, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, false },
+        { 2, 2, 25, 25, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, false, false },    /* unpadded */
+        { 1, 2, 7, 8, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, true, false },       /* ceil_mode */
+        { 1, 2, 7, 8, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, true, true },
+        { 1, 2, 9, 10, 2, 2, 3, 3, 0, 0, 0, 0, 1, 1, false, false },     /* columns unread */
+        { 1, 2, 11, 13, 3, 3, 1, 2, 2, 1, 0, 2, 2, 2, false, true },     /* dilated, uneven */
+        { 1, 2, 5, 70, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, false, true },      /* long rows */
+        { 1, 2, 9, 9, 1, 7, 1, 1, 0, 3, 0, 3, 1, 1, false, true },       /* 1 x 7 */
+        { 1, 2, 9, 9, 7, 1, 1, 1, 3, 0, 3, 0, 1, 1, false, false },      /* 7 x 1 */
+        { 1, 2, 6, 6, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, false, false },      /* 2 x 2, 2 */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        __typeof__ (cases[0]) *c = &cases[ci];
+        kiln_graph_t *g = kiln_graph_new ();
+        int x = testlib_input (g, "x", SH (c->n, c->c, c->h, c->w));
+        int y = testlib_tensor (g, "y");
+        int n = testlib_node (g, "AveragePool", "pool", &x, 1, y);
+        testlib_output (g, y);
+        testlib_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
+        testlib_ints (g, n, "strides", 2, c->sh, c->sw);
+        testlib_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
+        testlib_ints (g, n, "dilations", 2, c->dh, c->dw);
+        testlib_int (g, n, "ceil_mode", c->ceil);
+        testlib_int (g, n, "count_include_pad", c->incl);
+        g->opset = 19;      /* (dilations on AveragePool) */
+        int64_t oh = s_out (c->h, c->pt, c->pb, c->kh, c->sh, c->dh, c->ceil);
+        int64_t ow = s_out (c->w, c->pl, c->pr, c->kw, c->sw, c->dw, c->ceil);
+        kiln_shape_t ys = SH (c->n, c->c, oh, ow);
+        float *xv = testlib_rand (c->n * c->c * c->h * c->w);
+        double *ref = malloc ((size_t) testlib_numel (&ys) * sizeof *ref);
+        for (int64_t p = 0; p < c->n * c->c; p++)
+            for (int64_t r = 0; r < oh; r++)
+                for (int64_t q = 0; q < ow; q++) {
+                    double sum = 0.0;
+                    int64_t cells = 0;
+                    for (int64_t i = 0; i < c->kh; i++)
+                        for (int64_t j = 0; j < c->kw; j++) {
+                            int64_t ih = r * c->sh - c->pt + i * c->dh;
+                            int64_t iw = q * c->sw - c->pl + j * c->dw;
+                            bool in = ih >= 0 && ih < c->h && iw >= 0 && iw < c->w;
+                            if (c->incl ? ih < c->h + c->pb && iw < c->w + c->pr : in)
+                                cells++;
+                            if (in)
+                                sum += xv[(p * c->h + ih) * c->w + iw];
+                        }
+                    ref[(p * oh + r) * ow + q] = sum / (double) cells;
+                }
+        kiln_model_t *m = s_build (g, NULL, NULL);
+        float *got = s_run1 (m, xv, ys);
+        s_assert_close (got, ref, testlib_numel (&ys), "avgpool");
+        free (got);
+        free (ref);
+        free (xv);
+        kiln_model_destroy (&m);
+        kiln_graph_destroy (&g);
+    }
+}
+END_TEST
+
 START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
 {
     struct { int64_t n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw; bool ceil; } cases[] = {
@@ -1559,6 +1627,7 @@ s_suite (void)
     tcase_add_test (tc, test_binary_ops_broadcast_like_numpy);
     tcase_add_test (tc, test_maxpool_with_pads_strides_dilations_ceil_matches_naive);
     tcase_add_test (tc, test_avgpool_2x2_stride_2_is_the_double_sum);
+    tcase_add_test (tc, test_avgpool_with_pads_strides_dilations_ceil_matches_naive);
     tcase_add_test (tc, test_global_average_pool_matches_mean);
     tcase_add_test (tc, test_small_cnn_matches_reference_and_reuses_memory);
     tcase_add_test (tc, test_views_alias_or_copy_with_same_result);
