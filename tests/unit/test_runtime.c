@@ -562,6 +562,37 @@ START_TEST (test_avgpool_2x2_stride_2_is_the_double_sum)
 }
 END_TEST
 
+/* A pooling case: input, window, strides, pads, dilations, ceil_mode
+ * and (AveragePool) count_include_pad. */
+typedef struct {
+    int64_t n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw;
+    bool ceil, incl;
+} pool_case_t;
+
+/* A graph of one `op` (MaxPool or AveragePool) of case c; its output's
+ * height and width in *oh, *ow. */
+static kiln_graph_t *
+s_pool_graph (const char *op, const pool_case_t *c, int64_t *oh, int64_t *ow)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = testlib_input (g, "x", SH (c->n, c->c, c->h, c->w));
+    int y = testlib_tensor (g, "y");
+    int n = testlib_node (g, op, "pool", &x, 1, y);
+    testlib_output (g, y);
+    testlib_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
+    testlib_ints (g, n, "strides", 2, c->sh, c->sw);
+    testlib_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
+    testlib_ints (g, n, "dilations", 2, c->dh, c->dw);
+    testlib_int (g, n, "ceil_mode", c->ceil);
+    if (strcmp (op, "AveragePool") == 0) {
+        testlib_int (g, n, "count_include_pad", c->incl);
+        g->opset = 19;      /* (dilations on AveragePool) */
+    }
+    *oh = s_out (c->h, c->pt, c->pb, c->kh, c->sh, c->dh, c->ceil);
+    *ow = s_out (c->w, c->pl, c->pr, c->kw, c->sw, c->dw, c->ceil);
+    return g;
+}
+
 /* Every other average pool (s_avg_planes: column sums of the window's
  * rows, then the window's columns), against the window's mean computed
  * cell by cell in double: padded or not, counting the padding or not,
@@ -569,7 +600,7 @@ END_TEST
  * columns unread, dilations, long rows, 1-wide windows. */
 START_TEST (test_avgpool_with_pads_strides_dilations_ceil_matches_naive)
 {
-    struct { int64_t n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw; bool ceil, incl; } cases[] = {
+    pool_case_t cases[] = {
         { 1, 3, 12, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, true },     /* inception */
         { 1, 3, 12, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, false },
         { 2, 2, 25, 25, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, false, false },    /* unpadded */
@@ -583,21 +614,9 @@ START_TEST (test_avgpool_with_pads_strides_dilations_ceil_matches_naive)
         { 1, 2, 6, 6, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, false, false },      /* 2 x 2, 2 */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        __typeof__ (cases[0]) *c = &cases[ci];
-        kiln_graph_t *g = kiln_graph_new ();
-        int x = testlib_input (g, "x", SH (c->n, c->c, c->h, c->w));
-        int y = testlib_tensor (g, "y");
-        int n = testlib_node (g, "AveragePool", "pool", &x, 1, y);
-        testlib_output (g, y);
-        testlib_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
-        testlib_ints (g, n, "strides", 2, c->sh, c->sw);
-        testlib_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
-        testlib_ints (g, n, "dilations", 2, c->dh, c->dw);
-        testlib_int (g, n, "ceil_mode", c->ceil);
-        testlib_int (g, n, "count_include_pad", c->incl);
-        g->opset = 19;      /* (dilations on AveragePool) */
-        int64_t oh = s_out (c->h, c->pt, c->pb, c->kh, c->sh, c->dh, c->ceil);
-        int64_t ow = s_out (c->w, c->pl, c->pr, c->kw, c->sw, c->dw, c->ceil);
+        const pool_case_t *c = &cases[ci];
+        int64_t oh, ow;
+        kiln_graph_t *g = s_pool_graph ("AveragePool", c, &oh, &ow);
         kiln_shape_t ys = SH (c->n, c->c, oh, ow);
         float *xv = testlib_rand (c->n * c->c * c->h * c->w);
         double *ref = malloc ((size_t) testlib_numel (&ys) * sizeof *ref);
@@ -632,39 +651,29 @@ END_TEST
 
 START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
 {
-    struct { int64_t n, c, h, w, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw; bool ceil; } cases[] = {
-        { 1, 2, 8, 8, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, false },
-        { 2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false },    /* ResNet stem */
-        { 1, 2, 7, 7, 3, 2, 2, 3, 1, 0, 1, 1, 1, 1, true },     /* ceil_mode */
-        { 1, 1, 9, 8, 2, 3, 1, 2, 0, 1, 0, 1, 2, 2, false },    /* dilations */
-        { 1, 2, 6, 6, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true },
+    pool_case_t cases[] = {
+        { 1, 2, 8, 8, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, false, false },
+        { 2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false, false },    /* ResNet stem */
+        { 1, 2, 7, 7, 3, 2, 2, 3, 1, 0, 1, 1, 1, 1, true, false },     /* ceil_mode */
+        { 1, 1, 9, 8, 2, 3, 1, 2, 0, 1, 0, 1, 2, 2, false, false },    /* dilations */
+        { 1, 2, 6, 6, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true, false },
         /* long rows (the vectorised column pass over whole output rows):
          * padded, with ceil_mode, unpadded; NaNs in the last, which must
          * come out in every window that holds one */
-        { 1, 3, 9, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false },
-        { 1, 2, 8, 67, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true },
-        { 2, 2, 5, 64, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1, false },
+        { 1, 3, 9, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false, false },
+        { 1, 2, 8, 67, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true, false },
+        { 2, 2, 5, 64, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1, false, false },
         /* three rows a pass (stride 1, rows 2 apart), the AVX-512
          * 3-wide stride-2 columns (17 outputs: a vector and one) */
-        { 1, 2, 6, 21, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false },
-        { 1, 2, 11, 34, 3, 3, 2, 2, 1, 1, 1, 1, 2, 1, false },
-        { 1, 2, 7, 99, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false },
+        { 1, 2, 6, 21, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, false },
+        { 1, 2, 11, 34, 3, 3, 2, 2, 1, 1, 1, 1, 2, 1, false, false },
+        { 1, 2, 7, 99, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false, false },
     };
     size_t nan_case = sizeof cases / sizeof cases[0] - 1;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        __typeof__ (cases[0]) *c = &cases[ci];
-        kiln_graph_t *g = kiln_graph_new ();
-        int x = testlib_input (g, "x", SH (c->n, c->c, c->h, c->w));
-        int y = testlib_tensor (g, "y");
-        int n = testlib_node (g, "MaxPool", "pool", &x, 1, y);
-        testlib_output (g, y);
-        testlib_ints (g, n, "kernel_shape", 2, c->kh, c->kw);
-        testlib_ints (g, n, "strides", 2, c->sh, c->sw);
-        testlib_ints (g, n, "pads", 4, c->pt, c->pl, c->pb, c->pr);
-        testlib_ints (g, n, "dilations", 2, c->dh, c->dw);
-        testlib_int (g, n, "ceil_mode", c->ceil);
-        int64_t oh = s_out (c->h, c->pt, c->pb, c->kh, c->sh, c->dh, c->ceil);
-        int64_t ow = s_out (c->w, c->pl, c->pr, c->kw, c->sw, c->dw, c->ceil);
+        const pool_case_t *c = &cases[ci];
+        int64_t oh, ow;
+        kiln_graph_t *g = s_pool_graph ("MaxPool", c, &oh, &ow);
         kiln_shape_t ys = SH (c->n, c->c, oh, ow);
         float *xv = testlib_rand (c->n * c->c * c->h * c->w);
         for (int64_t i = 0; ci == nan_case && i < c->n * c->c * c->h * c->w; i += 97 * 3)
