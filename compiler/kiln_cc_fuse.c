@@ -1127,6 +1127,49 @@ s_plan_layer_norm (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
     f->out = badd->outputs[0];
 }
 
+/* An AveragePool `i` whose input is made by a Pad of zeros (constant
+ * mode, value 0, pads not negative, on its spatial axes only) that nothing
+ * else reads, the pool itself unpadded: the pool reads the Pad's input
+ * with the Pad's pads as its own, counted in every window's size (which
+ * is what a window over the padded tensor divided by).  torch exports
+ * count_include_pad so; the Pad's copy of the tensor had taken as long as
+ * the pool (inception_v3's nine). */
+static void
+s_plan_pad_pool (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
+{
+    const kiln_node_t *q = &cx->g->nodes[i];
+    if (!s_is (q, "AveragePool") || q->n_inputs != 1 || q->n_outputs != 1 || q->inputs[0] < 0
+        || !s_f32 (cx, q->outputs[0]))
+        return;
+    int t = q->inputs[0], p = cx->producer[t];
+    if (p < 0 || cx->skip[p] || s_sole_reader (cx, u, t) != i)
+        return;
+    const kiln_node_t *pn = &cx->g->nodes[p];
+    if (!s_is (pn, "Pad") || pn->n_outputs != 1 || pn->outputs[0] != t || pn->inputs[0] < 0)
+        return;
+    const kiln_shape_t *xs = &s_gt (cx, pn->inputs[0])->shape;
+    kiln_err_t ignored;
+    int64_t pads[2 * KILN_MAX_RANK];
+    kiln_pad_mode_t mode;
+    double value;
+    kiln_shape_t padded;
+    kiln_window_t w;
+    if ((xs->rank != 3 && xs->rank != 4)
+        || kiln_pad_params (cx->g, pn, xs, pads, &mode, &value, &padded, &ignored)
+        || mode != KILN_PAD_CONSTANT || value != 0.0
+        || kiln_graph_window (cx->g, i, &w, &ignored) || w.n != xs->rank - 2)
+        return;
+    for (int d = 0; d < xs->rank; d++)
+        if (pads[d] < 0 || pads[xs->rank + d] < 0
+            || (d < 2 && (pads[d] != 0 || pads[xs->rank + d] != 0)))
+            return;
+    for (int d = 0; d < 2 * w.n; d++)
+        if (w.pads[d] != 0)
+            return;
+    cx->fusion[i].pad = p;
+    cx->skip[p] = 1;
+}
+
 int
 kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
 {
@@ -1138,7 +1181,7 @@ kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
                                              .act = KILN_ACT_NONE, .out = -1,
                                              .alpha = 1.0, .src = { -1, -1 },
                                              .ln_scale = -1, .ln_bias = -1,
-                                             .attn = -1, .attn_mask = -1 };
+                                             .attn = -1, .attn_mask = -1, .pad = -1 };
     }
     if (cx->opts.optlevel < 1)
         return 0;
@@ -1194,6 +1237,7 @@ kiln_cc_fuse (kiln_cc_ctx_t *cx, kiln_err_t *err)
             if (!cx->skip[i]) {
                 s_plan_layer_norm (cx, &u, i);
                 s_plan_bn_act (cx, &u, i);
+                s_plan_pad_pool (cx, &u, i);
             }
     free (u.uses);
     free (u.consumer);

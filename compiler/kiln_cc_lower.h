@@ -104,6 +104,10 @@ typedef struct kiln_cc_fusion {
      * Add of a mask and the Softmax are one attention op with it. */
     int attn;               /* the scores' MatMul, or -1 */
     int attn_mask;          /* the mask added to the scores, or -1 */
+    /* An AveragePool: the Pad of zeros that alone makes its input, taken
+     * as the pool's own padding, counted (torch exports count_include_pad
+     * so), or -1. */
+    int pad;
 } kiln_cc_fusion_t;
 
 typedef struct kiln_cc_ctx {

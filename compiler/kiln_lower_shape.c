@@ -670,6 +670,10 @@ kiln_lower_shape_avgpool (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kerne
         return kiln_cc_fail (cx, KILN_ECOMPILE, err, "needs an input and an output");
     if ((rc = s_need_f32 (cx, node, err)))
         return rc;
+    /* a Pad of zeros before it, taken as its padding (kiln_cc_fuse) */
+    int pad = cx->fusion[cx->node].pad;
+    if (pad >= 0)
+        x = cx->g->nodes[pad].inputs[0];
     const kiln_shape_t *xs = &s_gt (cx, x)->shape;
     if (xs->rank == 5)
         return kiln_lower_shape_pool3d (cx, node, KILN_K_POOL3D, err);
@@ -694,6 +698,25 @@ kiln_lower_avgpool_op (kiln_cc_ctx_t *cx, int pool, int px, int py, kiln_err_t *
     if (rc)
         return rc;
     int64_t include = kiln_node_attr_int (&cx->g->nodes[pool], "count_include_pad", 0);
+    int pad = cx->fusion[pool].pad;
+    if (pad >= 0) {
+        /* the Pad's pads on the spatial axes (the pool's own are 0),
+         * counted in every window, as a window over the padded tensor
+         * was */
+        const kiln_node_t *pn = &cx->g->nodes[pad];
+        const kiln_shape_t *xs = &s_gt (cx, pn->inputs[0])->shape;
+        int64_t pads[2 * KILN_MAX_RANK];
+        kiln_pad_mode_t mode;
+        double value;
+        kiln_shape_t padded;
+        if ((rc = kiln_pad_params (cx->g, pn, xs, pads, &mode, &value, &padded, err)))
+            return rc;
+        for (int d = 0; d < w.n; d++) {
+            w.pads[d] += pads[2 + d];
+            w.pads[w.n + d] += pads[xs->rank + 2 + d];
+        }
+        include = 1;
+    }
     int op = kiln_cc_emit (cx, KILN_K_AVGPOOL2D, &px, 1, &py, 1, err);
     if (op < 0)
         return op;

@@ -410,6 +410,34 @@ s_pad_src (int mode, int64_t o, int64_t pb, int64_t d)
     return j < d ? j : period - j;
 }
 
+/* One row of a constant pad: lo elements of the constant, n of the row
+ * xr, the constant to ow; elements of 4 bytes by constant-size moves the
+ * compiler inlines, where a memcpy an element (and one a run) called
+ * libc's (a Pad of inception_v3's, 768 planes of 12 x 12 to 14 x 14, took
+ * 0.30 ms). */
+static void
+s_pad_row_const (uint8_t *y, const uint8_t *xr, const uint8_t *value, size_t es, int64_t lo,
+                 int64_t n, int64_t ow)
+{
+    if (es == 4) {
+        uint32_t v;
+        memcpy (&v, value, 4);
+        int64_t c = 0;
+        for (; c < lo; c++)
+            memcpy (y + 4 * c, &v, 4);
+        for (int64_t k = 0; k < n; k++)
+            memcpy (y + 4 * (lo + k), xr + 4 * k, 4);
+        for (c = lo + n; c < ow; c++)
+            memcpy (y + 4 * c, &v, 4);
+        return;
+    }
+    for (int64_t c = 0; c < lo; c++)
+        memcpy (y + (size_t) c * es, value, es);
+    memcpy (y + (size_t) lo * es, xr, (size_t) n * es);
+    for (int64_t c = lo + n; c < ow; c++)
+        memcpy (y + (size_t) c * es, value, es);
+}
+
 static void
 s_run_pad (const kiln_kplan_t *plan, void *const *data)
 {
@@ -436,7 +464,13 @@ s_run_pad (const kiln_kplan_t *plan, void *const *data)
                 src += (sp->pads[r + i] + j) * sp->st[i];
         }
         const uint8_t *xr = x + (size_t) src * es;
-        for (int64_t c = 0; c < ow; c++) {
+        if (sp->mode == S_PAD_CONSTANT) {
+            /* the constant, the row's kept part, the constant */
+            int64_t lo = fill ? ow : pb < ow ? pb : ow;
+            s_pad_row_const (y, xr, sp->value, es, lo, fill ? 0 : iw < ow - lo ? iw : ow - lo,
+                             ow);
+        }
+        for (int64_t c = 0; sp->mode != S_PAD_CONSTANT && c < ow; c++) {
             int64_t j = fill ? -1 : s_pad_src (sp->mode, c, pb, iw);
             if (j < 0)
                 memcpy (y + (size_t) c * es, sp->value, es);

@@ -101,11 +101,10 @@ def workdir(tmp_path_factory):
     return signing_dir(tmp_path_factory, "fusion")
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_fused_activation_matches_torch(workdir, name):
-    make, shape = MODELS[name]
-    model = seeded_model(make)
-    want, kgraph, xpath = export(workdir, name, model, torch.randn(*shape) * 3)
+def _each_run(workdir, name, kgraph, xpath, want):
+    """Compile at -O0 and -O3, run on every micro-kernel and at 2 threads
+    with the profile on, each output within TOLERANCE of torch's largest
+    magnitude; yield each run's optlevel and profile."""
     scale = float(np.abs(want).max())
     assert scale > 0
     for optlevel in (0, 3):
@@ -118,9 +117,18 @@ def test_fused_activation_matches_torch(workdir, name):
             err = float(np.abs(got - want).max())
             assert err <= TOLERANCE * scale, \
                 f"{name} -O{optlevel} {env}: error {err:.3g} of {scale:.3g}"
-            if optlevel == 3 and name != "squeeze_excite":
-                left = set(kernel_ops(log)) & set(FUSED_AWAY)
-                assert not left, f"{name}: {left} not fused ({log[:400]})"
+            yield optlevel, log
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fused_activation_matches_torch(workdir, name):
+    make, shape = MODELS[name]
+    model = seeded_model(make)
+    want, kgraph, xpath = export(workdir, name, model, torch.randn(*shape) * 3)
+    for optlevel, log in _each_run(workdir, name, kgraph, xpath, want):
+        if optlevel == 3 and name != "squeeze_excite":
+            left = set(kernel_ops(log)) & set(FUSED_AWAY)
+            assert not left, f"{name}: {left} not fused ({log[:400]})"
 
 
 class Transition(torch.nn.Module):
@@ -166,3 +174,34 @@ def test_average_pool_runs_before_a_pointwise_conv(workdir):
                                {"KILN_RT_PROFILE": "all", "KILN_RT_THREADS": threads})
             assert float(np.abs(got - want).max()) <= TOLERANCE * scale
             assert _op_shapes(log, "avgpool2d") == sorted(pools), log
+
+
+class PadPools(torch.nn.Module):
+    """Average pools after Pads: torch exports count_include_pad (its
+    default) as a Pad of zeros before an unpadded AveragePool, which -O2
+    takes as the pool's own padding (`taken`: inception's 3x3 stride-1
+    branch pools, and a stride-2 ceil_mode one whose last windows pass
+    the padded plane); not a Pad of 0.5, nor one whose output something
+    else reads too (`kept`)."""
+
+    def __init__(self, taken):
+        super().__init__()
+        self.taken = taken
+
+    def forward(self, x):
+        f = torch.nn.functional
+        if self.taken:
+            return torch.cat([f.avg_pool2d(x, 3, 1, 1).flatten(1),
+                              f.avg_pool2d(x, 3, 2, 1, ceil_mode=True).flatten(1)], 1)
+        p = f.pad(x, (1, 1, 1, 1), value=0.5)
+        q = f.pad(x, (1, 1, 1, 1))
+        return (f.avg_pool2d(p, 3, 1) + f.avg_pool2d(q, 3, 1) + q[..., 1:-1, 1:-1]).flatten(1)
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["taken", "kept"])
+def test_pad_before_average_pool_is_its_padding(workdir, taken):
+    name = f"padpool{int(taken)}"
+    want, kgraph, xpath = export(workdir, name, PadPools(taken).eval(), torch.randn(1, 24, 13, 13))
+    for optlevel, log in _each_run(workdir, name, kgraph, xpath, want):
+        pads = kernel_ops(log).get("pad", 0)
+        assert pads == (2 if optlevel == 0 or not taken else 0), log
