@@ -477,8 +477,9 @@ s_avg_cols16 (const float *const *xr, int nr, int64_t a, int64_t w)
  * padding zero from the loads' masks), so that nothing goes through
  * memory between the two passes and a row of 12 or 25 outputs is one or
  * two steps (inception_v3's pools of 768 planes of 12 × 12).  A row's
- * last step stores whole vectors into the next row, which overwrites
- * them; only the plane's last row stores under a mask. */
+ * last step stores a whole vector where its lanes past the row fall on
+ * later rows of the plane, which overwrite them; else under a mask
+ * (never past the plane: the next may be another thread's, or past Y). */
 __attribute__ ((target ("avx512f"))) static void
 s_avg_plane_avx512 (const kiln_kshape_plan_t *sp, const float *xp, float *yp,
                     const float *rcells)
@@ -512,7 +513,7 @@ s_avg_plane_avx512 (const kiln_kshape_plan_t *sp, const float *xp, float *yp,
                                           v1));
             /* (a window with no cell counted: NaN, as 0 / 0 gives) */
             __m512 v = _mm512_mul_ps (a, _mm512_mul_ps (fr, _mm512_loadu_ps (rcells + q)));
-            if (ow - q >= 16 || r < oh - 1)
+            if (ow - q >= 16 || r * ow + q + 16 <= oh * ow)
                 _mm512_storeu_ps (yr + q, v);
             else
                 _mm512_mask_storeu_ps (yr + q, (__mmask16) ((1u << (ow - q)) - 1), v);
@@ -523,8 +524,9 @@ s_avg_plane_avx512 (const kiln_kshape_plan_t *sp, const float *xp, float *yp,
 #endif
 
 /* Floats of s_avg_planes's workspace: the padded columns the windows
- * reach (column sums, zero in the padding), an output row's sums and its
- * windows' cell counts; 16 of slack for its alignment. */
+ * reach (column sums, zero in the padding), an output row's sums, its
+ * windows' cell counts and their reciprocals (each 16 past the row, for
+ * whole vectors), and 15 for the alignment. */
 static int64_t
 s_avg_ws_floats (const kiln_kshape_plan_t *sp)
 {

@@ -612,6 +612,7 @@ START_TEST (test_avgpool_with_pads_strides_dilations_ceil_matches_naive)
         { 1, 2, 9, 9, 1, 7, 1, 1, 0, 3, 0, 3, 1, 1, false, true },       /* 1 x 7 */
         { 1, 2, 9, 9, 7, 1, 1, 1, 3, 0, 3, 0, 1, 1, false, false },      /* 7 x 1 */
         { 1, 2, 6, 6, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, false, false },      /* 2 x 2, 2 */
+        { 2, 7, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, true },       /* rows of 5 */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const pool_case_t *c = &cases[ci];
