@@ -672,11 +672,16 @@ START_TEST (test_maxpool_with_pads_strides_dilations_ceil_matches_naive)
          * googlenet's branch pools), 5 wide and dilated, rows of 5 */
         { 1, 5, 14, 14, 5, 5, 1, 1, 2, 2, 2, 2, 1, 2, false, false },
         { 2, 3, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, false, false },
-        /* the last two with NaNs */
+        /* stride 2, rows of 16 outputs or fewer (2x2 with ceil_mode,
+         * 3-wide dilated) */
+        { 2, 3, 13, 13, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, true, false },
+        { 1, 2, 12, 12, 3, 3, 2, 2, 1, 1, 1, 1, 1, 2, false, false },
+        /* the last three with NaNs */
         { 1, 2, 7, 99, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false, false },
         { 2, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, true, false },
+        { 1, 16, 14, 14, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, true, false },
     };
-    size_t nan_case = sizeof cases / sizeof cases[0] - 2;
+    size_t nan_case = sizeof cases / sizeof cases[0] - 3;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const pool_case_t *c = &cases[ci];
         int64_t oh, ow;
