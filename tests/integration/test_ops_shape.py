@@ -963,3 +963,41 @@ def test_matmul_reads_sliced_transposed_scaled_operands_like_numpy(tmp_path, env
     nodes, feeds, inits, expected = case()
     _check(nodes, feeds, expected, tmp_path, env, inits, opset=14, tol=1e-5,
            optlevel=optlevel)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("isa", isas())
+def test_small_plane_pools_match_torch(tmp_path, env, isa, threads):
+    """Average and max pools on small planes, whose AVX-512 paths take
+    sixteen outputs of a row at a time and the portable loops elsewhere
+    (runtime/kiln_kernels_pool.c): padded or not, the padding counted or
+    not, ceil_mode, stride 1 and 2, a dilated window, rows of 5 to 13
+    outputs, several planes a task; against torch, on every micro-kernel,
+    1 and 3 threads."""
+    e, keys = env
+    x, x5 = _rand(2, 24, 13, 13), _rand(1, 40, 5, 5)
+    tx, t5 = torch.from_numpy(x), torch.from_numpy(x5)
+    nodes = [
+        helper.make_node("AveragePool", ["x"], ["a1"], kernel_shape=[3, 3], pads=[1] * 4,
+                         count_include_pad=1),
+        helper.make_node("AveragePool", ["x"], ["a2"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1] * 4, ceil_mode=1),
+        helper.make_node("AveragePool", ["x5"], ["a3"], kernel_shape=[3, 3], pads=[1] * 4,
+                         count_include_pad=1),
+        helper.make_node("MaxPool", ["x"], ["m1"], kernel_shape=[3, 3], pads=[1] * 4,
+                         ceil_mode=1),
+        helper.make_node("MaxPool", ["x"], ["m2"], kernel_shape=[2, 2], strides=[2, 2],
+                         ceil_mode=1),
+        helper.make_node("MaxPool", ["x5"], ["m3"], kernel_shape=[3, 3], pads=[1] * 4,
+                         dilations=[2, 2]),
+    ]
+    expected = {
+        "a1": F.avg_pool2d(tx, 3, 1, 1, count_include_pad=True),
+        "a2": F.avg_pool2d(tx, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+        "a3": F.avg_pool2d(t5, 3, 1, 1, count_include_pad=True),
+        "m1": F.max_pool2d(tx, 3, 1, 1, ceil_mode=True),
+        "m2": F.max_pool2d(tx, 2, 2, ceil_mode=True),
+        "m3": F.max_pool2d(t5, 3, 1, 1, dilation=2),
+    }
+    _check(nodes, {"x": x, "x5": x5}, {k: v.numpy() for k, v in expected.items()}, tmp_path,
+           (dict(e, KILN_RT_ISA=isa, KILN_RT_THREADS=str(threads)), keys), opset=13)
