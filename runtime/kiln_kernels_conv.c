@@ -548,21 +548,11 @@ s_phase_row2_avx512 (const float *src, int64_t w, int64_t pl, float *d0, float *
     const __m512i even = _mm512_setr_epi32 (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
                                             24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32 (even, _mm512_set1_epi32 (1));
-    uintptr_t base = (uintptr_t) src;
     for (int64_t q0 = 0; q0 < pwp; q0 += 16) {
         /* padded columns 2·q0 ... 2·q0 + 31: input elements from i0 */
         int64_t i0 = 2 * q0 - pl;
-        __mmask16 m[2];
-        for (int hlf = 0; hlf < 2; hlf++) {
-            int64_t a = i0 + 16 * hlf;            /* lane l: element a + l */
-            int64_t lo = a < 0 ? -a : 0, hi = w - a < 16 ? w - a : 16;
-            m[hlf] = hi <= lo ? 0 : (__mmask16) (((1u << hi) - 1) & ~((1u << lo) - 1));
-        }
-        /* (masked-off lanes are not read: their addresses may lie
-         * outside the row) */
-        __m512 a = _mm512_maskz_loadu_ps (m[0], (const void *) (base + (uintptr_t) (i0 * 4)));
-        __m512 b = _mm512_maskz_loadu_ps (m[1],
-                                          (const void *) (base + (uintptr_t) ((i0 + 16) * 4)));
+        __m512 a = _mm512_maskz_loadu_ps (kiln_lanes16 (i0, w), kiln_at (src, i0));
+        __m512 b = _mm512_maskz_loadu_ps (kiln_lanes16 (i0 + 16, w), kiln_at (src, i0 + 16));
         int64_t n = pwp - q0 < 16 ? pwp - q0 : 16;
         __mmask16 st = (__mmask16) ((1u << n) - 1);
         _mm512_mask_storeu_ps (d0 + q0, st, _mm512_permutex2var_ps (a, even, b));

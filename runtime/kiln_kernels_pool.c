@@ -130,12 +130,24 @@ s_max_cols_3s2_avx512 (float *y, const float *cm, int64_t ow)
 #endif
 
 #if defined(__x86_64__)
-/* The lanes l of sixteen whose column a + l lies in a row of w. */
-__attribute__ ((target ("avx512f"))) static inline __mmask16
-s_lanes16 (int64_t a, int64_t w)
+/* X's rows that output row r's window reads (rows ih = r·sh - pt + i·dh
+ * inside [0, h)), in the window's order, into xr: their number.  With
+ * `counted`, the window's rows an average pool divides by: those in X, or
+ * with `incl` those in the padded plane (up to h + pb). */
+static inline int
+s_window_rows (const float *xp, int64_t h, int64_t w, int64_t r, int64_t sh, int64_t pt,
+               int64_t pb, int64_t kh, int64_t dh, bool incl, const float **xr, int *counted)
 {
-    int64_t lo = a < 0 ? -a : 0, hi = w - a < 16 ? w - a : 16;
-    return hi <= lo ? 0 : (__mmask16) (((1u << hi) - 1) & ~((1u << lo) - 1));
+    int nr = 0, rows = 0;
+    for (int64_t i = 0; i < kh; i++) {
+        int64_t ih = r * sh - pt + i * dh;
+        rows += incl ? ih >= -pt && ih < h + pb : ih >= 0 && ih < h;
+        if (ih >= 0 && ih < h)
+            xr[nr++] = xp + ih * w;
+    }
+    if (counted)
+        *counted = rows;
+    return nr;
 }
 
 /* Lanes s ... s + 15 of the 32 of v0 then v1 (0 <= s <= 16). */
@@ -169,13 +181,11 @@ s_store_row16 (float *yr, int64_t q, int64_t ow, int64_t r, int64_t oh, __m512 v
 __attribute__ ((target ("avx512f"))) static inline __m512
 s_max_rows16 (const float *const *xr, int nr, int64_t a, int64_t w)
 {
-    __mmask16 m = s_lanes16 (a, w);
+    __mmask16 m = kiln_lanes16 (a, w);
     __m512 ninf = _mm512_set1_ps (-INFINITY);
-    __m512 v = _mm512_mask_loadu_ps (ninf, m, (const void *) ((uintptr_t) xr[0]
-                                                              + (uintptr_t) (a * 4)));
+    __m512 v = _mm512_mask_loadu_ps (ninf, m, kiln_at (xr[0], a));
     for (int i = 1; i < nr; i++)
-        v = s_max_nan16 (v, _mm512_mask_loadu_ps (ninf, m, (const void *) ((uintptr_t) xr[i]
-                                                                           + (uintptr_t) (a * 4))));
+        v = s_max_nan16 (v, _mm512_mask_loadu_ps (ninf, m, kiln_at (xr[i], a)));
     return v;
 }
 
@@ -204,12 +214,7 @@ s_max_plane_avx512 (const kiln_kplan_t *plan, const float *xp, float *yp)
                                             24, 26, 28, 30);
     for (int64_t r = 0; r < oh; r++) {
         const float *xr[S_MAX_ROWS_MAX];
-        int nr = 0;
-        for (int64_t i = 0; i < kh; i++) {
-            int64_t ih = r * sh - pt + i * dh;
-            if (ih >= 0 && ih < h)
-                xr[nr++] = xp + ih * w;
-        }
+        int nr = s_window_rows (xp, h, w, r, sh, pt, 0, kh, dh, false, xr, NULL);
         float *yr = yp + r * ow;
         if (sw == 2) {
             /* (one step a row: window column j of the outputs is the even
@@ -578,11 +583,10 @@ s_avg_task (void *arg, int task, int worker)
 __attribute__ ((target ("avx512f"))) static inline __m512
 s_avg_cols16 (const float *const *xr, int nr, int64_t a, int64_t w)
 {
-    __mmask16 m = s_lanes16 (a, w);
+    __mmask16 m = kiln_lanes16 (a, w);
     __m512 v = _mm512_setzero_ps ();
     for (int i = 0; i < nr; i++)
-        v = _mm512_add_ps (v, _mm512_maskz_loadu_ps (m, (const void *) ((uintptr_t) xr[i]
-                                                                         + (uintptr_t) (a * 4))));
+        v = _mm512_add_ps (v, _mm512_maskz_loadu_ps (m, kiln_at (xr[i], a)));
     return v;
 }
 
@@ -604,13 +608,8 @@ s_avg_plane_avx512 (const kiln_kshape_plan_t *sp, const float *xp, float *yp,
     int64_t sh = sp->sh, dh = sp->dh, dw = sp->dw, pt = sp->pt, pl = sp->pl;
     for (int64_t r = 0; r < oh; r++) {
         const float *xr[S_AVG_ROWS_MAX];
-        int nr = 0, rows = 0;
-        for (int64_t i = 0; i < kh; i++) {
-            int64_t ih = r * sh - pt + i * dh;
-            rows += sp->include_pad ? ih >= -pt && ih < h + sp->pb : ih >= 0 && ih < h;
-            if (ih >= 0 && ih < h)
-                xr[nr++] = xp + ih * w;
-        }
+        int rows;
+        int nr = s_window_rows (xp, h, w, r, sh, pt, sp->pb, kh, dh, sp->include_pad, xr, &rows);
         /* times the reciprocals of the rows and of the columns counted,
          * not a division, which held every step (768 planes of 12 × 12
          * padded by 1: 0.29 -> 0.165 ms); rows or columns of none give
@@ -640,6 +639,19 @@ static int64_t
 s_avg_ws_floats (const kiln_kshape_plan_t *sp)
 {
     return (sp->ow - 1) * sp->sw + (sp->kw - 1) * sp->dw + 1 + 3 * sp->ow + 64;
+}
+
+/* acc[q] = the sum over the window's columns j of cs[q·sw + j·dw], one
+ * column at a time for every output; inlined, so that at sw a constant 1
+ * the loops vectorise (as s_max_cols). */
+static inline __attribute__ ((always_inline)) void
+s_avg_cols (float *acc, const float *cs, int64_t ow, int64_t kw, int64_t dw, int64_t sw)
+{
+    for (int64_t q = 0; q < ow; q++)
+        acc[q] = cs[q * sw];
+    for (int64_t j = 1; j < kw; j++)
+        for (int64_t q = 0; q < ow; q++)
+            acc[q] += cs[q * sw + j * dw];
 }
 
 /* Planes [first, first + count) of any average pool, separably: for each
@@ -711,19 +723,10 @@ s_avg_planes (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_
             if (!seen)
                 for (int64_t c = c0; c < c1; c++)
                     cs[c] = 0.0f;
-            if (sw == 1) {
-                for (int64_t q = 0; q < ow; q++)
-                    acc[q] = cs[q];
-                for (int64_t j = 1; j < kw; j++)
-                    for (int64_t q = 0; q < ow; q++)
-                        acc[q] += cs[q + j * dw];
-            } else {
-                for (int64_t q = 0; q < ow; q++)
-                    acc[q] = cs[q * sw];
-                for (int64_t j = 1; j < kw; j++)
-                    for (int64_t q = 0; q < ow; q++)
-                        acc[q] += cs[q * sw + j * dw];
-            }
+            if (sw == 1)
+                s_avg_cols (acc, cs, ow, kw, dw, 1);
+            else
+                s_avg_cols (acc, cs, ow, kw, dw, sw);
             float fr = (float) rows, *yr = y + (p * oh + r) * ow;
             for (int64_t q = 0; q < ow; q++) {
                 float n = fr * cells[q];

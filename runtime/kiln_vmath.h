@@ -1,6 +1,7 @@
 /*
  * kiln_vmath — vectorised float32 loops for the transcendental kernels:
- * exp, tanh, sigmoid and erf, and a softmax row.  Internal to libkilnrt.
+ * exp, tanh, sigmoid and erf, and a softmax row; and the AVX-512 lanes
+ * of a masked load over a run.  Internal to libkilnrt.
  *
  * libm's expf and friends are scalar calls; these are polynomial
  * approximations written so that the compiler vectorises the loops, built
@@ -246,6 +247,23 @@ kiln_act16 (__m512 v, int act, __m512 a, __m512 b)
     s = _mm512_mask_mul_ps (s, _mm512_cmp_ps_mask (v, zero, _CMP_LT_OQ), s, e);
     s = _mm512_mask_mov_ps (s, nan, v);
     return act == 5 ? _mm512_mul_ps (v, s) : s;
+}
+
+/* For masked loads over a run of w floats: the lanes l of sixteen whose
+ * element a + l lies in it (0 ... w - 1), and the address of element a,
+ * which may lie before the run (its lanes masked off are not read), where
+ * pointer arithmetic could not go. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline __mmask16
+kiln_lanes16 (int64_t a, int64_t w)
+{
+    int64_t lo = a < 0 ? -a : 0, hi = w - a < 16 ? w - a : 16;
+    return hi <= lo ? 0 : (__mmask16) (((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
+static inline const void *
+kiln_at (const float *p, int64_t a)
+{
+    return (const void *) ((uintptr_t) p + (uintptr_t) (a * (int64_t) sizeof *p));
 }
 #endif
 
