@@ -815,23 +815,31 @@ START_TEST (test_fused_packed_convolution_matches_o0)
 }
 END_TEST
 
+/* A 3x3 stride-1 block of c -> m channels on h x w, compiled at -O3 and
+ * checked against -O0: its convolution runs by Winograd exactly when
+ * `want`. */
+static void
+s_check_winograd_pick (int64_t c, int64_t m, int64_t h, int64_t w, bool want)
+{
+    kiln_graph_t *g = s_conv_block (c, m, h, w, 1, 1, 1);
+    kiln_program_t *p = s_check_against_o0 (g, 3, 1e-5, "3x3 conv block");
+    const kiln_prog_param_t *wino = s_param (p, KILN_K_CONV2D, "winograd");
+    ck_assert_msg ((wino != NULL) == want, "%lld -> %lld at %lld x %lld: %s",
+                   (long long) c, (long long) m, (long long) h, (long long) w,
+                   wino ? "winograd" : "direct");
+    kiln_program_destroy (&p);
+    kiln_graph_destroy (&g);
+}
+
 START_TEST (test_winograd_skips_few_output_channels)
 {
     /* DenseNet's 3x3 layers, 128 channels to 32: on one block of 16
      * tiles (14 x 14 by F(4x4), 7 x 7 by F(2x2)) the input's transform
      * outweighs what it saves, so they run direct; at 28 x 28 (49 tiles)
-     * by Winograd.  Each against -O0. */
-    int64_t cases[][4] = { { 14, 14, 0 }, { 7, 7, 0 }, { 28, 28, 1 } };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kiln_graph_t *g = s_conv_block (128, 32, cases[i][0], cases[i][1], 1, 1, 1);
-        kiln_program_t *p = s_check_against_o0 (g, 3, 1e-5, "densenet 3x3 block");
-        const kiln_prog_param_t *wino = s_param (p, KILN_K_CONV2D, "winograd");
-        ck_assert_msg ((wino != NULL) == (cases[i][2] == 1), "case %zu (%lld x %lld): %s",
-                       i, (long long) cases[i][0], (long long) cases[i][1],
-                       wino ? "winograd" : "direct");
-        kiln_program_destroy (&p);
-        kiln_graph_destroy (&g);
-    }
+     * by Winograd. */
+    s_check_winograd_pick (128, 32, 14, 14, false);
+    s_check_winograd_pick (128, 32, 7, 7, false);
+    s_check_winograd_pick (128, 32, 28, 28, true);
 }
 END_TEST
 
@@ -840,24 +848,15 @@ START_TEST (test_winograd_skips_few_input_channels)
     /* The input channels are the k of Winograd's point products: under
      * 32 always direct, under 64 from 56 x 56 on, under 80 from 28 x 28
      * on; F(2x2) on one block of 16 tiles (7 x 7) from 128.  Each case
-     * on one side of a bound, against -O0. */
+     * on one side of a bound. */
     int64_t cases[][5] = { { 16, 64, 55, 55, 0 }, { 16, 16, 112, 112, 0 },
                            { 32, 32, 40, 40, 0 }, { 32, 32, 56, 56, 1 },
                            { 48, 96, 28, 28, 0 }, { 64, 64, 27, 27, 0 },
                            { 64, 64, 28, 28, 1 }, { 80, 160, 14, 14, 1 },
                            { 96, 96, 7, 7, 0 }, { 128, 64, 7, 7, 1 } };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kiln_graph_t *g = s_conv_block (cases[i][0], cases[i][1], cases[i][2],
-                                        cases[i][3], 1, 1, 1);
-        kiln_program_t *p = s_check_against_o0 (g, 3, 1e-5, "3x3 block, few channels in");
-        const kiln_prog_param_t *wino = s_param (p, KILN_K_CONV2D, "winograd");
-        ck_assert_msg ((wino != NULL) == (cases[i][4] == 1), "%lld -> %lld at %lld x %lld: %s",
-                       (long long) cases[i][0], (long long) cases[i][1],
-                       (long long) cases[i][2], (long long) cases[i][3],
-                       wino ? "winograd" : "direct");
-        kiln_program_destroy (&p);
-        kiln_graph_destroy (&g);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        s_check_winograd_pick (cases[i][0], cases[i][1], cases[i][2], cases[i][3],
+                               cases[i][4] == 1);
 }
 END_TEST
 
