@@ -27,6 +27,7 @@
 
 #include "common/kiln_fs.h"
 #include "common/kiln_map.h"
+#include "common/kiln_mem.h"
 
 #define S_WRITE_CHUNK (1u << 20)        /* bytes handed to libarchive at once */
 #define S_TAR_BLOCK   512u              /* tar's unit: headers, data padding */
@@ -219,7 +220,7 @@ kiln_artifact_map_member (kiln_artifact_t *self, const char *name, int fd,
         return rc;
     if (len < KILN_ARTIFACT_ALIGN || offset % KILN_ARTIFACT_ALIGN) {
         //  Too small to be worth a mapping, or not where pages start: read it.
-        uint8_t *buf = malloc (len ? (size_t) len : 1);
+        uint8_t *buf = kiln_mem_alloc (len ? (size_t) len : 1);
         if (!buf)
             return kiln_error (err, KILN_ENOMEM, "out of memory reading member '%s'", name);
         for (uint64_t got = 0; got < len; ) {
@@ -817,7 +818,8 @@ s_read_data (struct archive *a, const char *name, uint64_t size, uint8_t **out,
              kiln_err_t *err)
 {
     *out = NULL;
-    uint8_t *buf = malloc ((size_t) size + 1);
+    /* (weights read into memory go on huge pages: common/kiln_mem.h) */
+    uint8_t *buf = kiln_mem_alloc ((size_t) size + 1);
     if (!buf)
         return kiln_error (err, KILN_ENOMEM, "out of memory reading member '%s' (%llu bytes)",
                            name, (unsigned long long) size);

@@ -18,6 +18,7 @@
 
 #include "common/kiln_cost.h"
 #include "common/kiln_log.h"
+#include "common/kiln_mem.h"
 #include "runtime/kiln_gemm.h"
 
 /* --- profile and workspace ----------------------------------------- */
@@ -79,7 +80,7 @@ kiln_exec_new_range (const kiln_program_t *p, const kiln_kplan_t *plans,
     if (need) {
         size_t per = (need + 63) & ~(size_t) 63, total;
         if (__builtin_mul_overflow (per, (size_t) kiln_exec_threads (), &total)
-            || !(self->ws = aligned_alloc (64, total))) {
+            || !(self->ws = kiln_mem_alloc (total))) {
             free (self);
             kiln_error (err, KILN_ENOMEM, "out of memory allocating %zu bytes of "
                         "kernel workspace for each of %d threads", per,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kiln_mem.h"
 #include "common/kiln_program.h"
 #include "runtime/kiln_artcache.h"
 #include "runtime/kiln_cores.h"
@@ -167,7 +168,7 @@ kiln_rt_aligned_zalloc (uint64_t size)
     uint64_t n;
     if (!kiln_prog_align_up (size ? size : 1, &n) || n > SIZE_MAX)
         return NULL;
-    uint8_t *p = aligned_alloc (KILN_PROG_ALIGN, (size_t) n);
+    uint8_t *p = kiln_mem_alloc ((size_t) n);    /* (KILN_PROG_ALIGN at least) */
     if (p)
         memset (p, 0, (size_t) n);
     return p;
