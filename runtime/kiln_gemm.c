@@ -363,13 +363,20 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
      * micro-kernel runs at the rate of 8: when that computes fewer rows
      * (49 = 7 · 7 rows, not 56). */
     bl->rp = !a_packed && s_round_up (g->m, 7) < s_round_up (g->m, MR) ? 7 : MR;
-    /* But rows that AVX-512 reads where they lie (kiln_gukr_avx512_x:
-     * nothing packed, the epilogue in registers) go in panels of MR even
-     * then: a channels-last 1×1 convolution on a 14 × 14 plane took 0.64-
-     * 0.78 of the time of 7-row panels, on a 7 × 7 one (49 rows computed
-     * as 56) 0.87-0.93 (mobilenet_v2, side by side). */
+    /* Rows that AVX-512 reads where they lie (kiln_gukr_avx512_x:
+     * nothing packed, the epilogue in registers) are not packed into
+     * those panels (packing them cost more than the 56 rows computed for
+     * 49: a channels-last 1×1 convolution on a 7 × 7 plane took 0.87-0.93
+     * of the time in place, on a 14 × 14 one 0.64-0.78, mobilenet_v2).
+     * Against a packed weight they run in panels of 7 read in place
+     * instead (kiln_gukr_avx512_x7) when those cover fewer rows: 49 × 960
+     * → 320 0.845 of the time, 98 rows 0.92, 147 0.946 (one product,
+     * paired); mobilenet_v2 0.958, mobilenet_v3_large 0.968,
+     * efficientnet_b0 0.960, convnext_tiny 0.979 at 1 thread (0.964,
+     * 0.973, 0.964, 0.954 at 2), paired in one process.  Else panels of
+     * MR. */
     if (kiln_gemm_a_in_place (g))
-        bl->rp = MR;
+        bl->rp = b_packed && s_round_up (g->m, 7) < s_round_up (g->m, MR) ? 7 : MR;
     bl->mc = a_packed ? s_round_up (g->m, MR)
                       : s_min (s_round_up (g->m, bl->rp), S_MC / bl->rp * bl->rp);
     /* A packed weight B needs no block of its own: a tile then spans
@@ -429,9 +436,10 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
 
 /* One micro-tile: the micro-kernel writes C itself while the tile is a
  * partial sum (or needs no epilogue), else it goes through kiln_gfinish.
- * With `x` (AVX-512, C not transposed) it is kiln_gukr_avx512_x, whose A
- * (row r, step kk at a[r·ars + kk·acs]) may be a packed panel or the
- * rows themselves, and which applies the epilogue itself when `xepi`. */
+ * With `x` (AVX-512, C not transposed) it is kiln_gukr_avx512_x (or _x7
+ * for a whole panel of 7 rows read in place), whose A (row r, step kk at
+ * a[r·ars + kk·acs]) may be a packed panel or the rows themselves, and
+ * which applies the epilogue itself when `xepi`. */
 static inline void
 s_micro (const kiln_gemm_t *g, int64_t rp, int64_t kc,
          const float *a, const float *b, int64_t i, int64_t j, bool acc,
@@ -443,10 +451,13 @@ s_micro (const kiln_gemm_t *g, int64_t rp, int64_t kc,
 #if defined(__x86_64__)
     if (x) {
         /* C written by the tile itself (all its rows) */
-        if (mr == MR && (!last || plain || xepi)) {
+        if (mr == rp && (!last || plain || xepi)) {
             const kiln_gemm_t *epi = last && !plain ? g : NULL;
             float *c = g->c + i * g->ldc + j;
-            if (nr < NR)    /* the last column panel of a product ending there */
+            if (rp < MR)
+                kiln_gukr_avx512_x7 (kc, a, ars, acs, b, c, g->ldc, acc, epi, i, j, nr, pf,
+                                     pf_n);
+            else if (nr < NR)    /* the last column panel of a product ending there */
                 kiln_gukr_avx512_xm (kc, a, ars, acs, b, c, g->ldc, acc, epi, i, j, nr);
             else if (pf)
                 kiln_gukr_avx512_xp (kc, a, ars, acs, b, NR, c, g->ldc, acc, epi, i, j, pf,
@@ -521,10 +532,11 @@ s_tile (const kiln_gemm_t *g, const s_block_t *bl, int64_t m0, int64_t m1,
      * which applies the epilogue itself when kiln_gfinish_avx512 could, and
      * reads the rows of an A laid along k (a MatMul's activations) where
      * they lie: only a last panel of fewer than MR rows is packed. */
-    bool x = kiln_gisa.fin_avx512 && !g->c_trans && rp == MR;
+    bool x = kiln_gisa.fin_avx512 && !g->c_trans
+             && (rp == MR || (rp == 7 && kiln_gemm_a_in_place (g)));
     bool xepi = x && kiln_gfinish_fast (g);
     bool direct = x && kiln_gemm_a_in_place (g);
-    int64_t m_full = m0 + (m1 - m0) / MR * MR;  /* rows read where they lie */
+    int64_t m_full = m0 + (m1 - m0) / rp * rp;  /* rows read where they lie */
     /* A B of rows along k (a pointwise convolution's X, a MatMul's
      * activations) that the row panels share: the first, a whole panel
      * of MR rows, reads B's whole column panels where they lie and stores

@@ -119,7 +119,7 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const char *pf, int64_t pf_n, const float *acc_src, int64_t acc_ld,
                  float *t2, int t2_sign, bool t2_first, float *bpk,
                  const kiln_gpro_t *pro, const bool half, const bool masked,
-                 int64_t ncols)
+                 int64_t ncols, const bool r7)
 {
     /* `masked`: only the tile's first ncols columns are C's (the last
      * column panel of a product), read and written under masks */
@@ -170,7 +170,8 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
             __builtin_prefetch (b + S_PK_AHEAD * ldb + 16, 0, 3);
         }
         S_ROW (0, 0); S_ROW (1, o1); S_ROW (2, o2); S_ROW (3, o3);
-        S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6); S_ROW (7, o7);
+        S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6); if (!r7)
+            S_ROW (7, o7);
         s_pf_step (&pfs, kk);
         a += acs;
         b += ldb;
@@ -183,10 +184,14 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
 #define S_ALL(OP)                                                               \
     do {                                                                        \
         OP (0, 0); OP (1, 0); OP (2, 0); OP (3, 0);                             \
-        OP (4, 0); OP (5, 0); OP (6, 0); OP (7, 0);                             \
+        OP (4, 0); OP (5, 0); OP (6, 0);                                        \
+        if (!r7)                                                                \
+            OP (7, 0);                                                          \
         if (!half) {                                                            \
             OP (0, 1); OP (1, 1); OP (2, 1); OP (3, 1);                         \
-            OP (4, 1); OP (5, 1); OP (6, 1); OP (7, 1);                         \
+            OP (4, 1); OP (5, 1); OP (6, 1);                                    \
+            if (!r7)                                                            \
+                OP (7, 1);                                                      \
         }                                                                       \
     } while (0)
     /* a second destination, an MR × NR tile (row stride NR) that the
@@ -307,7 +312,7 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
 #undef S_ALL
 #undef S_LD
     if (epi && kiln_act_heavy (epi->act) && !kiln_act16_has (epi->act))
-        for (int r = 0; r < MR; r++)
+        for (int r = 0; r < (r7 ? MR - 1 : MR); r++)
             kiln_act_apply (c + r * ldc, masked ? ncols : half ? NR / 2 : NR, epi->act,
                             epi->act_a, epi->act_b);
 }
@@ -319,7 +324,7 @@ kiln_gukr_avx512 (int64_t kc, const float *a, const float *b, int64_t ldb,
               float *c, int64_t ldc, bool accumulate)
 {
     s_ukr_avx512_xb (kc, a, 1, MR, b, ldb, c, ldc, accumulate, NULL, 0, 0, NULL, 0,
-                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR);
+                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR, false);
 }
 
 /* A convolution's 8 × 32 tile read where its input lies (kiln_kernels_
@@ -655,7 +660,7 @@ kiln_gukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
                 bool accumulate, const kiln_gemm_t *epi, int64_t i, int64_t j)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
-                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR);
+                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR, false);
 }
 
 /* s_ukr_avx512_xb on the tile's first `cols` columns (at most NR): the
@@ -671,11 +676,11 @@ s_ukr_avx512_cols (int64_t kc, const float *a, int64_t ars, int64_t acs, const f
     if (cols <= NR / 2)
         s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, NULL, 0,
                          acc_src, acc_ld, NULL, 0, false, NULL, NULL, true, cols < NR,
-                         cols);
+                         cols, false);
     else
         s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, NULL, 0,
                          acc_src, acc_ld, NULL, 0, false, NULL, NULL, false, cols < NR,
-                         cols);
+                         cols, false);
 }
 
 /* kiln_gukr_avx512_x on a panel's first `cols` columns (under NR: the
@@ -691,6 +696,24 @@ kiln_gukr_avx512_xm (int64_t kc, const float *a, int64_t ars, int64_t acs,
     s_ukr_avx512_cols (kc, a, ars, acs, b, c, ldc, accumulate, epi, i, j, NULL, 0, cols);
 }
 
+/* Seven rows (A's rows read where they lie: a 7 × 7 plane's 49 positions
+ * are seven panels of seven, where panels of eight compute 56), the
+ * tile's first `cols` columns as kiln_gukr_avx512_xm, fetching pf_n lines
+ * from `pf` as kiln_gukr_avx512_xp. */
+__attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_x7 (int64_t kc, const float *a, int64_t ars, int64_t acs,
+                     const float *b, float *c, int64_t ldc, bool accumulate,
+                     const kiln_gemm_t *epi, int64_t i, int64_t j, int64_t cols,
+                     const char *pf, int64_t pf_n)
+{
+    if (cols <= NR / 2)
+        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, pf, pf_n,
+                         NULL, 0, NULL, 0, false, NULL, NULL, true, cols < NR, cols, true);
+    else
+        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, pf, pf_n,
+                         NULL, 0, NULL, 0, false, NULL, NULL, false, cols < NR, cols, true);
+}
+
 /* kiln_gukr_avx512_x fetching pf_n lines from `pf` on into the cache, one every
  * kc / pf_n steps of k: the next weight panel, while this one is used
  * (s_tile, Winograd's products). */
@@ -701,7 +724,7 @@ kiln_gukr_avx512_xp (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const char *pf, int64_t pf_n)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, pf, pf_n,
-                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR);
+                     NULL, 0, NULL, 0, false, NULL, NULL, false, false, NR, false);
 }
 
 /* kiln_gukr_avx512_x on a B read where it lies (its rows ldb apart) that
@@ -719,7 +742,7 @@ kiln_gukr_avx512_xpk (int64_t kc, const float *a, int64_t ars, int64_t acs,
                       float *bpk, const kiln_gpro_t *pro)
 {
     s_ukr_avx512_xb (kc, a, ars, acs, b, ldb, c, ldc, accumulate, epi, i, j, NULL, 0,
-                     NULL, 0, NULL, 0, false, bpk, pro, false, false, NR);
+                     NULL, 0, NULL, 0, false, bpk, pro, false, false, NR, false);
 }
 
 /* A tile already summed (t, rows NR apart: a convolution's product read
@@ -748,10 +771,10 @@ kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,
     if (fin)
         s_ukr_avx512_xb (kc, a, ars, 1, b, NR, g->c + i * g->ldc + j, g->ldc, true,
                          s_no_epilogue (g) ? NULL : g, i, j, pf, kc, acc, NR,
-                         t2, t2_sign, t2_first, NULL, NULL, false, false, NR);
+                         t2, t2_sign, t2_first, NULL, NULL, false, false, NR, false);
     else
         s_ukr_avx512_xb (kc, a, ars, 1, b, NR, t, NR, acc != NULL, NULL, 0, 0, pf,
-                         kc, acc, NR, t2, t2_sign, t2_first, NULL, NULL, false, false, NR);
+                         kc, acc, NR, t2, t2_sign, t2_first, NULL, NULL, false, false, NR, false);
 }
 
 #endif

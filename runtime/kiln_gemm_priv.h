@@ -157,6 +157,11 @@ kiln_gukr_avx512_xm (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      const float *b, float *c, int64_t ldc, bool accumulate,
                      const kiln_gemm_t *epi, int64_t i, int64_t j, int64_t cols);
 __attribute__ ((target ("avx512f"))) void
+kiln_gukr_avx512_x7 (int64_t kc, const float *a, int64_t ars, int64_t acs,
+                     const float *b, float *c, int64_t ldc, bool accumulate,
+                     const kiln_gemm_t *epi, int64_t i, int64_t j, int64_t cols,
+                     const char *pf, int64_t pf_n);
+__attribute__ ((target ("avx512f"))) void
 kiln_gfinish_x (const kiln_gemm_t *g, const float *t, int64_t i, int64_t j, int64_t cols);
 __attribute__ ((target ("avx512f"))) void
 kiln_gukr_avx512_s (int64_t kc, const float *a, int64_t ars, const float *b,

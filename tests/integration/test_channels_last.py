@@ -118,6 +118,12 @@ CASES = {
     "deep": ((1, 3, 20, 28), 16,
              [(16, 600, 16, 3, 1, 1, R6, "sigmoid"), (16, 300, 16, 5, 1, 1, HS, None)],
              R6, 32, None, [(1, 10, 14, 600), (1, 10, 14, 300), (1, 10, 14, 16)]),
+    # 7 x 7 planes (49 positions: the products' rows in panels of seven
+    # read in place), a 5x5 stride 2 into one, SiLU and hard-swish
+    # epilogues, a head of 200 channels (a masked last column panel)
+    "seven": ((1, 3, 28, 28), 16,
+              [(16, 96, 40, 5, 2, 1, HS, "hardsigmoid"), (40, 120, 40, 3, 1, 1, SI, "sigmoid")],
+              HS, 200, None, [(1, 7, 7, 96), (1, 7, 7, 120)]),
     # a stem of 40 channels: two weight panels, the second of 8
     "stem": ((2, 3, 33, 35), 40, [(40, 80, 40, 3, 1, 1, R6, None)], R6, 24, None,
              [(2, 17, 18, 80), (2, 17, 18, 40)]),

@@ -314,6 +314,65 @@ s_check_trans (int64_t m, int64_t n, int64_t k)
     free (a); free (b); free (at); free (bp); free (bias_n); free (res); free (c);
 }
 
+/* A product's operands for the tests of A read where it lies: A [m, k]
+ * with rows lda apart, B [k, n] row-major and packed, a bias per row and
+ * per column, a residual [m, n], and C. */
+typedef struct {
+    float *a, *b, *bp, *bias_m, *bias_n, *res, *c;
+} s_opnds_t;
+
+static s_opnds_t
+s_opnds (int64_t m, int64_t n, int64_t k, int64_t lda)
+{
+    s_opnds_t o = { s_rand (m * lda), s_rand (k * n), NULL, s_rand (m), s_rand (n),
+                    s_rand (m * n), malloc ((size_t) (m * n + 1) * sizeof (float)) };
+    int64_t be;
+    ck_assert (kiln_pack_b_elems (k, n, &be));
+    o.bp = calloc ((size_t) be + 1, sizeof *o.bp);
+    kiln_pack_b (o.b, k, n, n, 1, o.bp);
+    return o;
+}
+
+static void
+s_opnds_free (s_opnds_t *o)
+{
+    free (o->a); free (o->b); free (o->bp); free (o->bias_m); free (o->bias_n);
+    free (o->res); free (o->c);
+}
+
+/* A's rows read where they lie (lda apart, more than k) against a packed
+ * weight: on AVX-512 in panels of seven rows when those cover fewer rows
+ * than panels of eight (49 positions: seven panels, not 56 rows), with
+ * each epilogue the seven-row tile applies itself, masked last columns
+ * (40, and 16 or fewer in half the multiply-adds), two k blocks, and a
+ * last panel of fewer rows; against double. */
+static void
+s_check_rows_in_place (int64_t m, int64_t n, int64_t k)
+{
+    int64_t lda = k + 3;
+    s_opnds_t o = s_opnds (m, n, k, lda);
+    kiln_act_t acts[5] = { KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_SILU, KILN_ACT_GELU,
+                           KILN_ACT_LEAKY };
+    for (int form = 0; form < 5; form++) {
+        kiln_gemm_t g = { .m = m, .n = n, .k = k, .c = o.c, .ldc = n,
+                          .alpha = form == 3 ? 0.5f : 1.0f, .act = acts[form],
+                          .act_a = 0.1f, .act_b = 0.75f };
+        g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, o.a, lda, 1, NULL };
+        g.b = (kiln_gsrc_t) { KILN_GSRC_PACKED, o.bp, 0, 0, NULL };
+        if (form == 1 || form == 3)
+            g.add[g.n_add++] = (kiln_gadd_t) { o.bias_n, 0, 1, 1.0f };
+        if (form == 2)
+            g.add[g.n_add++] = (kiln_gadd_t) { o.bias_m, 1, 0, 1.0f };
+        if (form >= 2)          /* a residual, once scaled */
+            g.add[g.n_add++] = (kiln_gadd_t) { o.res, n, 1, form == 4 ? 2.0f : 1.0f };
+        for (int64_t i = 0; i < m * n; i++)
+            o.c[i] = NAN;
+        testlib_gemm (&g);
+        s_expect_product (&g, o.a, lda, o.b, "rows in place", form);
+    }
+    s_opnds_free (&o);
+}
+
 /* The im2col operand, never built, against one built here; with `trans`
  * the transposed product (positions as rows, conv-packed-T weights). */
 static void
@@ -406,6 +465,12 @@ s_check_engine (void)
     }
     /* transposed, panels of 7 rows, three k blocks of partial sums */
     s_check_trans (49, 40, 1100);
+    static const int64_t in_place[][3] = {
+        { 49, 320, 96 }, { 49, 40, 1100 }, { 98, 16, 70 }, { 13, 64, 33 },
+        { 7, 100, 5 }, { 300, 96, 64 }, { 1, 33, 17 },
+    };
+    for (size_t i = 0; i < sizeof in_place / sizeof in_place[0]; i++)
+        s_check_rows_in_place (in_place[i][0], in_place[i][1], in_place[i][2]);
     /* c, h, w, m, kh, kw, stride, dilation, pads t l b r */
     s_check_conv (3, 11, 13, 10, 3, 3, 1, 1, 1, 1, 1, 1);
     s_check_conv (5, 9, 9, 16, 3, 3, 2, 1, 1, 1, 1, 1);
@@ -457,13 +522,9 @@ START_TEST (test_strassen_products_match_double)
                                          { 96, 768, 384 } };
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
         int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2], lda = k + 24;
-        float *a = s_rand (m * lda), *b = s_rand (k * n);
-        float *bias_m = s_rand (m), *bias_n = s_rand (n), *res = s_rand (m * n);
-        int64_t be;
-        ck_assert (kiln_pack_b_elems (k, n, &be));
-        float *bp = calloc ((size_t) be + 1, sizeof *bp);
-        kiln_pack_b (b, k, n, n, 1, bp);
-        float *c = malloc ((size_t) (m * n) * sizeof *c);
+        s_opnds_t o = s_opnds (m, n, k, lda);
+        float *a = o.a, *b = o.b, *bp = o.bp, *bias_m = o.bias_m, *bias_n = o.bias_n;
+        float *res = o.res, *c = o.c;
         for (int form = 0; form < 4; form++) {
             kiln_gemm_t g = { .m = m, .n = n, .k = k, .c = c, .ldc = n, .alpha = 1.0f };
             g.a = (kiln_gsrc_t) { KILN_GSRC_STRIDED, a, lda, 1, NULL };
@@ -492,7 +553,7 @@ START_TEST (test_strassen_products_match_double)
             testlib_gemm (&g);
             s_expect_product (&g, a, lda, b, "Strassen", form);
         }
-        free (a); free (b); free (bias_m); free (bias_n); free (res); free (bp); free (c);
+        s_opnds_free (&o);
     }
     /* and not on shapes it does not take: halves of partial tiles, a
      * short k, few columns, an A packed, C transposed */
