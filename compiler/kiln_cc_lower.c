@@ -72,6 +72,8 @@ kiln_cc_ctx_init (kiln_cc_ctx_t *cx, kiln_graph_t *g,
     }
     for (int i = 0; i < g->n_tensors; i++)
         cx->tmap[i] = cx->hmap[i] = cx->producer[i] = -1;
+    for (int i = 0; i < g->n_weights; i++)
+        cx->weight_bytes += g->weights[i].size;
     for (int i = 0; i < g->n_nodes; i++)
         for (int o = 0; o < g->nodes[i].n_outputs; o++) {
             int t = g->nodes[i].outputs[o];
@@ -850,20 +852,41 @@ s_fold_bn_gemm (kiln_cc_ctx_t *cx, int bn, const float *b, bool tb, int64_t k,
     return 0;
 }
 
+/* A model whose weights are over this many bytes streams them from
+ * memory on every run: they do not stay in the caches from one run to
+ * the next.  (Four 3×3 256 → 256 convolutions at 14 × 14, 38 MiB of
+ * transformed weights, kept theirs on this project's VMs; resnet50,
+ * 98 MiB of weights and about 160 with the transformed ones, did not.) */
+#define S_STREAMED_BYTES ((uint64_t) 64 << 20)
+
+/* A point's transformed weights, c · m floats streamed from memory, cost
+ * about as much time as the products of this many tiles with them (c · m
+ * multiply-adds a tile): 4 bytes a weight at the 7-8 GB/s one core
+ * streams in a model against 2 flops a tile at 180-200 GFLOP/s gives 45;
+ * taken lower, so that only outputs of 16 × 16 and less change tile. */
+#define S_WINO_STREAM_TILES 32
+
 /* The Winograd output tile for an oh x ow output: F(4x4, 3x3) does 36
  * products per 16 outputs where F(2x2, 3x3) does 16 per 4, but the
  * runtime computes blocks of 16 or 32 tiles, so on small outputs the
  * larger tile wastes more than it saves: pick the fewer products,
- * counting the padding of the last block. */
+ * counting the padding of the last block, and, when the model's weights
+ * are `streamed` from memory, the transformed weights' bytes (36 points'
+ * against 16).  resnet50's six 256 → 256 at 14 × 14 (9.4 MiB each by
+ * F(4x4), 4.2 by F(2x2)): 0.95-0.99 ms by F(2x2) against 1.13-1.32 by
+ * F(4x4) in the model, the model 0.988 of the time at 1 thread (paired,
+ * median; 0.995 at 2); with the weights in cache (four such convolutions
+ * alone) F(4x4) is the faster, by 1.086. */
 static int
-s_wino_tile (int64_t oh, int64_t ow)
+s_wino_tile (int64_t oh, int64_t ow, bool streamed)
 {
     int64_t best = 0;
     int pick = 2;
     for (int t = 2; t <= 4; t += 2) {
         int64_t tiles = ((oh + t - 1) / t) * ((ow + t - 1) / t);
         int64_t nb = tiles >= KILN_PACK_NR ? KILN_PACK_NR : KILN_PACK_NR / 2;
-        int64_t work = KILN_PACK_WINO_POINTS (t) * ((tiles + nb - 1) / nb * nb);
+        int64_t work = KILN_PACK_WINO_POINTS (t)
+                       * ((tiles + nb - 1) / nb * nb + (streamed ? S_WINO_STREAM_TILES : 0));
         if (t == 2 || work < best) {
             best = work;
             pick = t;
@@ -1774,7 +1797,8 @@ s_lower_conv (kiln_cc_ctx_t *cx, const kiln_node_t *node, kiln_kernel_t k,
                 /* a few tiles of 2x2 at least: the transformed weights
                  * are 16/9 of the direct ones to stream */
                 && ((w.out[0] + 1) / 2) * ((w.out[1] + 1) / 2) >= 8;
-    int tile = wino ? s_wino_tile (w.out[0], w.out[1]) : 0;
+    int tile = wino ? s_wino_tile (w.out[0], w.out[1], cx->weight_bytes > S_STREAMED_BYTES)
+                    : 0;
     if (wino && !s_wino_pays (c, m, w.out[0], w.out[1], tile))
         wino = false, tile = 0;
     int64_t positions = w.out[0] * (w.ns > 1 ? w.out[1] : 1);

@@ -131,6 +131,9 @@ typedef struct kiln_cc_ctx {
     uint8_t *cl;                    /* per graph tensor: 1 when the program holds
                                      * it channels-last, [N, H, W, C]
                                      * (kiln_cc_layout.h) */
+    uint64_t weight_bytes;          /* the graph's weights, all of them: over
+                                     * S_STREAMED_BYTES (kiln_cc_lower.c) a
+                                     * run streams them from memory */
     int scratch_fd;                 /* large made weights live in this file, or -1:
                                      * mapped, their pages given back as more are
                                      * made, so that they are never whole in memory */

@@ -921,6 +921,47 @@ START_TEST (test_winograd_skips_few_input_channels)
 }
 END_TEST
 
+/* The Winograd tile of a 3x3 256 -> 256 convolution on 14 x 14, compiled
+ * at -O3 (the "winograd" parameter), with the model's weights `big` past
+ * the 64 MiB from which a run streams them from memory (a MatMul of the
+ * block's flattened output by 67 MB of weights beside it) or not. */
+static int64_t
+s_winograd_tile_of (bool big)
+{
+    kiln_graph_t *g = s_conv_block (256, 256, 14, 14, 1, 1, 1);
+    if (big) {
+        int y = g->outputs[0];
+        int wb = s_weight (g, "wbig", SH (256 * 14 * 14, 336));
+        int flat = s_tensor (g, "flat"), z = s_tensor (g, "z");
+        int n = s_node (g, "Flatten", "flatten", &y, 1, flat);
+        s_int (g, n, "axis", 1);
+        s_node (g, "MatMul", "head", (int[]) { flat, wb }, 2, z);
+        s_output (g, z);
+    }
+    kiln_err_t err = { 0 };
+    kiln_artifact_t *art = kiln_cc_compile (g, "--optlevel 3", &err);
+    ck_assert_msg (art, "%s", err.msg);
+    kiln_program_t *p = testlib_program_of (art);
+    const kiln_prog_param_t *wino = s_param (p, KILN_K_CONV2D, "winograd");
+    ck_assert_msg (wino, "the 3x3 convolution does not run by Winograd");
+    int64_t tile = wino->i;
+    kiln_program_destroy (&p);
+    kiln_artifact_destroy (&art);
+    kiln_graph_destroy (&g);
+    return tile;
+}
+
+START_TEST (test_winograd_tile_counts_streamed_weights)
+{
+    /* F(4x4): 16 tiles of 36 points; F(2x2): 49 tiles (64 computed) of
+     * 16 points, 16/36 of the weights: the larger tile computes less, the
+     * smaller streams less, which decides once the weights cannot stay
+     * in the caches between runs (resnet50's third stage). */
+    ck_assert_int_eq (s_winograd_tile_of (false), 4);
+    ck_assert_int_eq (s_winograd_tile_of (true), 2);
+}
+END_TEST
+
 /* The 3x3 product runs transposed only where the padding it saves pays
  * for gathering its rows element by element (S_TRANS_GATHER in
  * compiler/kiln_cc_lower.c), or where the runtime reads its rows in place
@@ -1503,6 +1544,7 @@ s_suite (void)
     tcase_add_test (tc, test_winograd_convolution_matches_o0);
     tcase_add_test (tc, test_winograd_skips_few_output_channels);
     tcase_add_test (tc, test_winograd_skips_few_input_channels);
+    tcase_add_test (tc, test_winograd_tile_counts_streamed_weights);
     tcase_add_test (tc, test_transposed_conv_pays_for_its_gather);
     tcase_add_test (tc, test_depthwise_convolution_matches_o0);
     tcase_add_test (tc, test_batch_norm_folds_into_the_convolution);
