@@ -111,7 +111,9 @@ s_pf_step (s_pf_t *f, int64_t kk)
  *    of the transformer's time).
  * The sums over k run in the order of kiln_gukr_avx512: results are the
  * same bits.  With `pf`, pf_n lines from pf on are fetched into the
- * cache, spread over the steps of k (kiln_gukr_avx512_xp). */
+ * cache, spread over the steps of k (kiln_gukr_avx512_xp).  With `r7`
+ * the tile has 7 rows: the eighth is neither read from A nor written
+ * (kiln_gukr_avx512_x7). */
 __attribute__ ((target ("avx512f"), always_inline)) static inline void
 s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t ldb, float *c, int64_t ldc,
@@ -170,7 +172,8 @@ s_ukr_avx512_xb (int64_t kc, const float *a, int64_t ars, int64_t acs,
             __builtin_prefetch (b + S_PK_AHEAD * ldb + 16, 0, 3);
         }
         S_ROW (0, 0); S_ROW (1, o1); S_ROW (2, o2); S_ROW (3, o3);
-        S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6); if (!r7)
+        S_ROW (4, o4); S_ROW (5, o5); S_ROW (6, o6);
+        if (!r7)
             S_ROW (7, o7);
         s_pf_step (&pfs, kk);
         a += acs;
