@@ -874,8 +874,9 @@ s_fold_bn_gemm (kiln_cc_ctx_t *cx, int bn, const float *b, bool tb, int64_t k,
  * are `streamed` from memory, the transformed weights' bytes (36 points'
  * against 16).  resnet50's six 256 → 256 at 14 × 14 (9.4 MiB each by
  * F(4x4), 4.2 by F(2x2)): 0.95-0.99 ms by F(2x2) against 1.13-1.32 by
- * F(4x4) in the model, the model 0.988 of the time at 1 thread (paired,
- * median; 0.995 at 2); with the weights in cache (four such convolutions
+ * F(4x4) in the model, the model 0.980-0.988 of the time at 1 thread
+ * and 0.986-0.995 at 2 (two artifacts taking turns, median of the
+ * pairs, two runs); with the weights in cache (four such convolutions
  * alone) F(4x4) is the faster, by 1.086. */
 static int
 s_wino_tile (int64_t oh, int64_t ow, bool streamed)
