@@ -1166,6 +1166,10 @@ s_plan_pad_pool (kiln_cc_ctx_t *cx, const s_uses_t *u, int i)
     for (int d = 0; d < 2 * w.n; d++)
         if (w.pads[d] != 0)
             return;
+    for (int d = 0; d < w.n; d++) {
+        cx->fusion[i].pad_lo[d] = pads[2 + d];
+        cx->fusion[i].pad_hi[d] = pads[xs->rank + 2 + d];
+    }
     cx->fusion[i].pad = p;
     cx->skip[p] = 1;
 }

@@ -106,8 +106,9 @@ typedef struct kiln_cc_fusion {
     int attn_mask;          /* the mask added to the scores, or -1 */
     /* An AveragePool: the Pad of zeros that alone makes its input, taken
      * as the pool's own padding, counted (torch exports count_include_pad
-     * so), or -1. */
+     * so), or -1; and that Pad's pads before and after each spatial axis. */
     int pad;
+    int64_t pad_lo[2], pad_hi[2];
 } kiln_cc_fusion_t;
 
 typedef struct kiln_cc_ctx {

@@ -698,22 +698,14 @@ kiln_lower_avgpool_op (kiln_cc_ctx_t *cx, int pool, int px, int py, kiln_err_t *
     if (rc)
         return rc;
     int64_t include = kiln_node_attr_int (&cx->g->nodes[pool], "count_include_pad", 0);
-    int pad = cx->fusion[pool].pad;
-    if (pad >= 0) {
+    const kiln_cc_fusion_t *f = &cx->fusion[pool];
+    if (f->pad >= 0) {
         /* the Pad's pads on the spatial axes (the pool's own are 0),
          * counted in every window, as a window over the padded tensor
          * was */
-        const kiln_node_t *pn = &cx->g->nodes[pad];
-        const kiln_shape_t *xs = &s_gt (cx, pn->inputs[0])->shape;
-        int64_t pads[2 * KILN_MAX_RANK];
-        kiln_pad_mode_t mode;
-        double value;
-        kiln_shape_t padded;
-        if ((rc = kiln_pad_params (cx->g, pn, xs, pads, &mode, &value, &padded, err)))
-            return rc;
         for (int d = 0; d < w.n; d++) {
-            w.pads[d] += pads[2 + d];
-            w.pads[w.n + d] += pads[xs->rank + 2 + d];
+            w.pads[d] += f->pad_lo[d];
+            w.pads[w.n + d] += f->pad_hi[d];
         }
         include = 1;
     }

@@ -129,6 +129,15 @@ s_max_cols_3s2_avx512 (float *y, const float *cm, int64_t ow)
 }
 #endif
 
+/* Whether index i of a run of n, padded by lo before it and hi after,
+ * is a cell an average pool's window counts: in the run, or (`incl`,
+ * count_include_pad) in the padded run. */
+static inline bool
+s_counted (int64_t i, int64_t n, int64_t lo, int64_t hi, bool incl)
+{
+    return incl ? i >= -lo && i < n + hi : i >= 0 && i < n;
+}
+
 #if defined(__x86_64__)
 /* X's rows that output row r's window reads (rows ih = r·sh - pt + i·dh
  * inside [0, h)), in the window's order, into xr: their number.  With
@@ -141,7 +150,7 @@ s_window_rows (const float *xp, int64_t h, int64_t w, int64_t r, int64_t sh, int
     int nr = 0, rows = 0;
     for (int64_t i = 0; i < kh; i++) {
         int64_t ih = r * sh - pt + i * dh;
-        rows += incl ? ih >= -pt && ih < h + pb : ih >= 0 && ih < h;
+        rows += s_counted (ih, h, pt, pb, incl);
         if (ih >= 0 && ih < h)
             xr[nr++] = xp + ih * w;
     }
@@ -682,7 +691,7 @@ s_avg_planes (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_
         int64_t n = 0;
         for (int64_t j = 0; j < kw; j++) {
             int64_t iw = q * sw - pl + j * dw;
-            n += sp->include_pad ? iw >= -pl && iw < w + sp->pr : iw >= 0 && iw < w;
+            n += s_counted (iw, w, pl, sp->pr, sp->include_pad);
         }
         cells[q] = (float) n;
     }
@@ -708,7 +717,7 @@ s_avg_planes (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_
             bool seen = false;
             for (int64_t i = 0; i < kh; i++) {
                 int64_t ih = r * sh - pt + i * dh;
-                rows += sp->include_pad ? ih >= -pt && ih < h + sp->pb : ih >= 0 && ih < h;
+                rows += s_counted (ih, h, pt, sp->pb, sp->include_pad);
                 if (ih < 0 || ih >= h)
                     continue;
                 const float *xr = x + (p * h + ih) * w;       /* X's column c - pl */

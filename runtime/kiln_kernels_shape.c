@@ -467,23 +467,25 @@ s_run_pad (const kiln_kplan_t *plan, void *const *data)
         }
         const uint8_t *xr = x + (size_t) src * es;
         if (sp->mode == S_PAD_CONSTANT) {
-            /* the constant, the row's kept part, the constant */
-            int64_t lo = fill ? ow : pb < ow ? pb : ow;
-            s_pad_row_const (y, xr, sp->value, es, lo, fill ? 0 : iw < ow - lo ? iw : ow - lo,
-                             ow);
-        }
-        for (int64_t c = 0; sp->mode != S_PAD_CONSTANT && c < ow; c++) {
-            int64_t j = fill ? -1 : s_pad_src (sp->mode, c, pb, iw);
-            if (j < 0)
-                memcpy (y + (size_t) c * es, sp->value, es);
-            else if (j == c - pb && c + 1 < ow && c + 1 - pb < iw) {
-                /* The inside of the row in one copy. */
-                int64_t n = (iw - j < ow - c) ? iw - j : ow - c;
-                memcpy (y + (size_t) c * es, xr + (size_t) j * es, (size_t) n * es);
-                c += n - 1;
+            /* the constant, the row's kept part, the constant (a row of
+             * the constant alone when it has no source) */
+            int64_t lo = fill || pb > ow ? ow : pb;
+            int64_t n = ow - lo < iw ? ow - lo : iw;
+            s_pad_row_const (y, xr, sp->value, es, lo, n, ow);
+        } else {
+            for (int64_t c = 0; c < ow; c++) {
+                int64_t j = fill ? -1 : s_pad_src (sp->mode, c, pb, iw);
+                if (j < 0)
+                    memcpy (y + (size_t) c * es, sp->value, es);
+                else if (j == c - pb && c + 1 < ow && c + 1 - pb < iw) {
+                    /* The inside of the row in one copy. */
+                    int64_t n = (iw - j < ow - c) ? iw - j : ow - c;
+                    memcpy (y + (size_t) c * es, xr + (size_t) j * es, (size_t) n * es);
+                    c += n - 1;
+                }
+                else
+                    memcpy (y + (size_t) c * es, xr + (size_t) j * es, es);
             }
-            else
-                memcpy (y + (size_t) c * es, xr + (size_t) j * es, es);
         }
         for (int i = r - 2; i >= 0; i--) {
             if (++idx[i] < sp->dims[i])
