@@ -311,14 +311,21 @@ static void
 s_run_tasks (s_job_t *job, int worker)
 {
     int n = job->n_ranges;
+    int ran = 0;
     for (int i = 0; i < n; i++) {
         s_range_t *r = &job->range[(worker + i) % n];
         int t;
         while ((t = atomic_fetch_add (&r->next, 1)) < r->end) {
             job->fn (job->arg, t, worker);
-            atomic_fetch_add (&job->done, 1);
+            ran++;
         }
     }
+    /* once, after the last: a count per task had the two cores trade the
+     * job's line task by task (a section of 16 empty tasks took 1.6 µs
+     * on 2 threads, 0.6 µs so; mobilenet_v2 and efficientnet_b0 0.995
+     * of the time at 2 threads, paired in one process) */
+    if (ran)
+        atomic_fetch_add (&job->done, ran);
 }
 
 static void *
