@@ -124,6 +124,12 @@ bool kiln_gemm_strassen (const kiln_gemm_t *g);
 /* Apply an activation to n floats in place (also for other kernels). */
 void kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b);
 
+/* The same on `rows` runs of n floats, `stride` floats apart (the
+ * channels of one block at each position of a channels-last row): one
+ * call where a call a run cost as much as a run's work. */
+void kiln_act_apply_rows (float *v, int64_t rows, int64_t n, int64_t stride, kiln_act_t act,
+                          float a, float b);
+
 /* The activations with a transcendental or a product in them (sigmoid,
  * SiLU, GELU, hard swish, hard sigmoid, tanh): the tile epilogues apply
  * the cheap ones in registers and these, after the tile's store, by

@@ -113,6 +113,37 @@ kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
     }
 }
 
+KILN_VCLONES void
+kiln_act_apply_rows (float *v, int64_t rows, int64_t n, int64_t stride, kiln_act_t act,
+                     float a, float b)
+{
+    switch (act) {
+    case KILN_ACT_RELU:
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < n; j++)
+                v[r * stride + j] = v[r * stride + j] < 0.0f ? 0.0f : v[r * stride + j];
+        break;
+    case KILN_ACT_CLIP:
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < n; j++) {
+                float x = v[r * stride + j] < a ? a : v[r * stride + j];
+                v[r * stride + j] = x > b ? b : x;
+            }
+        break;
+    default:
+#if defined(__x86_64__)
+        if (kiln_act16_has (act) && s_act_avx512 ()) {
+            for (int64_t r = 0; r < rows; r++)
+                kiln_gact_apply_avx512 (v + r * stride, n, act, a, b);
+            break;
+        }
+#endif
+        for (int64_t r = 0; r < rows; r++)
+            kiln_act_apply (v + r * stride, n, act, a, b);
+        break;
+    }
+}
+
 /* v[0..len-1] = act (alpha · v + addends) for product elements (i, j),
  * (i, j + 1), ... (along_j) or (i, j), (i + 1, j), ...: the epilogue of
  * a run of one row of C, or of one column when C is written transposed.

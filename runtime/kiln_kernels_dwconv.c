@@ -592,10 +592,10 @@ s_cl_rows (const kiln_kplan_t *plan, void *const *data, int64_t first,
         }
         if (plan->epi.act != KILN_ACT_NONE && chunks == 1)
             kiln_act_apply (yr, d.ow * d.c, plan->epi.act, plan->epi.a, plan->epi.b);
-        else if (plan->epi.act != KILN_ACT_NONE)
-            for (int64_t q = 0; q < d.ow; q++)
-                kiln_act_apply (yr + q * d.c + c0, c1 - c0, plan->epi.act, plan->epi.a,
-                                plan->epi.b);
+        else if (plan->epi.act != KILN_ACT_NONE)     /* (one call, not one a column:
+                                                     * mobilenet_v2 0.988 of the time) */
+            kiln_act_apply_rows (yr + c0, d.ow, c1 - c0, d.c, plan->epi.act, plan->epi.a,
+                                 plan->epi.b);
     }
 }
 
