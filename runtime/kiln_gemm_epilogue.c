@@ -82,66 +82,73 @@ s_act_avx512 (void)
 }
 #endif
 
-KILN_VCLONES void
-kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
+/* The activations the tiles apply in their registers (ReLU, Clip,
+ * LeakyRelu) on n floats in place; false for the others.  Always inlined,
+ * so that a constant act leaves one loop. */
+static inline __attribute__ ((always_inline)) bool
+s_act_cheap (float *v, int64_t n, kiln_act_t act, float a, float b)
 {
     switch (act) {
     case KILN_ACT_RELU:
         for (int64_t j = 0; j < n; j++)
             v[j] = v[j] < 0.0f ? 0.0f : v[j];
-        break;
+        return true;
     case KILN_ACT_CLIP:
         for (int64_t j = 0; j < n; j++) {
             float x = v[j] < a ? a : v[j];
             v[j] = x > b ? b : x;
         }
-        break;
+        return true;
     case KILN_ACT_LEAKY:
         for (int64_t j = 0; j < n; j++)
             v[j] = v[j] < 0.0f ? v[j] * a : v[j];
-        break;
+        return true;
     default:
-#if defined(__x86_64__)
-        if (kiln_act16_has (act) && s_act_avx512 ()) {
-            kiln_gact_apply_avx512 (v, n, act, a, b);
-            break;
-        }
-#endif
-        if (kiln_act_heavy (act))
-            s_act_heavy (v, n, act, a, b);
-        break;
+        return false;
     }
+}
+
+KILN_VCLONES void
+kiln_act_apply (float *v, int64_t n, kiln_act_t act, float a, float b)
+{
+    if (s_act_cheap (v, n, act, a, b))
+        return;
+#if defined(__x86_64__)
+    if (kiln_act16_has (act) && s_act_avx512 ()) {
+        kiln_gact_apply_avx512 (v, n, act, a, b);
+        return;
+    }
+#endif
+    if (kiln_act_heavy (act))
+        s_act_heavy (v, n, act, a, b);
 }
 
 KILN_VCLONES void
 kiln_act_apply_rows (float *v, int64_t rows, int64_t n, int64_t stride, kiln_act_t act,
                      float a, float b)
 {
+#define S_ROWS(ACT)                                                     \
+    case ACT:                                                           \
+        for (int64_t r = 0; r < rows; r++)                              \
+            s_act_cheap (v + r * stride, n, ACT, a, b);                 \
+        return;
     switch (act) {
-    case KILN_ACT_RELU:
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t j = 0; j < n; j++)
-                v[r * stride + j] = v[r * stride + j] < 0.0f ? 0.0f : v[r * stride + j];
-        break;
-    case KILN_ACT_CLIP:
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t j = 0; j < n; j++) {
-                float x = v[r * stride + j] < a ? a : v[r * stride + j];
-                v[r * stride + j] = x > b ? b : x;
-            }
-        break;
+    S_ROWS (KILN_ACT_RELU)
+    S_ROWS (KILN_ACT_CLIP)
+    S_ROWS (KILN_ACT_LEAKY)
     default:
-#if defined(__x86_64__)
-        if (kiln_act16_has (act) && s_act_avx512 ()) {
-            for (int64_t r = 0; r < rows; r++)
-                kiln_gact_apply_avx512 (v + r * stride, n, act, a, b);
-            break;
-        }
-#endif
-        for (int64_t r = 0; r < rows; r++)
-            kiln_act_apply (v + r * stride, n, act, a, b);
         break;
     }
+#undef S_ROWS
+#if defined(__x86_64__)
+    if (kiln_act16_has (act) && s_act_avx512 ()) {
+        for (int64_t r = 0; r < rows; r++)
+            kiln_gact_apply_avx512 (v + r * stride, n, act, a, b);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < rows; r++)
+        kiln_act_apply (v + r * stride, n, act, a, b);
 }
 
 /* v[0..len-1] = act (alpha · v + addends) for product elements (i, j),
@@ -175,24 +182,8 @@ s_epi_run (const kiln_gemm_t *g, float *v, int64_t len, int64_t i, int64_t j,
                 v[t] += sc * src[t * st];
         }
     }
-    switch (g->act) {
-    case KILN_ACT_RELU:
-        for (int64_t t = 0; t < len; t++)
-            v[t] = v[t] < 0.0f ? 0.0f : v[t];
-        break;
-    case KILN_ACT_CLIP:
-        for (int64_t t = 0; t < len; t++) {
-            float x = v[t] < g->act_a ? g->act_a : v[t];
-            v[t] = x > g->act_b ? g->act_b : x;
-        }
-        break;
-    case KILN_ACT_LEAKY:
-        for (int64_t t = 0; t < len; t++)
-            v[t] = v[t] < 0.0f ? v[t] * g->act_a : v[t];
-        break;
-    default:                    /* heavy ones: by the caller, over the tile */
-        break;
-    }
+    /* (the heavy ones: by the caller, over the tile) */
+    s_act_cheap (v, len, g->act, g->act_a, g->act_b);
 }
 
 /* Rows of a tile computed into t (MR × NR, row stride NR) written to C
