@@ -362,7 +362,8 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
     /* An A packed here may come in panels of 7 rows, which the 7-row
      * micro-kernel runs at the rate of 8: when that computes fewer rows
      * (49 = 7 · 7 rows, not 56). */
-    bl->rp = !a_packed && s_round_up (g->m, 7) < s_round_up (g->m, MR) ? 7 : MR;
+    bool seven = s_round_up (g->m, 7) < s_round_up (g->m, MR);
+    bl->rp = !a_packed && seven ? 7 : MR;
     /* Rows that AVX-512 reads where they lie (kiln_gukr_avx512_x:
      * nothing packed, the epilogue in registers) are not packed into
      * those panels (packing them cost more than the 56 rows computed for
@@ -376,7 +377,7 @@ s_blocking (const kiln_gemm_t *g, int64_t count, int threads, s_block_t *bl)
      * 0.973, 0.964, 0.954 at 2), paired in one process.  Else panels of
      * MR. */
     if (kiln_gemm_a_in_place (g))
-        bl->rp = b_packed && s_round_up (g->m, 7) < s_round_up (g->m, MR) ? 7 : MR;
+        bl->rp = b_packed && seven ? 7 : MR;
     bl->mc = a_packed ? s_round_up (g->m, MR)
                       : s_min (s_round_up (g->m, bl->rp), S_MC / bl->rp * bl->rp);
     /* A packed weight B needs no block of its own: a tile then spans

@@ -669,21 +669,22 @@ kiln_gukr_avx512_x (int64_t kc, const float *a, int64_t ars, int64_t acs,
 /* s_ukr_avx512_xb on the tile's first `cols` columns (at most NR): the
  * whole tile, or under masks (fewer than NR), in half the multiply-adds
  * when 16 or fewer; the partial sum from acc_src (rows acc_ld apart) when
- * not NULL, as in s_ukr_avx512_xb. */
+ * not NULL, pf_n lines from pf fetched, and 7 rows with `r7`, as in
+ * s_ukr_avx512_xb. */
 __attribute__ ((target ("avx512f"), always_inline)) static inline void
 s_ukr_avx512_cols (int64_t kc, const float *a, int64_t ars, int64_t acs, const float *b,
                    float *c, int64_t ldc, bool accumulate, const kiln_gemm_t *epi,
                    int64_t i, int64_t j, const float *acc_src, int64_t acc_ld,
-                   int64_t cols)
+                   int64_t cols, const char *pf, int64_t pf_n, const bool r7)
 {
     if (cols <= NR / 2)
-        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, NULL, 0,
+        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, pf, pf_n,
                          acc_src, acc_ld, NULL, 0, false, NULL, NULL, true, cols < NR,
-                         cols, false);
+                         cols, r7);
     else
-        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, NULL, 0,
+        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, pf, pf_n,
                          acc_src, acc_ld, NULL, 0, false, NULL, NULL, false, cols < NR,
-                         cols, false);
+                         cols, r7);
 }
 
 /* kiln_gukr_avx512_x on a panel's first `cols` columns (under NR: the
@@ -696,7 +697,8 @@ kiln_gukr_avx512_xm (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      const float *b, float *c, int64_t ldc, bool accumulate,
                      const kiln_gemm_t *epi, int64_t i, int64_t j, int64_t cols)
 {
-    s_ukr_avx512_cols (kc, a, ars, acs, b, c, ldc, accumulate, epi, i, j, NULL, 0, cols);
+    s_ukr_avx512_cols (kc, a, ars, acs, b, c, ldc, accumulate, epi, i, j, NULL, 0, cols,
+                       NULL, 0, false);
 }
 
 /* Seven rows (A's rows read where they lie: a 7 × 7 plane's 49 positions
@@ -709,12 +711,8 @@ kiln_gukr_avx512_x7 (int64_t kc, const float *a, int64_t ars, int64_t acs,
                      const kiln_gemm_t *epi, int64_t i, int64_t j, int64_t cols,
                      const char *pf, int64_t pf_n)
 {
-    if (cols <= NR / 2)
-        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, pf, pf_n,
-                         NULL, 0, NULL, 0, false, NULL, NULL, true, cols < NR, cols, true);
-    else
-        s_ukr_avx512_xb (kc, a, ars, acs, b, NR, c, ldc, accumulate, epi, i, j, pf, pf_n,
-                         NULL, 0, NULL, 0, false, NULL, NULL, false, cols < NR, cols, true);
+    s_ukr_avx512_cols (kc, a, ars, acs, b, c, ldc, accumulate, epi, i, j, NULL, 0, cols,
+                       pf, pf_n, true);
 }
 
 /* kiln_gukr_avx512_x fetching pf_n lines from `pf` on into the cache, one every
@@ -758,7 +756,7 @@ __attribute__ ((target ("avx512f"))) void
 kiln_gfinish_x (const kiln_gemm_t *g, const float *t, int64_t i, int64_t j, int64_t cols)
 {
     s_ukr_avx512_cols (0, NULL, 0, 0, NULL, g->c + i * g->ldc + j, g->ldc, true,
-                       s_no_epilogue (g) ? NULL : g, i, j, t, NR, cols);
+                       s_no_epilogue (g) ? NULL : g, i, j, t, NR, cols, NULL, 0, false);
 }
 
 /* One of s_strassen's seven products for an MR × NR tile (k steps kc,
