@@ -291,19 +291,24 @@ s_check_trans (int64_t m, int64_t n, int64_t k)
     float *bp = calloc ((size_t) be + 1, sizeof *bp);
     kiln_pack_b (b, k, n, n, 1, bp);
     float *c = malloc ((size_t) (m * n + 1) * sizeof *c);
-    for (int form = 0; form < 3; form++) {
+    /* forms 3 and 4: a bias and a residual laid out like C under Leaky
+     * Relu and under Tanh (a heavy activation with no vector form, run
+     * once over the finished tile), scaled residual and alpha in 4 */
+    static const kiln_act_t acts[] = { KILN_ACT_SILU, KILN_ACT_CLIP, KILN_ACT_TANH,
+                                       KILN_ACT_LEAKY, KILN_ACT_TANH };
+    for (int form = 0; form < 5; form++) {
         kiln_gemm_t g = { .m = m, .n = n, .k = k, .c = c, .ldc = m, .c_trans = true,
-                          .alpha = form == 1 ? 0.5f : 1.0f };
+                          .alpha = form == 1 || form == 4 ? 0.5f : 1.0f };
         g.a = form == 1 ? (kiln_gsrc_t) { KILN_GSRC_STRIDED, a, k, 1, NULL }
                         : (kiln_gsrc_t) { KILN_GSRC_STRIDED, at, 1, m, NULL };
         g.b = (kiln_gsrc_t) { KILN_GSRC_PACKED, bp, 0, 0, NULL };
-        if (form < 2)
+        if (form != 2)
             g.add[g.n_add++] = (kiln_gadd_t) { bias_n, 0, 1, 1.0f };
-        if (form == 1)          /* a residual laid out like C */
-            g.add[g.n_add++] = (kiln_gadd_t) { res, 1, m, 1.0f };
+        if (form == 1 || form >= 3)     /* a residual laid out like C */
+            g.add[g.n_add++] = (kiln_gadd_t) { res, 1, m, form == 4 ? -1.5f : 1.0f };
         if (form == 2)          /* one laid out like the product: strided */
             g.add[g.n_add++] = (kiln_gadd_t) { res, n, 1, 2.0f };
-        g.act = form == 0 ? KILN_ACT_SILU : form == 1 ? KILN_ACT_CLIP : KILN_ACT_TANH;
+        g.act = acts[form];
         g.act_a = g.act == KILN_ACT_CLIP ? -0.5f : 0.1f;
         g.act_b = 0.75f;
         for (int64_t i = 0; i < m * n; i++)
