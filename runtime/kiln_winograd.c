@@ -480,6 +480,71 @@ s_output_tiles (const kiln_wino_t *wp, const float *mm, int64_t pstride,
     }
 }
 
+#if defined(__x86_64__)
+/* s_output_tiles for F(4x4) on AVX-512: sixteen tiles at a time, those
+ * past `len` masked off (never read), the same operations in the same
+ * order (bit for bit the portable loops' results); each output row's
+ * four columns a tile interleaved by two rounds of permutes, where the
+ * loops had been compiled to a tile at a time. */
+__attribute__ ((target ("avx512f"))) static void
+s_output_tiles4_avx512 (const float *mm, int64_t pstride, int len, float bias,
+                        float out[][S_TILE_MAX * S_NB_MAX])
+{
+    const __m512i pair_lo = _mm512_setr_epi32 (0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21,
+                                               6, 22, 7, 23);
+    const __m512i pair_hi = _mm512_setr_epi32 (8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13,
+                                               29, 14, 30, 15, 31);
+    const __m512i quad_lo = _mm512_setr_epi32 (0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21,
+                                               6, 7, 22, 23);
+    const __m512i quad_hi = _mm512_setr_epi32 (8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28,
+                                               29, 14, 15, 30, 31);
+    const __m512 two = _mm512_set1_ps (2.0f), four = _mm512_set1_ps (4.0f);
+    const __m512 eight = _mm512_set1_ps (8.0f), vb = _mm512_set1_ps (bias);
+    for (int t0 = 0; t0 < len; t0 += 16) {
+        int n = len - t0 < 16 ? len - t0 : 16;
+        __mmask16 m = (__mmask16) (n == 16 ? 0xffffu : (1u << n) - 1u);
+        /* columns first: c[k][j] = Σ_i Aᵀ[k][i] S[i][j] */
+        __m512 cj[4][6];
+        for (int j = 0; j < 6; j++) {
+            __m512 s[6];
+            for (int i = 0; i < 6; i++)
+                s[i] = _mm512_maskz_loadu_ps (m, mm + (i * 6 + j) * pstride + t0);
+            __m512 p12 = _mm512_add_ps (s[1], s[2]), m12 = _mm512_sub_ps (s[1], s[2]);
+            __m512 p34 = _mm512_add_ps (s[3], s[4]), m34 = _mm512_sub_ps (s[3], s[4]);
+            cj[0][j] = _mm512_add_ps (_mm512_add_ps (s[0], p12), p34);
+            cj[1][j] = _mm512_add_ps (m12, _mm512_mul_ps (two, m34));
+            cj[2][j] = _mm512_add_ps (p12, _mm512_mul_ps (four, p34));
+            cj[3][j] = _mm512_add_ps (_mm512_add_ps (m12, _mm512_mul_ps (eight, m34)), s[5]);
+        }
+        /* then rows, each tile's four columns side by side */
+        for (int k = 0; k < 4; k++) {
+            const __m512 *c = cj[k];
+            __m512 p12 = _mm512_add_ps (c[1], c[2]), m12 = _mm512_sub_ps (c[1], c[2]);
+            __m512 p34 = _mm512_add_ps (c[3], c[4]), m34 = _mm512_sub_ps (c[3], c[4]);
+            __m512 o0 = _mm512_add_ps (_mm512_add_ps (_mm512_add_ps (c[0], p12), p34), vb);
+            __m512 o1 = _mm512_add_ps (_mm512_add_ps (m12, _mm512_mul_ps (two, m34)), vb);
+            __m512 o2 = _mm512_add_ps (_mm512_add_ps (p12, _mm512_mul_ps (four, p34)), vb);
+            __m512 o3 = _mm512_add_ps (_mm512_add_ps (_mm512_add_ps (m12, _mm512_mul_ps (eight, m34)),
+                                                      c[5]), vb);
+            __m512 a = _mm512_permutex2var_ps (o0, pair_lo, o1);
+            __m512 b = _mm512_permutex2var_ps (o0, pair_hi, o1);
+            __m512 e = _mm512_permutex2var_ps (o2, pair_lo, o3);
+            __m512 f = _mm512_permutex2var_ps (o2, pair_hi, o3);
+            __m512 r[4] = { _mm512_permutex2var_ps (a, quad_lo, e),
+                            _mm512_permutex2var_ps (a, quad_hi, e),
+                            _mm512_permutex2var_ps (b, quad_lo, f),
+                            _mm512_permutex2var_ps (b, quad_hi, f) };
+            float *o = out[k] + 4 * t0;
+            for (int q = 0; q < 4 && 4 * q < n; q++) {
+                int lanes = 4 * (n - 4 * q);
+                __mmask16 st = (__mmask16) (lanes >= 16 ? 0xffffu : (1u << lanes) - 1u);
+                _mm512_mask_storeu_ps (o + 16 * q, st, r[q]);
+            }
+        }
+    }
+}
+#endif
+
 typedef struct {
     const kiln_wino_t *wp;
     const float *x, *u, *bias, *res;
@@ -488,6 +553,7 @@ typedef struct {
     float act_a, act_b;
     float *ws;
     size_t ws_stride;       /* floats per worker */
+    bool avx512;            /* the output transform's AVX-512 form */
 } s_run_t;
 
 /* Worker `worker`'s own part of the workspace: after the shared V. */
@@ -638,7 +704,12 @@ s_task (void *arg, int task, int worker)
         for (int si = 0; si < nseg; si++) {
             const s_seg_t *sg = &seg[si];
             float out[S_TILE_MAX][S_TILE_MAX * S_NB_MAX];
-            s_output_tiles (wp, mm + sg->col, pstride, sg->len, bv, out);
+#if defined(__x86_64__)
+            if (tile == 4 && r->avx512)
+                s_output_tiles4_avx512 (mm + sg->col, pstride, sg->len, bv, out);
+            else
+#endif
+                s_output_tiles (wp, mm + sg->col, pstride, sg->len, bv, out);
             int64_t oy = tile * sg->ty, ox = tile * sg->tx;
             int64_t cols = s_min (tile * (int64_t) sg->len, wp->ow - ox);
             for (int dy = 0; dy < tile && oy + dy < wp->oh; dy++) {
@@ -666,7 +737,7 @@ kiln_wino_run (const kiln_wino_t *wp, const float *x, const float *u,
         return;
     size_t bytes;
     s_run_t r = { wp, x, u, bias, res, y, act, act_a, act_b,
-                  kiln_exec_ws (&bytes), 0 };
+                  kiln_exec_ws (&bytes), 0, kiln_gemm_avx512 () };
     r.ws_stride = bytes / sizeof (float);
     if (wp->shared)
         kiln_exec_parallel (s_vtask, &r, (int) (wp->n * wp->tbs * wp->nkb * wp->vpieces));
