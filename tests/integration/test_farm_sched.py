@@ -142,7 +142,22 @@ def _batch_one(farm, tmp_path, model, out, *extra):
     return lines[0], summary
 
 
-def test_weights_move_once_and_the_worker_holding_them_is_preferred(farm, tmp_path):
+@pytest.fixture
+def farm_unchecked(tmp_path):
+    """A farm whose builds are not cross-checked: under the default policy
+    (every build checked by a second worker) both workers of a two-worker
+    farm hold a job's weights after it, and which of them builds the next
+    job that needs them is a tie (the test failed in 2 of 14 runs)."""
+    f = Farm(tmp_path / "farm", broker_args=["--liveness-ms", "3000", "--cross-check", "off"])
+    f.start_broker()
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+def test_weights_move_once_and_the_worker_holding_them_is_preferred(farm_unchecked, tmp_path):
+    farm = farm_unchecked
     farm.start_worker("w1")
     farm.start_worker("w2")
     farm.wait_for_workers(2)
