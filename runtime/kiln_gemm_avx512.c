@@ -551,7 +551,7 @@ kiln_gact_apply_avx512 (float *v, int64_t n, kiln_act_t act, float a, float b)
  * whose elements along the run are adjacent (step 1) or one value (step
  * 0): the same operations in the same order, so that a tile finished
  * here and one finished by kiln_gfinish are bit for bit alike. */
-__attribute__ ((target ("avx512f"))) static inline __m512
+__attribute__ ((target ("avx512f"), always_inline)) static inline __m512
 s_epi_avx512 (const kiln_gemm_t *g, __m512 v, __mmask16 mask, int64_t i,
               int64_t j, bool along_j)
 {
@@ -598,31 +598,18 @@ s_mask16 (int64_t n)
 }
 
 /* The transposed finish (C'(r, q) at c[q·ldc + r]) of kiln_gfinish_avx512:
- * the tile's columns by 8 × 8 transposes, eight rows to a vector, with
- * the epilogue resolved once a tile rather than by a call of
- * s_epi_avx512 a column (`act` a constant where this is inlined), in the
- * same operations and order; a heavy activation once over the tile's
- * finished columns.  A 1×1 convolution at 14 × 14 run transposed (256 ->
- * 1024, bias and Relu) took 0.90 of the time with the call a column. */
+ * the tile's columns by 8 × 8 transposes, eight rows to a vector, each
+ * through s_epi_avx512 inlined with `act` a constant where this is
+ * inlined; a heavy activation once over the tile's finished columns.  A
+ * 1×1 convolution at 14 × 14 run transposed (256 -> 1024, bias and Relu)
+ * took 0.90 of the time with s_epi_avx512 a call a column. */
 __attribute__ ((target ("avx512f"), always_inline)) static inline void
 s_fin_t (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0, int64_t nr,
          __mmask16 km, bool acc, bool last, kiln_act_t act)
 {
-    const float *ap[2] = { NULL, NULL };
-    int64_t acs[2] = { 0, 0 };
-    bool avec[2] = { false, false };
-    float asc[2] = { 1.0f, 1.0f };
-    int na = last ? g->n_add : 0;
-    for (int a = 0; a < na; a++) {
-        ap[a] = g->add[a].p + i0 * g->add[a].rs;
-        acs[a] = g->add[a].cs;
-        avec[a] = g->add[a].rs != 0;
-        asc[a] = g->add[a].scale;
-    }
-    bool scaled = last && g->alpha != 1.0f;
+    kiln_gemm_t ge = *g;
+    ge.act = act;
     bool heavy = last && kiln_act_heavy (act) && !kiln_act16_has (act);
-    __m512 valpha = _mm512_set1_ps (g->alpha), zero = _mm512_setzero_ps ();
-    __m512 va = _mm512_set1_ps (g->act_a), vb = _mm512_set1_ps (g->act_b);
     float fin[NR * MR] __attribute__ ((aligned (64)));
     for (int64_t q0 = 0; q0 < nr; q0 += 8) {
         __m256 col[8];
@@ -631,34 +618,12 @@ s_fin_t (const kiln_gemm_t *g, const float *t, int64_t i0, int64_t j0, int64_t n
         kiln_gtranspose8 (col);
         int64_t nq = nr - q0 < 8 ? nr - q0 : 8;
         for (int64_t q = 0; q < nq; q++) {
-            int64_t j = j0 + q0 + q;
-            float *c = g->c + j * g->ldc + i0;
+            float *c = g->c + (j0 + q0 + q) * g->ldc + i0;
             __m512 v = _mm512_castps256_ps512 (col[q]);
             if (acc)
                 v = _mm512_add_ps (v, _mm512_maskz_loadu_ps (km, c));
-            if (last) {
-                if (scaled)
-                    v = _mm512_mul_ps (v, valpha);
-                for (int a = 0; a < na; a++) {
-                    const float *src = ap[a] + j * acs[a];
-                    if (!avec[a]) {
-                        v = _mm512_add_ps (v, _mm512_set1_ps (asc[a] * src[0]));
-                    } else {
-                        __m512 x = _mm512_maskz_loadu_ps (km, src);
-                        if (asc[a] != 1.0f)
-                            x = _mm512_mul_ps (_mm512_set1_ps (asc[a]), x);
-                        v = _mm512_add_ps (v, x);
-                    }
-                }
-                if (act == KILN_ACT_RELU)
-                    v = _mm512_max_ps (zero, v);
-                else if (act == KILN_ACT_CLIP)
-                    v = _mm512_min_ps (vb, _mm512_max_ps (va, v));
-                else if (act == KILN_ACT_LEAKY)
-                    v = _mm512_mask_mul_ps (v, _mm512_cmp_ps_mask (v, zero, _CMP_LT_OQ), v, va);
-                else if (act != KILN_ACT_NONE && kiln_act16_has (act))
-                    v = kiln_act16 (v, act, va, vb);
-            }
+            if (last)
+                v = s_epi_avx512 (&ge, v, km, i0, j0 + q0 + q, false);
             if (heavy)
                 _mm256_store_ps (fin + (q0 + q) * MR, _mm512_castps512_ps256 (v));
             else

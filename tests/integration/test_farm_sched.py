@@ -15,7 +15,8 @@ import time
 import pytest
 
 from conftest import kiln_bin
-from farm_helpers import Farm, batch_lines, big_model, sleepy, tiny_model, write_jobs
+from farm_helpers import (Farm, batch_lines, big_model, running_farm, sleepy, tiny_model,
+                          write_jobs)
 
 pytestmark = pytest.mark.skipif(
     not all(os.path.exists(kiln_bin(p)) for p in ("kiln", "kiln-broker", "kiln-worker")),
@@ -24,12 +25,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def farm(tmp_path):
-    f = Farm(tmp_path / "farm", broker_args=["--liveness-ms", "3000"])
-    f.start_broker()
-    try:
+    with running_farm(tmp_path / "farm", broker_args=["--liveness-ms", "3000"]) as f:
         yield f
-    finally:
-        f.stop()
 
 
 def _timed_compile(farm, model, out, *extra):
@@ -148,12 +145,9 @@ def farm_unchecked(tmp_path):
     (every build checked by a second worker) both workers of a two-worker
     farm hold a job's weights after it, and which of them builds the next
     job that needs them is a tie (the test failed in 2 of 14 runs)."""
-    f = Farm(tmp_path / "farm", broker_args=["--liveness-ms", "3000", "--cross-check", "off"])
-    f.start_broker()
-    try:
+    with running_farm(tmp_path / "farm",
+                      broker_args=["--liveness-ms", "3000", "--cross-check", "off"]) as f:
         yield f
-    finally:
-        f.stop()
 
 
 def test_weights_move_once_and_the_worker_holding_them_is_preferred(farm_unchecked, tmp_path):
