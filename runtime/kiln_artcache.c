@@ -29,17 +29,47 @@ typedef struct s_entry {
 struct kiln_artcache {
     pthread_mutex_t lock;       /* guards entries and every refs */
     s_entry_t *entries;
-    unsigned flags;             /* for kiln_artifact_read_fd */
+    kiln_artcache_mode_t mode;
+    uint64_t phys;              /* the host's memory, bytes (0: unknown) */
 };
 
+int
+kiln_artcache_mode (const char *value)
+{
+    if (!value || strcmp (value, "auto") == 0)
+        return KILN_ARTCACHE_AUTO;
+    if (strcmp (value, "0") == 0)
+        return KILN_ARTCACHE_READ;
+    if (strcmp (value, "1") == 0)
+        return KILN_ARTCACHE_MAP;
+    return -1;
+}
+
+uint64_t
+kiln_artcache_read_max (uint64_t phys)
+{
+    uint64_t max = 1ull << 30;
+    return phys && phys / 8 < max ? phys / 8 : max;
+}
+
+bool
+kiln_artcache_maps (kiln_artcache_mode_t mode, uint64_t size, uint64_t phys)
+{
+    if (mode == KILN_ARTCACHE_AUTO)
+        return size > kiln_artcache_read_max (phys);
+    return mode == KILN_ARTCACHE_MAP;
+}
+
 kiln_artcache_t *
-kiln_artcache_new (bool map)
+kiln_artcache_new (kiln_artcache_mode_t mode)
 {
     kiln_artcache_t *self = calloc (1, sizeof *self);
     if (!self)
         return NULL;
     pthread_mutex_init (&self->lock, NULL);
-    self->flags = map ? KILN_ARTIFACT_MAP : 0;
+    self->mode = mode;
+    long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+    self->phys = pages > 0 && page > 0 ? (uint64_t) pages * (uint64_t) page : 0;
     return self;
 }
 
@@ -86,7 +116,8 @@ s_read (kiln_artcache_t *self, int fd, const struct stat *st, const char *path,
         kiln_error (err, KILN_ENOMEM, "out of memory");
         return NULL;
     }
-    e->art = kiln_artifact_read_fd (fd, path, self->flags, err);
+    bool map = kiln_artcache_maps (self->mode, (uint64_t) st->st_size, self->phys);
+    e->art = kiln_artifact_read_fd (fd, path, map ? KILN_ARTIFACT_MAP : 0, err);
     if (!e->art) {
         free (e);
         return NULL;

@@ -25,16 +25,43 @@
 #define KILN_ARTCACHE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "artifact/kiln_artifact.h"
 #include "common/kiln_error.h"
 
 typedef struct kiln_artcache kiln_artcache_t;
 
-/* An empty cache.  With `map`, large members are mapped from the file
- * (KILN_ARTIFACT_MAP); without, always read into memory.  Caller owns
- * it; NULL when out of memory. */
-kiln_artcache_t *kiln_artcache_new (bool map);
+/* How a cache holds an artifact's large members (KILN_RT_MMAP). */
+typedef enum {
+    KILN_ARTCACHE_READ,     /* "0": always read into memory */
+    KILN_ARTCACHE_MAP,      /* "1": mapped from the file (KILN_ARTIFACT_MAP) */
+    KILN_ARTCACHE_AUTO      /* unset: read when the file is at most
+                               kiln_artcache_read_max, else mapped */
+} kiln_artcache_mode_t;
+
+/* The mode KILN_RT_MMAP's value names (NULL: unset): "0", "1" or
+ * "auto"; anything else is -1. */
+int kiln_artcache_mode (const char *value);
+
+/* The largest file that KILN_ARTCACHE_AUTO reads into memory on a host
+ * of `phys` bytes of memory (0: unknown): 1 GiB, or an eighth of the
+ * memory when that is less.  Read, the weights sit on advised huge
+ * pages (kiln_mem_alloc); a file's pages mapped from the page cache are
+ * as large as the way the file came into the cache made them, mostly
+ * 4 KiB, and streaming weights through 4 KiB pages cost resnet50 up to
+ * a sixth of its time on a virtual machine (docs/engine.md, "Huge
+ * pages").  Larger files stay mapped: their pages are given back as they
+ * stream and the host's memory need not hold a copy. */
+uint64_t kiln_artcache_read_max (uint64_t phys);
+
+/* Whether a cache in `mode` maps a file of `size` bytes on a host of
+ * `phys` bytes of memory (0: unknown). */
+bool kiln_artcache_maps (kiln_artcache_mode_t mode, uint64_t size, uint64_t phys);
+
+/* An empty cache holding artifacts as `mode` says.  Caller owns it;
+ * NULL when out of memory. */
+kiln_artcache_t *kiln_artcache_new (kiln_artcache_mode_t mode);
 /* Free the cache.  Every artifact must have been put back. */
 void kiln_artcache_destroy (kiln_artcache_t **self_p);
 

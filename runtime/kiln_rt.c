@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kiln_log.h"
 #include "common/kiln_mem.h"
 #include "common/kiln_program.h"
 #include "runtime/kiln_artcache.h"
@@ -62,7 +63,12 @@ kiln_rt_new (kiln_err_t *err)
         return NULL;
     }
     const char *mmap_env = getenv ("KILN_RT_MMAP");
-    self->cache = kiln_artcache_new (!mmap_env || strcmp (mmap_env, "0") != 0);
+    int mode = kiln_artcache_mode (mmap_env && mmap_env[0] ? mmap_env : NULL);
+    if (mode < 0) {
+        kiln_log_warn ("KILN_RT_MMAP='%s' is not 0, 1 or auto; using auto", mmap_env);
+        mode = KILN_ARTCACHE_AUTO;
+    }
+    self->cache = kiln_artcache_new ((kiln_artcache_mode_t) mode);
     if (!self->cache) {
         kiln_cores_destroy (&self->cores);
         free (self);

@@ -62,15 +62,17 @@ int kiln_rt_core_cpu (const kiln_rt_t *rt, int core);
 /* Verify the artifact at `path` against `keyring_dir` and load it.
  * Caller owns the model.
  *
- * The weights are not copied: they are pages mapped read-only from the
- * artifact file (whose members the archive lays out page-aligned), hashed
- * as they are mapped, and every model a runtime loads from the same
- * unchanged file — replicas for dynamic batching, DataParallel, kiln-serve
- * --replicas — shares that one mapping, so N replicas hold the weights
- * once.  A file that users other than this process's and root may
- * change, one written before members were aligned, or any file when
- * KILN_RT_MMAP=0 is read into memory instead (one copy, shared the same
- * way).  What holds when the file is changed while loaded:
+ * An artifact of up to 1 GiB (an eighth of the host's memory when that
+ * is less) is read into memory on advised huge pages, hashed as it is
+ * read; a larger one's weights (or any artifact's, KILN_RT_MMAP=1) are
+ * pages mapped read-only from the file (whose members the archive lays
+ * out page-aligned), hashed as they are mapped.  Either way every model a
+ * runtime loads from the same unchanged file — replicas for dynamic
+ * batching, DataParallel, kiln-serve --replicas — shares that one copy or
+ * mapping, so N replicas hold the weights once.  A file that users other
+ * than this process's and root may change, one written before members
+ * were aligned, or any file when KILN_RT_MMAP=0 is read into memory.
+ * What holds when the file is changed while loaded:
  * docs/artifact-format.md, "Mapped members". */
 kiln_model_t *kiln_rt_load (kiln_rt_t *rt, const char *path,
                             const char *keyring_dir, kiln_err_t *err);

@@ -272,7 +272,7 @@ class WideMLP(nn.Module):
         return self.layers(x)
 
 
-def test_replicas_share_the_mapped_weights_and_match_torch(tmp_path, keys):
+def test_replicas_share_the_weights_mapped_or_read_and_match_torch(tmp_path, keys):
     key, ring = keys
     torch.manual_seed(3)
     module = WideMLP().eval()
@@ -284,24 +284,30 @@ def test_replicas_share_the_mapped_weights_and_match_torch(tmp_path, keys):
         want = module(x).numpy()
     weights = sum(p.numel() * 4 for p in module.parameters())
 
-    def bench(replicas, outdir):
+    def bench(replicas, outdir, mmap):
         proc = run(["kiln-run", tmp_path / "m.kar", "--keyring", ring, "--input",
                     f"{names[0]}={tmp_path / 'x4.npy'}", "--dynamic-batch",
                     "--replicas", str(replicas), "--bench", "2", "--json",
-                    "--output-dir", outdir], timeout=300)
+                    "--output-dir", outdir], timeout=300,
+                   env={"KILN_RT_MMAP": mmap} if mmap else None)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout.splitlines()[0])
 
-    one, two = bench(1, tmp_path / "one"), bench(2, tmp_path / "two")
-    assert one["weights_mapped"] and two["weights_mapped"], info
-    assert two["replicas_sharing_weights"] == 2
-    # The second replica adds its arena and workspace, not the weights
-    # again (before the weights were mapped and shared it added all of
-    # them: 2x in all).
-    extra = (two["peak_rss_kib"] - one["peak_rss_kib"]) * 1024
-    assert extra < weights // 4, (one, two, weights)
-    assert two["peak_rss_kib"] * 1024 < 1.5 * weights + 256 * 2**20, (two, weights)
-    got_one = np.load(tmp_path / "one" / "output.npy")
-    got_two = np.load(tmp_path / "two" / "output.npy")
-    np.testing.assert_array_equal(got_one, got_two)
-    np.testing.assert_allclose(got_two, want, rtol=1e-4, atol=1e-4)
+    # Mapped (KILN_RT_MMAP=1), and as the default holds a file this
+    # small: read into memory on huge pages, one copy all the same.
+    for mmap in ("1", None):
+        tag = mmap or "default"
+        one = bench(1, tmp_path / f"one_{tag}", mmap)
+        two = bench(2, tmp_path / f"two_{tag}", mmap)
+        assert one["weights_mapped"] == two["weights_mapped"] == (mmap == "1"), info
+        assert two["replicas_sharing_weights"] == 2
+        # The second replica adds its arena and workspace, not the weights
+        # again (before the weights were shared it added all of them: 2x
+        # in all).
+        extra = (two["peak_rss_kib"] - one["peak_rss_kib"]) * 1024
+        assert extra < weights // 4, (tag, one, two, weights)
+        assert two["peak_rss_kib"] * 1024 < 1.5 * weights + 256 * 2**20, (tag, two, weights)
+        got_one = np.load(tmp_path / f"one_{tag}" / "output.npy")
+        got_two = np.load(tmp_path / f"two_{tag}" / "output.npy")
+        np.testing.assert_array_equal(got_one, got_two)
+        np.testing.assert_allclose(got_two, want, rtol=1e-4, atol=1e-4)

@@ -33,6 +33,7 @@
 #include "common/kiln_program.h"
 #include "compiler/kiln_compiler.h"
 #include "graph/kiln_graph.h"
+#include "runtime/kiln_artcache.h"
 #include "runtime/kiln_rt.h"
 #include "tests/unit/testlib.h"
 
@@ -49,7 +50,11 @@ setup (void)
 {
     kiln_err_t err;
     s_dir = testlib_keydir ("kiln-test-runtime-", s_keys, &s_key);
+    /* the suite's runtime maps artifacts (the mapping tests' subject);
+     * KILN_RT_MMAP's default reads artifacts this small into memory */
+    setenv ("KILN_RT_MMAP", "1", 1);
     s_rt = kiln_rt_new (&err);
+    unsetenv ("KILN_RT_MMAP");
     ck_assert_msg (s_rt, "%s", err.msg);
     testlib_seed (12345);
     s_files = 0;
@@ -1095,13 +1100,12 @@ s_write_unaligned (const char *src, const char *dst)
 }
 
 /* `path` loaded on a runtime of its own (*rt, caller destroys), its
- * weights mapped or (KILN_RT_MMAP=0) read into memory, as asked. */
+ * weights mapped (KILN_RT_MMAP=1) or (=0) read into memory, as asked. */
 static kiln_model_t *
 s_load_own (const char *path, bool mapped, kiln_rt_t **rt)
 {
     kiln_err_t err = { 0 };
-    if (!mapped)
-        setenv ("KILN_RT_MMAP", "0", 1);
+    setenv ("KILN_RT_MMAP", mapped ? "1" : "0", 1);
     *rt = kiln_rt_new (&err);
     unsetenv ("KILN_RT_MMAP");
     ck_assert_msg (*rt, "%s", err.msg);
@@ -1214,6 +1218,20 @@ s_thp_kernel (void)
     return access ("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;
 }
 
+/* x [n, k] · w [k, m] (w a random weight, its tensor in *w): with k × m
+ * large, a model whose weights alone decide how its artifact is held. */
+static kiln_graph_t *
+s_matmul_graph (int64_t n, int64_t k, int64_t m, int *w)
+{
+    kiln_graph_t *g = kiln_graph_new ();
+    int x = testlib_input (g, "x", SH (n, k));
+    *w = testlib_weight (g, "w", SH (k, m));
+    int y = testlib_tensor (g, "y");
+    testlib_node (g, "MatMul", "mm", (int[]) { x, *w }, 2, y);
+    testlib_output (g, y);
+    return g;
+}
+
 /* Buffers of a MiB and more (arenas, workspaces, weights read into
  * memory) are 2 MiB aligned, whole 2 MiB, and advised as huge-page
  * memory; smaller ones are 64-byte aligned and ordinary.  A linear layer
@@ -1242,12 +1260,8 @@ START_TEST (test_large_buffers_are_on_advised_huge_pages)
     ck_assert_ptr_null (kiln_mem_alloc (SIZE_MAX - 100));
 
     enum { N = 3, K = 1024, M = 512 };
-    kiln_graph_t *g = kiln_graph_new ();
-    int x = testlib_input (g, "x", SH (N, K));
-    int w = testlib_weight (g, "w", SH (K, M));
-    int y = testlib_tensor (g, "y");
-    testlib_node (g, "MatMul", "mm", (int[]) { x, w }, 2, y);
-    testlib_output (g, y);
+    int w;
+    kiln_graph_t *g = s_matmul_graph (N, K, M, &w);
     const float *wv = s_wdata (g, w);
     float *xv = testlib_rand (N * K);
     double want[N * M];
@@ -1275,6 +1289,72 @@ START_TEST (test_large_buffers_are_on_advised_huge_pages)
         kiln_rt_destroy (&rt);
     }
     free (xv);
+    kiln_graph_destroy (&g);
+}
+END_TEST
+
+/* KILN_RT_MMAP: "0" reads, "1" maps, unset or "auto" reads a file of up
+ * to 1 GiB (an eighth of the host's memory when that is less) into
+ * memory on advised huge pages and maps a larger one; anything else is
+ * refused by the parser (the runtime then warns and takes auto).  Under
+ * the default a model of 2 MiB of weights is read, onto huge pages, its
+ * replicas share the one copy, and it computes what the mapped load
+ * computes, bit for bit. */
+START_TEST (test_default_reads_artifacts_up_to_a_bound_onto_huge_pages)
+{
+    ck_assert_int_eq (kiln_artcache_mode (NULL), KILN_ARTCACHE_AUTO);
+    ck_assert_int_eq (kiln_artcache_mode ("auto"), KILN_ARTCACHE_AUTO);
+    ck_assert_int_eq (kiln_artcache_mode ("0"), KILN_ARTCACHE_READ);
+    ck_assert_int_eq (kiln_artcache_mode ("1"), KILN_ARTCACHE_MAP);
+    ck_assert_int_eq (kiln_artcache_mode ("yes"), -1);
+    ck_assert_int_eq (kiln_artcache_mode ("10"), -1);
+    uint64_t gib = 1ull << 30;
+    ck_assert_uint_eq (kiln_artcache_read_max (0), gib);
+    ck_assert_uint_eq (kiln_artcache_read_max (24 * gib), gib);
+    ck_assert_uint_eq (kiln_artcache_read_max (4 * gib), gib / 2);
+    ck_assert (!kiln_artcache_maps (KILN_ARTCACHE_AUTO, 400u << 20, 24 * gib));
+    ck_assert (!kiln_artcache_maps (KILN_ARTCACHE_AUTO, gib, 24 * gib));
+    ck_assert (kiln_artcache_maps (KILN_ARTCACHE_AUTO, gib + 1, 24 * gib));
+    ck_assert (kiln_artcache_maps (KILN_ARTCACHE_AUTO, 3 * gib, 0));
+    ck_assert (kiln_artcache_maps (KILN_ARTCACHE_AUTO, 600u << 20, 4 * gib));
+    ck_assert (kiln_artcache_maps (KILN_ARTCACHE_MAP, 4096, 24 * gib));
+    ck_assert (!kiln_artcache_maps (KILN_ARTCACHE_READ, 3 * gib, 24 * gib));
+
+    enum { N = 2, K = 1024, M = 512 };
+    int w;
+    kiln_graph_t *g = s_matmul_graph (N, K, M, &w);
+    float *xv = testlib_rand (N * K);
+    const char *path = s_path ("auto.kar");
+    s_write_model (g, path, NULL, NULL, NULL);
+    kiln_rt_t *mapped_rt;
+    kiln_model_t *mapped = s_load_own (path, true, &mapped_rt);
+    float *want = s_run1 (mapped, xv, SH (N, M));
+
+    unsetenv ("KILN_RT_MMAP");
+    kiln_err_t err = { 0 };
+    kiln_rt_t *rt = kiln_rt_new (&err);
+    ck_assert_msg (rt, "%s", err.msg);
+    kiln_model_t *a = kiln_rt_load (rt, path, s_keys, &err);
+    ck_assert_msg (a, "%s", err.msg);
+    kiln_model_t *b = kiln_rt_load (rt, path, s_keys, &err);
+    ck_assert_msg (b, "%s", err.msg);
+    ck_assert_int_eq (kiln_model_weights_mapped (a), 0);
+    const uint8_t *wp = kiln_model_weights_ptr (a);
+    ck_assert_ptr_eq (kiln_model_weights_ptr (b), wp);
+    ck_assert_uint_eq ((uintptr_t) wp % KILN_MEM_HUGE, 0);
+    ck_assert_int_eq (kiln_mem_advised_huge (wp), s_thp_kernel ());
+    float *ga = s_run1 (a, xv, SH (N, M)), *gb = s_run1 (b, xv, SH (N, M));
+    ck_assert (memcmp (ga, want, sizeof (float) * N * M) == 0);
+    ck_assert (memcmp (gb, want, sizeof (float) * N * M) == 0);
+    free (ga);
+    free (gb);
+    free (want);
+    free (xv);
+    kiln_model_destroy (&a);
+    kiln_model_destroy (&b);
+    kiln_rt_destroy (&rt);
+    kiln_model_destroy (&mapped);
+    kiln_rt_destroy (&mapped_rt);
     kiln_graph_destroy (&g);
 }
 END_TEST
@@ -1742,6 +1822,7 @@ s_suite (void)
     tcase_add_test (tc, test_concurrent_runs_of_one_model_agree);
     tcase_add_test (tc, test_replicas_share_one_mapping_of_the_weights_with_the_same_outputs);
     tcase_add_test (tc, test_large_buffers_are_on_advised_huge_pages);
+    tcase_add_test (tc, test_default_reads_artifacts_up_to_a_bound_onto_huge_pages);
     tcase_add_test (tc, test_unaligned_artifact_is_read_shared_and_gives_the_same_outputs);
     tcase_add_test (tc, test_load_refuses_a_tampered_weights_byte_also_written_in_place);
     tcase_add_test (tc, test_replaced_artifact_is_loaded_afresh_and_old_models_keep_theirs);
