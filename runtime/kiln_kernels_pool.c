@@ -250,6 +250,90 @@ s_max_plane_avx512 (const kiln_kplan_t *plan, const float *xp, float *yp)
 }
 #endif
 
+/* Planes whose rows are 32 floats or fewer, at most S_SMALL_ROWS of
+ * them, are held in registers a plane at a time (s_max_small_avx512,
+ * s_avg_small_avx512): row i of X as the lanes of its columns, two
+ * vectors.  s_small_lanes gives, for outputs 16q ... 16q + 15 of a row
+ * and column j of the window, the lane of those 32 that each output
+ * reads (ix) and whether it lies in X (mk): X's column
+ * (16q + l)·sw + j·dw - pl. */
+#define S_SMALL_ROWS 32
+
+#if defined(__x86_64__)
+static void
+s_small_lanes (int64_t sw, int64_t kw, int64_t dw, int64_t pl, int64_t w,
+               int32_t ix[2][17][16], uint16_t mk[2][17])
+{
+    for (int q = 0; q < 2; q++)
+        for (int64_t j = 0; j < kw; j++) {
+            mk[q][j] = 0;
+            for (int l = 0; l < 16; l++) {
+                int64_t c = (16 * q + l) * sw + j * dw - pl;
+                bool in = c >= 0 && c < w;
+                ix[q][j][l] = (int32_t) (in ? c : 0);
+                mk[q][j] |= (uint16_t) (in << l);
+            }
+        }
+}
+
+/* Whether a pool's planes take that path: rows of 32 or fewer, outputs
+ * of a row in two vectors at most, windows up to 17 wide. */
+static bool
+s_small_plane (int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw)
+{
+    return w <= 32 && ow <= 32 && h <= S_SMALL_ROWS && oh <= S_SMALL_ROWS && kh <= 16
+           && kw <= 17;
+}
+
+/* A max pool's plane held in registers (above): each output row's
+ * window rows' maxima in the window's order, then its columns' in order
+ * from -inf, each column a permute of the row maxima (lanes outside X
+ * -inf): the loops' operations in the loops' order, NaN kept, the same
+ * bytes; at stride 1 or 2.  A 3×3 stride-2 pool of 288 planes of
+ * 25 × 25 (inception_v3's) had gone through a row of column maxima in
+ * memory, a row at a time. */
+__attribute__ ((target ("avx512f"))) static void
+s_max_small_avx512 (const kiln_kplan_t *plan, const float *xp, float *yp,
+                    const int32_t (*ix)[17][16], const uint16_t (*mk)[17])
+{
+    int64_t h = plan->u.pool.h, w = plan->u.pool.w, oh = plan->u.pool.oh;
+    int64_t ow = plan->u.pool.ow, kh = plan->u.pool.kh, kw = plan->u.pool.kw;
+    int64_t sh = plan->u.pool.sh, dh = plan->u.pool.dh, pt = plan->u.pool.pt;
+    __m512 ninf = _mm512_set1_ps (-INFINITY);
+    __m512 lo[S_SMALL_ROWS], hi[S_SMALL_ROWS];
+    __mmask16 m0 = kiln_lanes16 (0, w), m1 = kiln_lanes16 (16, w);
+    for (int64_t i = 0; i < h; i++) {
+        lo[i] = _mm512_mask_loadu_ps (ninf, m0, xp + i * w);
+        hi[i] = _mm512_mask_loadu_ps (ninf, m1, kiln_at (xp + i * w, 16));
+    }
+    int nq = ow > 16 ? 2 : 1;
+    __m512i idx[2][17];
+    for (int q = 0; q < nq; q++)
+        for (int64_t j = 0; j < kw; j++)
+            idx[q][j] = _mm512_loadu_si512 (ix[q][j]);
+    for (int64_t r = 0; r < oh; r++) {
+        __m512 v0 = ninf, v1 = ninf;
+        bool any = false;
+        for (int64_t i = 0; i < kh; i++) {
+            int64_t ih = r * sh - pt + i * dh;
+            if (ih < 0 || ih >= h)
+                continue;
+            v0 = any ? s_max_nan16 (v0, lo[ih]) : lo[ih];
+            v1 = any ? s_max_nan16 (v1, hi[ih]) : hi[ih];
+            any = true;
+        }
+        for (int q = 0; q < nq; q++) {
+            __m512 a = ninf;
+            for (int64_t j = 0; any && j < kw; j++)
+                a = s_max_nan16 (a, _mm512_mask_mov_ps (ninf, mk[q][j],
+                                                        _mm512_permutex2var_ps (v0, idx[q][j],
+                                                                                v1)));
+            s_store_row16 (yp + r * ow, 16 * q, ow, r, oh, a);
+        }
+    }
+}
+#endif
+
 /* Output planes [first, first + count): for each output row, the maximum
  * over the window's input rows first (contiguous, vectorised) into
  * `colmax` (-inf in the padding), then over the window's columns, one
@@ -277,10 +361,22 @@ s_pool_planes (const kiln_kplan_t *plan, void *const *data, int64_t first,
         ws[t] = -INFINITY;
     for (int64_t t = padl + w; t < wp; t++)
         ws[t] = -INFINITY;
+#if defined(__x86_64__)
+    bool small = (sw == 1 || (sw == 2 && ow <= 16)) && kiln_gemm_avx512 ()
+                 && s_small_plane (h, w, oh, ow, kh, kw);
+    int32_t ix[2][17][16];
+    uint16_t mk[2][17];
+    if (small)
+        s_small_lanes (sw, kw, dw, padl, w, ix, mk);
+#endif
     for (int64_t pl = first; pl < first + count; pl++) {
         const float *xp = x + pl * h * w;
         float *yp = y + pl * oh * ow;
 #if defined(__x86_64__)
+        if (small) {
+            s_max_small_avx512 (plan, xp, yp, ix, mk);
+            continue;
+        }
         if (fast1) {
             s_max_plane_avx512 (plan, xp, yp);
             continue;
@@ -639,9 +735,6 @@ s_avg_plane_avx512 (const kiln_kshape_plan_t *sp, const float *xp, float *yp,
     }
 }
 
-/* planes s_avg_small_avx512 takes: at most this many rows of at most 32 */
-#define S_AVG_SMALL_ROWS 32
-
 /* s_avg_plane_avx512 for a plane whose rows are 32 floats or fewer
  * (inception_v3's 25 × 25, 12 × 12 and 5 × 5 branch pools): each row of
  * X loaded once, under masks, as the lanes of its columns (two vectors);
@@ -660,7 +753,7 @@ s_avg_small_body (const kiln_kshape_plan_t *sp, const float *xp, float *yp,
 {
     int64_t h = sp->h, w = sp->w, oh = sp->oh, ow = sp->ow, kh = sp->kh, kw = sp->kw;
     int64_t sh = sp->sh, dh = sp->dh, pt = sp->pt;
-    __m512 lo[S_AVG_SMALL_ROWS], hi[S_AVG_SMALL_ROWS];
+    __m512 lo[S_SMALL_ROWS], hi[S_SMALL_ROWS];
     __mmask16 m0 = kiln_lanes16 (0, w), m1 = kiln_lanes16 (16, w);
     for (int64_t i = 0; i < h; i++) {
         lo[i] = _mm512_maskz_loadu_ps (m0, xp + i * w);
@@ -776,9 +869,8 @@ s_avg_planes (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_
 #if defined(__x86_64__)
     bool fast = sw == 1 && kh <= S_AVG_ROWS_MAX && (kw - 1) * dw <= 16 && kiln_gemm_avx512 ();
     /* rows of 32 or fewer, read once a plane (s_avg_small_avx512) */
-    bool small = fast && w <= 32 && ow <= 32 && h <= S_AVG_SMALL_ROWS
-                 && oh <= S_AVG_SMALL_ROWS;
-    float rfr[S_AVG_SMALL_ROWS];
+    bool small = fast && s_small_plane (h, w, oh, ow, kh, kw);
+    float rfr[S_SMALL_ROWS];
     int32_t ix[2][17][16];
     uint16_t mk[2][17];
     if (small) {
@@ -788,18 +880,7 @@ s_avg_planes (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_
                 rows += s_counted (r * sh - pt + i * dh, h, pt, sp->pb, sp->include_pad);
             rfr[r] = 1.0f / (float) rows;
         }
-        for (int q = 0; q < 2; q++)
-            for (int64_t j = 0; j < kw; j++) {
-                /* lane l: X's column 16q + l + j·dw - pl, lanes 0-15 of
-                 * the row's first vector, 16-31 of its second */
-                mk[q][j] = 0;
-                for (int l = 0; l < 16; l++) {
-                    int64_t c = 16 * q + l + j * dw - pl;
-                    bool in = c >= 0 && c < w;
-                    ix[q][j][l] = (int32_t) (in ? c : 0);
-                    mk[q][j] |= (uint16_t) (in << l);
-                }
-            }
+        s_small_lanes (1, kw, dw, pl, w, ix, mk);
     }
 #endif
     for (int64_t p = first; p < first + count; p++) {
