@@ -285,6 +285,26 @@ s_small_plane (int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t
            && kw <= 17;
 }
 
+/* A small plane into registers: X's rows as lo (columns 0-15) and hi
+ * (16-31, with `two`), `fill` past the row, and the lane tables of
+ * s_small_lanes as index vectors; the number of 16-output blocks a row. */
+__attribute__ ((target ("avx512f"), always_inline)) static inline int
+s_small_load (const float *xp, int64_t h, int64_t w, int64_t ow, int64_t kw, __m512 fill,
+              const bool two, const int32_t (*ix)[17][16], __m512 *lo, __m512 *hi,
+              __m512i (*idx)[17])
+{
+    __mmask16 m0 = kiln_lanes16 (0, w), m1 = kiln_lanes16 (16, w);
+    for (int64_t i = 0; i < h; i++) {
+        lo[i] = _mm512_mask_loadu_ps (fill, m0, xp + i * w);
+        hi[i] = two ? _mm512_mask_loadu_ps (fill, m1, kiln_at (xp + i * w, 16)) : fill;
+    }
+    int nq = ow > 16 ? 2 : 1;
+    for (int q = 0; q < nq; q++)
+        for (int64_t j = 0; j < kw; j++)
+            idx[q][j] = _mm512_loadu_si512 (ix[q][j]);
+    return nq;
+}
+
 /* A max pool's plane held in registers (above): each output row's
  * window rows' maxima in the window's order, then its columns' in order
  * from -inf, each column a permute of the row maxima (lanes outside X
@@ -301,16 +321,8 @@ s_max_small_avx512 (const kiln_kplan_t *plan, const float *xp, float *yp,
     int64_t sh = plan->u.pool.sh, dh = plan->u.pool.dh, pt = plan->u.pool.pt;
     __m512 ninf = _mm512_set1_ps (-INFINITY);
     __m512 lo[S_SMALL_ROWS], hi[S_SMALL_ROWS];
-    __mmask16 m0 = kiln_lanes16 (0, w), m1 = kiln_lanes16 (16, w);
-    for (int64_t i = 0; i < h; i++) {
-        lo[i] = _mm512_mask_loadu_ps (ninf, m0, xp + i * w);
-        hi[i] = _mm512_mask_loadu_ps (ninf, m1, kiln_at (xp + i * w, 16));
-    }
-    int nq = ow > 16 ? 2 : 1;
     __m512i idx[2][17];
-    for (int q = 0; q < nq; q++)
-        for (int64_t j = 0; j < kw; j++)
-            idx[q][j] = _mm512_loadu_si512 (ix[q][j]);
+    int nq = s_small_load (xp, h, w, ow, kw, ninf, true, ix, lo, hi, idx);
     for (int64_t r = 0; r < oh; r++) {
         __m512 v0 = ninf, v1 = ninf;
         bool any = false;
@@ -754,17 +766,8 @@ s_avg_small_body (const kiln_kshape_plan_t *sp, const float *xp, float *yp,
     int64_t h = sp->h, w = sp->w, oh = sp->oh, ow = sp->ow, kh = sp->kh, kw = sp->kw;
     int64_t sh = sp->sh, dh = sp->dh, pt = sp->pt;
     __m512 lo[S_SMALL_ROWS], hi[S_SMALL_ROWS];
-    __mmask16 m0 = kiln_lanes16 (0, w), m1 = kiln_lanes16 (16, w);
-    for (int64_t i = 0; i < h; i++) {
-        lo[i] = _mm512_maskz_loadu_ps (m0, xp + i * w);
-        hi[i] = two ? _mm512_maskz_loadu_ps (m1, kiln_at (xp + i * w, 16))
-                    : _mm512_setzero_ps ();
-    }
-    int nq = ow > 16 ? 2 : 1;
     __m512i idx[2][17];
-    for (int q = 0; q < nq; q++)
-        for (int64_t j = 0; j < kw; j++)
-            idx[q][j] = _mm512_loadu_si512 (ix[q][j]);
+    int nq = s_small_load (xp, h, w, ow, kw, _mm512_setzero_ps (), two, ix, lo, hi, idx);
     for (int64_t r = 0; r < oh; r++) {
         __m512 v0 = _mm512_setzero_ps (), v1 = _mm512_setzero_ps ();
         for (int64_t i = 0; i < kh; i++) {
