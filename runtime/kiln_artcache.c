@@ -36,7 +36,7 @@ struct kiln_artcache {
 int
 kiln_artcache_mode (const char *value)
 {
-    if (!value || strcmp (value, "auto") == 0)
+    if (!value || !value[0] || strcmp (value, "auto") == 0)
         return KILN_ARTCACHE_AUTO;
     if (strcmp (value, "0") == 0)
         return KILN_ARTCACHE_READ;

@@ -40,8 +40,8 @@ typedef enum {
                                kiln_artcache_read_max, else mapped */
 } kiln_artcache_mode_t;
 
-/* The mode KILN_RT_MMAP's value names (NULL: unset): "0", "1" or
- * "auto"; anything else is -1. */
+/* The mode KILN_RT_MMAP's value names (NULL or empty: unset, auto):
+ * "0", "1" or "auto"; anything else is -1. */
 int kiln_artcache_mode (const char *value);
 
 /* The largest file that KILN_ARTCACHE_AUTO reads into memory on a host

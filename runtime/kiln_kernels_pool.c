@@ -878,9 +878,9 @@ s_avg_planes (const kiln_kplan_t *plan, void *const *data, int64_t first, int64_
     uint16_t mk[2][17];
     if (small) {
         for (int64_t r = 0; r < oh; r++) {
-            int rows = 0;
-            for (int64_t i = 0; i < kh; i++)
-                rows += s_counted (r * sh - pt + i * dh, h, pt, sp->pb, sp->include_pad);
+            const float *xr[S_AVG_ROWS_MAX];
+            int rows;
+            s_window_rows (x, h, w, r, sh, pt, sp->pb, kh, dh, sp->include_pad, xr, &rows);
             rfr[r] = 1.0f / (float) rows;
         }
         s_small_lanes (1, kw, dw, pl, w, ix, mk);

@@ -63,7 +63,7 @@ kiln_rt_new (kiln_err_t *err)
         return NULL;
     }
     const char *mmap_env = getenv ("KILN_RT_MMAP");
-    int mode = kiln_artcache_mode (mmap_env && mmap_env[0] ? mmap_env : NULL);
+    int mode = kiln_artcache_mode (mmap_env);
     if (mode < 0) {
         kiln_log_warn ("KILN_RT_MMAP='%s' is not 0, 1 or auto; using auto", mmap_env);
         mode = KILN_ARTCACHE_AUTO;

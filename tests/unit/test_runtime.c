@@ -1304,6 +1304,7 @@ START_TEST (test_default_reads_artifacts_up_to_a_bound_onto_huge_pages)
 {
     ck_assert_int_eq (kiln_artcache_mode (NULL), KILN_ARTCACHE_AUTO);
     ck_assert_int_eq (kiln_artcache_mode ("auto"), KILN_ARTCACHE_AUTO);
+    ck_assert_int_eq (kiln_artcache_mode (""), KILN_ARTCACHE_AUTO);
     ck_assert_int_eq (kiln_artcache_mode ("0"), KILN_ARTCACHE_READ);
     ck_assert_int_eq (kiln_artcache_mode ("1"), KILN_ARTCACHE_MAP);
     ck_assert_int_eq (kiln_artcache_mode ("yes"), -1);
